@@ -1,0 +1,231 @@
+//! The router's configuration: a serde "user" model parsed from YAML, converted into a validated
+//! [`Config`].
+//!
+//! Two layers, after monolake and sglang's gateway:
+//! - [`user`] mirrors the YAML file field for field (everything optional, strings for durations,
+//!   sizes and addresses). It is what `config show` prints, with secrets masked.
+//! - [`Config`] is what the rest of the router reads: durations are [`Duration`]s, addresses are
+//!   parsed, ids are newtypes, every rule of the specification has been checked.
+//!
+//! Conversion never stops at the first problem: [`Config::from_yaml`] returns every error as a
+//! [`FieldError`] (`field: value: reason`) and every advisory finding as a [`Warning`].
+//!
+//! Invariants:
+//! - a `Config` value always satisfies every validation rule (CFG-01..CFG-29);
+//! - secrets (`admin.token_hash` is a hash, not a secret; `dynamo.discovery.etcd.auth.password`
+//!   and `tls.client_key` paths are masked) never appear in [`Config::show_masked`] output;
+//! - nothing here reads the environment or the file system: `${ENV}` interpolation goes through
+//!   the injected [`EnvLookup`].
+
+pub mod dynamo;
+mod error;
+mod parse;
+pub mod user;
+mod validate;
+
+use std::net::SocketAddr;
+use std::num::NonZeroUsize;
+use std::time::Duration;
+
+pub use error::{ConfigErrors, FieldError, Warning};
+
+/// Looks up an environment variable for `${NAME}` interpolation. Injected so core stays pure.
+pub trait EnvLookup {
+    /// The value of `name`, if set.
+    fn var(&self, name: &str) -> Option<String>;
+}
+
+/// An [`EnvLookup`] with no variables (tests, and `config show` of a file without secrets).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct NoEnv;
+
+impl EnvLookup for NoEnv {
+    fn var(&self, _name: &str) -> Option<String> {
+        None
+    }
+}
+
+impl<F: Fn(&str) -> Option<String>> EnvLookup for F {
+    fn var(&self, name: &str) -> Option<String> {
+        self(name)
+    }
+}
+
+/// The validated configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// Client-facing listener and data-plane limits.
+    pub server: ServerConfig,
+    /// Admin API access.
+    pub admin: AdminConfig,
+    /// Upstream backends, in file order.
+    pub backends: Vec<BackendConfig>,
+    /// Disaggregated-serving orchestration switches.
+    pub disaggregated_serving: DisaggregatedServing,
+    /// The `dynamo` section (discovery, load, shim, kv, event bus).
+    pub dynamo: dynamo::DynamoConfig,
+}
+
+impl Config {
+    /// Parse and validate a YAML document. On success returns the config and its warnings; on
+    /// failure every error found (never only the first).
+    pub fn from_yaml(
+        text: &str,
+        env: &dyn EnvLookup,
+    ) -> Result<(Config, Vec<Warning>), ConfigErrors> {
+        parse::from_yaml(text, env)
+    }
+
+    /// The effective configuration as YAML with every secret masked (CFG-12): what
+    /// `config show` prints and `GET /admin/config` returns (as JSON via [`Self::show_json`]).
+    pub fn show_masked(&self) -> String {
+        parse::show_yaml(self)
+    }
+
+    /// The effective configuration as a JSON value with every secret masked (CFG-12).
+    pub fn show_json(&self) -> serde_json::Value {
+        parse::show_json(self)
+    }
+}
+
+/// How many shards to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShardCount {
+    /// One shard per CPU in `cpu_affinity`, or per available CPU when no affinity is given.
+    Auto,
+    /// Exactly this many shards.
+    Fixed(NonZeroUsize),
+}
+
+/// `server` section.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServerConfig {
+    /// Address every shard binds with SO_REUSEPORT. Default `127.0.0.1:8080`.
+    pub bind_address: SocketAddr,
+    /// Number of shards. Default `auto`.
+    pub shards: ShardCount,
+    /// CPUs the shards are pinned to, shard `i` on `cpu_affinity[i % len]`. Empty: no pinning.
+    pub cpu_affinity: Vec<usize>,
+    /// CPU the control thread is pinned to. `None`: not pinned.
+    pub control_cpu: Option<usize>,
+    /// Largest accepted request body, bytes (413 above). Default 8 MiB.
+    pub max_body_bytes: usize,
+    /// Largest accepted request head (request line + headers), bytes (431 above). Default 16 KiB.
+    pub max_header_bytes: usize,
+    /// Most request headers accepted (431 above). Default 100.
+    pub max_headers: usize,
+    /// Time allowed to read a complete request head once its first byte arrived (408 after).
+    /// Default 10 s.
+    pub header_read_timeout: Duration,
+    /// Idle keep-alive connections are closed after this. Default 60 s.
+    pub keepalive_timeout: Duration,
+    /// Upstream TCP connect timeout. Default 5 s.
+    pub upstream_connect_timeout: Duration,
+    /// Time allowed from sending a request upstream to receiving its response head. Default 600 s.
+    pub upstream_response_timeout: Duration,
+    /// SIGTERM drain deadline for in-flight requests. Default 30 s.
+    pub drain_timeout: Duration,
+    /// Extra attempts on other replicas after a connect failure (nothing sent yet). Default 2.
+    pub connect_retries: u32,
+}
+
+/// `admin` section.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct AdminConfig {
+    /// SHA-256 of the admin bearer token (`token_hash: "sha256:<64 hex>"`). When `None`, admin
+    /// routes answer loopback peers only.
+    pub token_hash: Option<TokenHash>,
+}
+
+/// A SHA-256 digest of a bearer token. Compared in constant time.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct TokenHash(pub [u8; 32]);
+
+impl std::fmt::Debug for TokenHash {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("TokenHash(sha256:…)")
+    }
+}
+
+impl TokenHash {
+    /// Whether `token` hashes to this digest; constant time in the digest comparison.
+    pub fn matches(&self, token: &[u8]) -> bool {
+        use sha2::Digest;
+        let digest: [u8; 32] = sha2::Sha256::digest(token).into();
+        let mut diff = 0u8;
+        for (a, b) in digest.iter().zip(self.0.iter()) {
+            diff |= a ^ b;
+        }
+        diff == 0
+    }
+}
+
+/// A backend's name, unique within the config.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BackendName(pub String);
+
+impl std::fmt::Display for BackendName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Wire protocol of a backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackendKind {
+    /// OpenAI-compatible HTTP (`/v1/chat/completions`, `/v1/models`, ...).
+    OpenAi,
+}
+
+/// Role of a backend in disaggregated serving.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackendRole {
+    /// Serves whole requests (every Dynamo shim replica is `unified`).
+    Unified,
+    /// Prefill-only backend.
+    Prefill,
+    /// Decode-only backend.
+    Decode,
+}
+
+/// A backend's base URL: `http://host:port[/base]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BackendUrl {
+    /// Host name or IP literal (IPv6 without brackets).
+    pub host: String,
+    /// TCP port (default 80).
+    pub port: u16,
+    /// Path prefix without a trailing `/`, empty for none (e.g. `/proxy`).
+    pub base_path: String,
+}
+
+/// One `backends[]` entry.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BackendConfig {
+    /// Unique name.
+    pub name: BackendName,
+    /// Wire protocol (`type`).
+    pub kind: BackendKind,
+    /// Base URL.
+    pub url: BackendUrl,
+    /// Role (default unified).
+    pub role: BackendRole,
+    /// Client model ids this backend serves.
+    pub models: Vec<String>,
+    /// Relative weight for selection among replicas (default 1, at least 1).
+    pub weight: u32,
+    /// Disabled backends are kept in config but never receive traffic (default true).
+    pub enabled: bool,
+    /// Internal backends are hidden from `/v1/models` and never matched by client model routing
+    /// (default false).
+    pub internal: bool,
+}
+
+/// `disaggregated_serving` section.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DisaggregatedServing {
+    /// Whether the disaggregated orchestrator runs (default false).
+    pub enabled: bool,
+    /// Whether a failed disaggregated dispatch falls back to unified routing (default true).
+    pub fallback_to_unified: bool,
+}

@@ -1,0 +1,173 @@
+//! The header contract between clients, the router and backends.
+//!
+//! Always compiled, whatever the features or config (SHIM-13):
+//! - every client-sent `x-dynamo-*` header, and the unprefixed pin aliases upstream Dynamo
+//!   frontends also honour, is removed before anything is forwarded;
+//! - no `x-dynamo-*` header is ever returned to a client (SHIM-14);
+//! - hop-by-hop headers (RFC 9110 §7.6.1, plus every name listed in `Connection`) are not
+//!   forwarded in either direction;
+//! - backend identity is disclosed only when the client sent `x-backend`, even empty (SHIM-15).
+//!
+//! All functions take raw header names as bytes and compare ASCII case-insensitively; none
+//! allocates.
+
+/// Prefix of every Dynamo pin header.
+pub const DYNAMO_PREFIX: &[u8] = b"x-dynamo-";
+
+/// Unprefixed aliases that Dynamo frontends 1.4..1.6 accept as pins. Stripped like
+/// `x-dynamo-*` so a client cannot steer placement through them.
+pub const PIN_ALIASES: [&[u8]; 5] = [
+    b"x-worker-instance-id",
+    b"x-prefill-instance-id",
+    b"x-dp-rank",
+    b"x-data-parallel-rank",
+    b"x-prefill-dp-rank",
+];
+
+/// Request header a client sends to ask for backend and worker disclosure (SHIM-15).
+pub const X_BACKEND: &[u8] = b"x-backend";
+
+/// Response header naming the backend that served the request (only with [`X_BACKEND`]).
+pub const X_BACKEND_RESPONSE: &str = "x-backend";
+
+/// Hop-by-hop headers that are never forwarded (RFC 9110 §7.6.1 and common legacy names).
+pub const HOP_BY_HOP: [&[u8]; 8] = [
+    b"connection",
+    b"keep-alive",
+    b"proxy-connection",
+    b"proxy-authenticate",
+    b"proxy-authorization",
+    b"te",
+    b"trailer",
+    b"upgrade",
+];
+
+/// Whether `name` starts with `prefix`, ASCII case-insensitively.
+fn starts_with_ignore_case(name: &[u8], prefix: &[u8]) -> bool {
+    name.len() >= prefix.len() && name[..prefix.len()].eq_ignore_ascii_case(prefix)
+}
+
+/// Whether `name` is a placement header a client must never be able to send: any `x-dynamo-*`
+/// header or one of the [`PIN_ALIASES`].
+pub fn is_pin_header(name: &[u8]) -> bool {
+    starts_with_ignore_case(name, DYNAMO_PREFIX)
+        || PIN_ALIASES.iter().any(|a| name.eq_ignore_ascii_case(a))
+}
+
+/// Whether `name` is hop-by-hop by definition (names listed in `Connection` are handled by
+/// [`connection_lists`]).
+pub fn is_hop_by_hop(name: &[u8]) -> bool {
+    HOP_BY_HOP.iter().any(|h| name.eq_ignore_ascii_case(h))
+}
+
+/// Whether the comma-separated `Connection` header value `value` names `name`.
+pub fn connection_lists(value: &[u8], name: &[u8]) -> bool {
+    value
+        .split(|b| *b == b',')
+        .map(trim_ascii)
+        .any(|token| token.eq_ignore_ascii_case(name))
+}
+
+/// Whether a `Connection` header value contains the token `close`.
+pub fn connection_has_close(value: &[u8]) -> bool {
+    connection_lists(value, b"close")
+}
+
+/// Whether a `Connection` header value contains the token `keep-alive`.
+pub fn connection_has_keep_alive(value: &[u8]) -> bool {
+    connection_lists(value, b"keep-alive")
+}
+
+fn trim_ascii(s: &[u8]) -> &[u8] {
+    let start = s.iter().position(|b| !b.is_ascii_whitespace()).unwrap_or(s.len());
+    let end = s.iter().rposition(|b| !b.is_ascii_whitespace()).map_or(start, |e| e + 1);
+    &s[start..end]
+}
+
+/// What the proxy does with one header when forwarding a request upstream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RequestHeaderFate {
+    /// Forward unchanged.
+    Forward,
+    /// Drop: a client pin header (counted separately from ordinary hop-by-hop drops).
+    DropPin,
+    /// Drop: hop-by-hop or framing (`host`, `content-length`, `transfer-encoding`), which the
+    /// proxy writes itself.
+    DropHop,
+}
+
+/// Classify a client request header for forwarding. `connection` is the client's `Connection`
+/// header value (empty when absent).
+pub fn request_header_fate(name: &[u8], connection: &[u8]) -> RequestHeaderFate {
+    if is_pin_header(name) {
+        return RequestHeaderFate::DropPin;
+    }
+    if is_hop_by_hop(name)
+        || name.eq_ignore_ascii_case(b"host")
+        || name.eq_ignore_ascii_case(b"content-length")
+        || name.eq_ignore_ascii_case(b"transfer-encoding")
+        || connection_lists(connection, name)
+    {
+        return RequestHeaderFate::DropHop;
+    }
+    RequestHeaderFate::Forward
+}
+
+/// Whether an upstream response header may be relayed to the client. Framing headers
+/// (`content-length`, `transfer-encoding`) are rewritten by the relay itself and reported as not
+/// relayable here; `x-dynamo-*` never is (SHIM-14); nor is an `x-backend` the upstream set, since
+/// only the router discloses backends.
+pub fn response_header_relayable(name: &[u8], connection: &[u8]) -> bool {
+    !(is_pin_header(name)
+        || is_hop_by_hop(name)
+        || name.eq_ignore_ascii_case(b"content-length")
+        || name.eq_ignore_ascii_case(b"transfer-encoding")
+        || name.eq_ignore_ascii_case(X_BACKEND)
+        || connection_lists(connection, name))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pin_headers_any_case_and_aliases() {
+        for n in [
+            &b"x-dynamo-worker-instance-id"[..],
+            b"X-Dynamo-Prefill-Instance-Id",
+            b"X-DYNAMO-DP-RANK",
+            b"x-dynamo-",
+            b"x-worker-instance-id",
+            b"X-Prefill-DP-Rank",
+            b"x-data-parallel-rank",
+        ] {
+            assert!(is_pin_header(n), "{}", String::from_utf8_lossy(n));
+            assert_eq!(request_header_fate(n, b""), RequestHeaderFate::DropPin);
+            assert!(!response_header_relayable(n, b""));
+        }
+        for n in [&b"x-dynamo"[..], b"x-dyn-worker", b"authorization", b"x-request-id"] {
+            assert!(!is_pin_header(n), "{}", String::from_utf8_lossy(n));
+        }
+    }
+
+    #[test]
+    fn hop_by_hop_and_connection_listed() {
+        assert_eq!(request_header_fate(b"Connection", b""), RequestHeaderFate::DropHop);
+        assert_eq!(request_header_fate(b"TE", b""), RequestHeaderFate::DropHop);
+        assert_eq!(request_header_fate(b"Host", b""), RequestHeaderFate::DropHop);
+        assert_eq!(request_header_fate(b"x-foo", b"close, X-Foo"), RequestHeaderFate::DropHop);
+        assert_eq!(request_header_fate(b"x-foo", b"close"), RequestHeaderFate::Forward);
+        assert_eq!(request_header_fate(b"authorization", b""), RequestHeaderFate::Forward);
+        assert!(connection_has_close(b"Keep-Alive , CLOSE"));
+        assert!(!connection_has_close(b"closed"));
+        assert!(connection_has_keep_alive(b" keep-alive"));
+    }
+
+    #[test]
+    fn responses_never_carry_pins_or_upstream_backend() {
+        assert!(!response_header_relayable(b"x-backend", b""));
+        assert!(!response_header_relayable(b"Transfer-Encoding", b""));
+        assert!(response_header_relayable(b"content-type", b""));
+        assert!(response_header_relayable(b"x-request-id", b""));
+    }
+}

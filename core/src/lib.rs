@@ -1,0 +1,16 @@
+//! `continuum-core`: the pure logic of continuum-router.
+//!
+//! Everything here is deterministic and runtime-free: no async runtime, no sockets, no files, no
+//! clock reads and no randomness. Callers inject time ([`clock::Clock`]) and environment lookups
+//! ([`config::EnvLookup`]). CI checks with `cargo tree -p continuum-core` that no tokio, monoio or
+//! hyper ever enters this crate.
+//!
+//! Invariants:
+//! - every parse of operator or fleet input returns a typed error, never panics;
+//! - snapshots ([`snapshot::RouterSnapshot`]) are immutable once built and shared by `Arc`.
+#![forbid(unsafe_code)]
+
+pub mod clock;
+pub mod config;
+pub mod headers;
+pub mod snapshot;

@@ -1,0 +1,144 @@
+//! Immutable routing snapshots published by the control thread and read by every shard.
+//!
+//! The control thread builds a [`RouterSnapshot`] from a validated [`Config`] (and, in later
+//! milestones, the discovered fleet), wraps it in an `Arc`, stores it in one `ArcSwap` and then
+//! bumps the generation. A shard compares the published generation with the one it cached and
+//! reloads its `Arc` only when they differ; everything a request needs to route is in one
+//! snapshot, so a request never mixes two configs.
+//!
+//! Invariants:
+//! - `generation` strictly increases across publications;
+//! - [`ModelRoute::replicas`] holds only enabled, non-internal backends serving the model, each
+//!   repeated `weight` times in an interleaved order (smooth weighted round robin by cursor);
+//! - backend indices are positions in [`RouterSnapshot::backends`] of the same snapshot.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::config::{BackendConfig, Config};
+
+/// Index of a backend inside one snapshot's [`RouterSnapshot::backends`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct BackendIdx(pub u32);
+
+/// The backends serving one client model id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelRoute {
+    /// Weighted rotation of backend indices; a shard-local cursor walks it.
+    pub replicas: Vec<BackendIdx>,
+}
+
+impl ModelRoute {
+    /// The replica at rotation position `cursor` (wrapping). `None` only for an empty route,
+    /// which a snapshot never contains.
+    pub fn replica_at(&self, cursor: usize) -> Option<BackendIdx> {
+        if self.replicas.is_empty() {
+            return None;
+        }
+        self.replicas.get(cursor % self.replicas.len()).copied()
+    }
+}
+
+/// Largest weight honoured in the rotation; larger weights are clamped so a rotation stays small.
+pub const MAX_ROTATION_WEIGHT: u32 = 64;
+
+/// Everything a shard needs to route a request, for one generation.
+#[derive(Debug)]
+pub struct RouterSnapshot {
+    /// Publication number; strictly increasing.
+    pub generation: u64,
+    /// The config this snapshot was built from.
+    pub config: Arc<Config>,
+    /// Client model id → replicas.
+    pub models: HashMap<String, ModelRoute>,
+    /// Model ids in config order, for `GET /v1/models`.
+    pub model_ids: Vec<String>,
+}
+
+impl RouterSnapshot {
+    /// Build the snapshot for `config` with the given generation.
+    pub fn build(generation: u64, config: Arc<Config>) -> Self {
+        let mut per_model: HashMap<String, Vec<(BackendIdx, u32)>> = HashMap::new();
+        let mut model_ids = Vec::new();
+        for (i, b) in config.backends.iter().enumerate() {
+            if !routable(b) {
+                continue;
+            }
+            let idx = BackendIdx(u32::try_from(i).unwrap_or(u32::MAX));
+            for m in &b.models {
+                let entry = per_model.entry(m.clone()).or_default();
+                if entry.is_empty() {
+                    model_ids.push(m.clone());
+                }
+                if !entry.iter().any(|(e, _)| *e == idx) {
+                    entry.push((idx, b.weight.clamp(1, MAX_ROTATION_WEIGHT)));
+                }
+            }
+        }
+        let models = per_model
+            .into_iter()
+            .map(|(m, weighted)| (m, ModelRoute { replicas: smooth_rotation(&weighted) }))
+            .collect();
+        Self { generation, config, models, model_ids }
+    }
+
+    /// The backend config at `idx`.
+    pub fn backend(&self, idx: BackendIdx) -> Option<&BackendConfig> {
+        self.config.backends.get(idx.0 as usize)
+    }
+
+    /// The route for a client model id.
+    pub fn route(&self, model: &str) -> Option<&ModelRoute> {
+        self.models.get(model)
+    }
+}
+
+fn routable(b: &BackendConfig) -> bool {
+    b.enabled && !b.internal
+}
+
+/// Smooth weighted round robin (nginx's algorithm) unrolled into one full period, so replicas of
+/// higher weight are interleaved rather than bunched.
+fn smooth_rotation(weighted: &[(BackendIdx, u32)]) -> Vec<BackendIdx> {
+    let total: i64 = weighted.iter().map(|(_, w)| i64::from(*w)).sum();
+    let mut current: Vec<i64> = vec![0; weighted.len()];
+    let mut out = Vec::with_capacity(usize::try_from(total).unwrap_or(0));
+    for _ in 0..total {
+        let mut best = 0usize;
+        for (i, (_, w)) in weighted.iter().enumerate() {
+            current[i] += i64::from(*w);
+            if current[i] > current[best] {
+                best = i;
+            }
+        }
+        current[best] -= total;
+        out.push(weighted[best].0);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn smooth_rotation_interleaves_by_weight() {
+        let a = BackendIdx(0);
+        let b = BackendIdx(1);
+        let r = smooth_rotation(&[(a, 2), (b, 1)]);
+        assert_eq!(r, vec![a, b, a]);
+        let r = smooth_rotation(&[(a, 1), (b, 1)]);
+        assert_eq!(r, vec![a, b]);
+        let r = smooth_rotation(&[(a, 5), (b, 1)]);
+        assert_eq!(r.iter().filter(|x| **x == a).count(), 5);
+        assert_eq!(r.len(), 6);
+    }
+
+    #[test]
+    fn replica_at_wraps() {
+        let route = ModelRoute { replicas: vec![BackendIdx(3), BackendIdx(4)] };
+        assert_eq!(route.replica_at(0), Some(BackendIdx(3)));
+        assert_eq!(route.replica_at(3), Some(BackendIdx(4)));
+        assert_eq!(ModelRoute { replicas: vec![] }.replica_at(1), None);
+    }
+}

@@ -1,0 +1,2 @@
+//! The `continuum-router` binary (stub).
+fn main() {}
