@@ -17,11 +17,17 @@
 //! - nothing here reads the environment or the file system: `${ENV}` interpolation goes through
 //!   the injected [`EnvLookup`].
 
+mod addr;
+mod convert;
+mod convert_dynamo;
 pub mod dynamo;
 mod error;
 mod parse;
+mod show;
 pub mod user;
+pub mod user_dynamo;
 mod validate;
+mod values;
 
 use std::net::SocketAddr;
 use std::num::NonZeroUsize;
@@ -221,11 +227,14 @@ pub struct BackendConfig {
     pub internal: bool,
 }
 
-/// `disaggregated_serving` section.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// `disaggregated_serving` section. `Default` is the documented default (fallback on).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DisaggregatedServing {
     /// Whether the disaggregated orchestrator runs (default false).
     pub enabled: bool,
     /// Whether a failed disaggregated dispatch falls back to unified routing (default true).
     pub fallback_to_unified: bool,
 }
+
+#[cfg(test)]
+mod tests_basic;

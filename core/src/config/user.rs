@@ -1,1 +1,187 @@
-//! stub
+//! The "user" layer: serde structs that mirror the YAML file key for key.
+//!
+//! Role: accept anything that is *shaped* like a config so that the conversion layer can report
+//! every problem at once with its dotted path. Invariants:
+//! - every field is optional (`None` = not written, the conversion fills in the default);
+//! - leaf values are captured as [`Scalar`]s, exactly as written, so a wrong type or a bad
+//!   duration becomes a [`super::FieldError`] of the conversion, not a parse abort;
+//! - unknown keys are not rejected here: [`super::Config::from_yaml`] collects them all with
+//!   `serde_ignored` and reports each one with its full dotted path.
+//!
+//! The `dynamo` section lives in [`super::user_dynamo`].
+
+use std::fmt;
+
+use serde::Deserialize;
+use serde::de::{self, Deserializer, Visitor};
+
+use super::user_dynamo::UserDynamo;
+
+/// A YAML scalar exactly as written: the conversion layer decides what it must be.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Scalar {
+    /// `true` / `false`.
+    Bool(bool),
+    /// A negative integer.
+    Int(i64),
+    /// A non-negative integer.
+    UInt(u64),
+    /// A floating-point number.
+    Float(f64),
+    /// A string (quoted or plain).
+    Str(String),
+}
+
+impl Scalar {
+    /// The string, when this scalar is one.
+    pub fn as_str(&self) -> Option<&str> {
+        match self {
+            Scalar::Str(s) => Some(s),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Scalar {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Scalar::Bool(b) => write!(f, "{b}"),
+            Scalar::Int(i) => write!(f, "{i}"),
+            Scalar::UInt(u) => write!(f, "{u}"),
+            Scalar::Float(x) => write!(f, "{x}"),
+            Scalar::Str(s) => f.write_str(s),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Scalar {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct ScalarVisitor;
+        impl Visitor<'_> for ScalarVisitor {
+            type Value = Scalar;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a scalar (string, number or boolean)")
+            }
+            fn visit_bool<E: de::Error>(self, v: bool) -> Result<Scalar, E> {
+                Ok(Scalar::Bool(v))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Scalar, E> {
+                Ok(match u64::try_from(v) {
+                    Ok(u) => Scalar::UInt(u),
+                    Err(_) => Scalar::Int(v),
+                })
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Scalar, E> {
+                Ok(Scalar::UInt(v))
+            }
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<Scalar, E> {
+                Ok(Scalar::Float(v))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Scalar, E> {
+                Ok(Scalar::Str(v.to_owned()))
+            }
+            fn visit_string<E: de::Error>(self, v: String) -> Result<Scalar, E> {
+                Ok(Scalar::Str(v))
+            }
+        }
+        deserializer.deserialize_any(ScalarVisitor)
+    }
+}
+
+/// The whole file.
+#[derive(Debug, Default, Deserialize)]
+pub struct UserConfig {
+    /// `server`.
+    pub server: Option<UserServer>,
+    /// `admin`.
+    pub admin: Option<UserAdmin>,
+    /// `backends`.
+    pub backends: Option<Vec<UserBackend>>,
+    /// `disaggregated_serving`.
+    pub disaggregated_serving: Option<UserDisaggregated>,
+    /// `dynamo`.
+    pub dynamo: Option<UserDynamo>,
+}
+
+/// `server`.
+#[derive(Debug, Default, Deserialize)]
+pub struct UserServer {
+    /// `bind_address` (`host:port`).
+    pub bind_address: Option<Scalar>,
+    /// `shards` (`auto` or 1..=256).
+    pub shards: Option<Scalar>,
+    /// `cpu_affinity`.
+    pub cpu_affinity: Option<Vec<Scalar>>,
+    /// `control_cpu`.
+    pub control_cpu: Option<Scalar>,
+    /// `limits`.
+    pub limits: Option<UserLimits>,
+    /// `timeouts`.
+    pub timeouts: Option<UserTimeouts>,
+    /// `connect_retries`.
+    pub connect_retries: Option<Scalar>,
+}
+
+/// `server.limits`.
+#[derive(Debug, Default, Deserialize)]
+pub struct UserLimits {
+    /// `max_body_bytes` (integer or `"8MiB"`).
+    pub max_body_bytes: Option<Scalar>,
+    /// `max_header_bytes`.
+    pub max_header_bytes: Option<Scalar>,
+    /// `max_headers`.
+    pub max_headers: Option<Scalar>,
+}
+
+/// `server.timeouts`.
+#[derive(Debug, Default, Deserialize)]
+pub struct UserTimeouts {
+    /// `header_read`.
+    pub header_read: Option<Scalar>,
+    /// `keepalive`.
+    pub keepalive: Option<Scalar>,
+    /// `upstream_connect`.
+    pub upstream_connect: Option<Scalar>,
+    /// `upstream_response`.
+    pub upstream_response: Option<Scalar>,
+    /// `drain`.
+    pub drain: Option<Scalar>,
+}
+
+/// `admin`.
+#[derive(Debug, Default, Deserialize)]
+pub struct UserAdmin {
+    /// `token_hash` (`sha256:<64 lowercase hex>`).
+    pub token_hash: Option<Scalar>,
+}
+
+/// One `backends[]` entry.
+#[derive(Debug, Default, Deserialize)]
+pub struct UserBackend {
+    /// `name`.
+    pub name: Option<Scalar>,
+    /// `type`.
+    #[serde(rename = "type")]
+    pub kind: Option<Scalar>,
+    /// `url`.
+    pub url: Option<Scalar>,
+    /// `role`.
+    pub role: Option<Scalar>,
+    /// `models`.
+    pub models: Option<Vec<Scalar>>,
+    /// `weight`.
+    pub weight: Option<Scalar>,
+    /// `enabled`.
+    pub enabled: Option<Scalar>,
+    /// `internal`.
+    pub internal: Option<Scalar>,
+}
+
+/// `disaggregated_serving`.
+#[derive(Debug, Default, Deserialize)]
+pub struct UserDisaggregated {
+    /// `enabled`.
+    pub enabled: Option<Scalar>,
+    /// `fallback_to_unified`.
+    pub fallback_to_unified: Option<Scalar>,
+}
