@@ -1,1 +1,53 @@
-fn main() {}
+//! `continuum-bench`: benchmarks of continuum-router, each reported as a
+//! ratio against a baseline measured in the same command.
+//!
+//! Subcommands: `http-hop` (router hop vs nginx hop, see `hop`) and
+//! `backend` (the fast canned OpenAI-ish backend the hop benchmark spawns).
+//! Invariant: the report goes to stdout, progress and diagnostics to
+//! stderr; nothing is written outside a temp dir; exit code 0 only if the
+//! baseline was measured.
+
+mod backend;
+mod child;
+mod cli;
+mod cpu;
+mod error;
+mod hop;
+mod probe;
+mod report;
+mod servers;
+mod signals;
+mod tempdir;
+mod wrk;
+
+use std::io::Write;
+use std::process::ExitCode;
+
+use error::BenchError;
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e @ BenchError::Usage(_)) => {
+            eprintln!("continuum-bench: {e}");
+            ExitCode::from(2)
+        }
+        Err(e) => {
+            eprintln!("continuum-bench: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> Result<(), BenchError> {
+    match cli::parse(std::env::args().skip(1))? {
+        cli::Command::Help => {
+            writeln!(std::io::stdout(), "{}", cli::USAGE).map_err(BenchError::io("writing usage"))
+        }
+        cli::Command::Backend { port } => backend::run(port),
+        cli::Command::HttpHop(opts) => {
+            signals::install();
+            hop::run(&opts)
+        }
+    }
+}

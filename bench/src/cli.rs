@@ -1,0 +1,215 @@
+//! Command-line parsing for `continuum-bench`.
+//!
+//! Invariant: parsing is pure (no I/O); every accepted option has a
+//! bounded, validated value, so the driver never runs an unbounded loop.
+
+use std::path::PathBuf;
+
+use crate::error::UsageError;
+
+/// Help text printed on `help` and on every usage error.
+pub(crate) const USAGE: &str = "\
+usage:
+  continuum-bench http-hop [options]   router hop vs nginx hop, same backend, same load
+  continuum-bench backend --port N     the fast OpenAI-ish backend alone (pinning is up to you)
+  continuum-bench help
+
+http-hop options:
+  --duration SECS      measured wrk run per server (default 10, max 600)
+  --warmup SECS        unmeasured wrk run before each measurement (default 2, 0 = none)
+  --connections N      wrk connections (default 64)
+  --threads N          wrk threads (default 1)
+  --shards LIST        scenarios to run, comma separated, each 1 or 2 (default 1,2)
+  --router-bin PATH    router binary (default: continuum-router next to this binary)
+  --nginx-bin PATH     nginx binary (default: nginx on PATH)
+  --wrk-bin PATH       wrk binary (default: wrk on PATH)
+  --ready-timeout SECS how long a server may take to pass its probe (default 15)";
+
+/// A parsed command line.
+#[derive(Debug)]
+pub(crate) enum Command {
+    /// Print usage.
+    Help,
+    /// Run the backend on a port until killed.
+    Backend {
+        /// TCP port on 127.0.0.1.
+        port: u16,
+    },
+    /// Run the router-vs-nginx comparison.
+    HttpHop(HopOptions),
+}
+
+/// Options of `http-hop`.
+#[derive(Debug, Clone)]
+pub(crate) struct HopOptions {
+    /// Seconds of measured load per server.
+    pub(crate) duration_secs: u64,
+    /// Seconds of unmeasured load before each measurement.
+    pub(crate) warmup_secs: u64,
+    /// wrk connections.
+    pub(crate) connections: u32,
+    /// wrk threads.
+    pub(crate) threads: u32,
+    /// Shard counts to run, each 1 or 2.
+    pub(crate) shards: Vec<u8>,
+    /// Router binary; `None` means next to the current executable.
+    pub(crate) router_bin: Option<PathBuf>,
+    /// nginx binary.
+    pub(crate) nginx_bin: PathBuf,
+    /// wrk binary.
+    pub(crate) wrk_bin: PathBuf,
+    /// Seconds a server may take to pass its readiness probe.
+    pub(crate) ready_timeout_secs: u64,
+}
+
+impl Default for HopOptions {
+    fn default() -> Self {
+        Self {
+            duration_secs: 10,
+            warmup_secs: 2,
+            connections: 64,
+            threads: 1,
+            shards: vec![1, 2],
+            router_bin: None,
+            nginx_bin: PathBuf::from("nginx"),
+            wrk_bin: PathBuf::from("wrk"),
+            ready_timeout_secs: 15,
+        }
+    }
+}
+
+/// Parses the arguments after the program name.
+pub(crate) fn parse(args: impl IntoIterator<Item = String>) -> Result<Command, UsageError> {
+    let mut args = args.into_iter();
+    let command = args.next().ok_or(UsageError::MissingCommand)?;
+    match command.as_str() {
+        "help" | "--help" | "-h" => Ok(Command::Help),
+        "backend" => parse_backend(args),
+        "http-hop" => parse_hop(args).map(Command::HttpHop),
+        _ => Err(UsageError::UnknownCommand(command)),
+    }
+}
+
+fn parse_backend(mut args: impl Iterator<Item = String>) -> Result<Command, UsageError> {
+    let mut port = None;
+    while let Some(flag) = args.next() {
+        match flag.as_str() {
+            "--port" => port = Some(number(&flag, value(&flag, &mut args)?, 1, 65535)?),
+            _ => return Err(UsageError::UnknownFlag(flag)),
+        }
+    }
+    let port = port.ok_or_else(|| UsageError::MissingValue("--port".into()))?;
+    let port = u16::try_from(port).map_err(|_| UsageError::BadValue {
+        flag: "--port".into(),
+        value: port.to_string(),
+        reason: "not a port",
+    })?;
+    Ok(Command::Backend { port })
+}
+
+fn parse_hop(mut args: impl Iterator<Item = String>) -> Result<HopOptions, UsageError> {
+    let mut opts = HopOptions::default();
+    while let Some(flag) = args.next() {
+        let v = value(&flag, &mut args);
+        match flag.as_str() {
+            "--duration" => opts.duration_secs = number(&flag, v?, 1, 600)?,
+            "--warmup" => opts.warmup_secs = number(&flag, v?, 0, 60)?,
+            "--connections" => opts.connections = small(&flag, v?, 1, 10_000)?,
+            "--threads" => opts.threads = small(&flag, v?, 1, 64)?,
+            "--shards" => opts.shards = shard_list(&flag, v?)?,
+            "--router-bin" => opts.router_bin = Some(PathBuf::from(v?)),
+            "--nginx-bin" => opts.nginx_bin = PathBuf::from(v?),
+            "--wrk-bin" => opts.wrk_bin = PathBuf::from(v?),
+            "--ready-timeout" => opts.ready_timeout_secs = number(&flag, v?, 1, 300)?,
+            _ => return Err(UsageError::UnknownFlag(flag)),
+        }
+    }
+    if opts.connections < opts.threads {
+        return Err(UsageError::BadValue {
+            flag: "--connections".into(),
+            value: opts.connections.to_string(),
+            reason: "wrk needs at least one connection per thread",
+        });
+    }
+    Ok(opts)
+}
+
+fn value(flag: &str, args: &mut impl Iterator<Item = String>) -> Result<String, UsageError> {
+    args.next()
+        .ok_or_else(|| UsageError::MissingValue(flag.to_owned()))
+}
+
+fn number(flag: &str, value: String, min: u64, max: u64) -> Result<u64, UsageError> {
+    match value.parse::<u64>() {
+        Ok(n) if (min..=max).contains(&n) => Ok(n),
+        Ok(_) => Err(bad(flag, value, "out of range")),
+        Err(_) => Err(bad(flag, value, "not a non-negative integer")),
+    }
+}
+
+fn small(flag: &str, value: String, min: u32, max: u32) -> Result<u32, UsageError> {
+    let n = number(flag, value, u64::from(min), u64::from(max))?;
+    u32::try_from(n).map_err(|_| bad(flag, n.to_string(), "out of range"))
+}
+
+fn shard_list(flag: &str, value: String) -> Result<Vec<u8>, UsageError> {
+    let mut shards = Vec::new();
+    for part in value.split(',') {
+        match part.trim() {
+            "1" => shards.push(1),
+            "2" => shards.push(2),
+            _ => {
+                return Err(bad(
+                    flag,
+                    value,
+                    "expected a comma separated list of 1 and 2",
+                ));
+            }
+        }
+    }
+    Ok(shards)
+}
+
+fn bad(flag: &str, value: String, reason: &'static str) -> UsageError {
+    UsageError::BadValue {
+        flag: flag.to_owned(),
+        value,
+        reason,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(s: &str) -> Vec<String> {
+        s.split_whitespace().map(str::to_owned).collect()
+    }
+
+    #[test]
+    fn hop_defaults_and_overrides() {
+        let Ok(Command::HttpHop(o)) = parse(args("http-hop --duration 3 --shards 2")) else {
+            panic!("expected http-hop");
+        };
+        assert_eq!(o.duration_secs, 3);
+        assert_eq!(o.shards, vec![2]);
+        assert_eq!(o.connections, 64);
+    }
+
+    #[test]
+    fn rejects_bad_values() {
+        assert!(parse(args("http-hop --duration 0")).is_err());
+        assert!(parse(args("http-hop --shards 3")).is_err());
+        assert!(parse(args("http-hop --duration")).is_err());
+        assert!(parse(args("backend")).is_err());
+        assert!(parse(args("nope")).is_err());
+    }
+
+    #[test]
+    fn backend_port() {
+        assert!(matches!(
+            parse(args("backend --port 8080")),
+            Ok(Command::Backend { port: 8080 })
+        ));
+    }
+}

@@ -1,0 +1,114 @@
+//! Blocking HTTP/1.1 probes on 127.0.0.1 used to decide when a server is
+//! ready, plus free-port discovery.
+//!
+//! Invariant: every probe is bounded (connect, read and write timeouts, and
+//! an overall deadline in [`wait_ready`]); probes use `Connection: close`
+//! so they never hold a keep-alive slot during measurement.
+
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+use crate::child::Supervised;
+use crate::error::BenchError;
+
+/// Per-operation socket timeout of a probe.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The chat request every probe and wrk send.
+pub(crate) const CHAT_BODY: &str = concat!(
+    r#"{"model":"bench-model","messages":[{"role":"system","content":"You are terse."},"#,
+    r#"{"role":"user","content":"Say hello."}],"max_tokens":16}"#
+);
+
+/// A request a probe sends.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Probe {
+    /// `GET` or `POST`.
+    pub(crate) method: &'static str,
+    /// Request path.
+    pub(crate) path: &'static str,
+    /// Body (sent as JSON when non-empty).
+    pub(crate) body: &'static str,
+}
+
+/// `POST /v1/chat/completions` with [`CHAT_BODY`].
+pub(crate) const CHAT: Probe = Probe {
+    method: "POST",
+    path: "/v1/chat/completions",
+    body: CHAT_BODY,
+};
+
+/// `GET /health`.
+pub(crate) const HEALTH: Probe = Probe {
+    method: "GET",
+    path: "/health",
+    body: "",
+};
+
+/// A TCP port on 127.0.0.1 that was free a moment ago.
+pub(crate) fn free_port() -> Result<u16, BenchError> {
+    let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+        .map_err(BenchError::io("binding a probe socket"))?;
+    Ok(l.local_addr()
+        .map_err(BenchError::io("reading a probe socket address"))?
+        .port())
+}
+
+/// Sends `probe` to `127.0.0.1:port`, returns the response status code.
+pub(crate) fn status(port: u16, probe: Probe) -> std::io::Result<u16> {
+    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+    let mut s = TcpStream::connect_timeout(&addr, PROBE_TIMEOUT)?;
+    s.set_read_timeout(Some(PROBE_TIMEOUT))?;
+    s.set_write_timeout(Some(PROBE_TIMEOUT))?;
+    let req = format!(
+        "{} {} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{}",
+        probe.method,
+        probe.path,
+        probe.body.len(),
+        probe.body
+    );
+    s.write_all(req.as_bytes())?;
+    let mut resp = Vec::new();
+    s.take(64 * 1024).read_to_end(&mut resp)?;
+    let bad = || std::io::Error::new(std::io::ErrorKind::InvalidData, "not an HTTP response");
+    let line = resp.split(|&b| b == b'\r').next().ok_or_else(bad)?;
+    let code = std::str::from_utf8(line)
+        .ok()
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(bad)?;
+    Ok(code)
+}
+
+/// Probes until the server answers 200, the child exits, or `timeout`.
+pub(crate) fn wait_ready(
+    child: &mut Supervised,
+    port: u16,
+    probe: Probe,
+    timeout: Duration,
+) -> Result<(), BenchError> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if crate::signals::interrupted() {
+            return Err(BenchError::Interrupted);
+        }
+        child.ensure_running()?;
+        let detail = match status(port, probe) {
+            Ok(200) => return Ok(()),
+            Ok(code) => format!("{} {} answered {code}", probe.method, probe.path),
+            Err(e) => format!("{} {}: {e}", probe.method, probe.path),
+        };
+        if Instant::now() >= deadline {
+            return Err(BenchError::NotReady {
+                what: child.what(),
+                secs: timeout.as_secs(),
+                detail,
+                log: child.log_tail(),
+            });
+        }
+        sleep(Duration::from_millis(50));
+    }
+}

@@ -1,0 +1,182 @@
+//! The two servers under test, nginx and continuum-router: their generated
+//! configs and how they are started and judged ready.
+//!
+//! Invariants: both proxy the same backend on 127.0.0.1 with upstream
+//! keep-alive; both get the same CPUs (`cpus`); a server is only returned
+//! once it has proxied one chat completion with status 200.
+
+use std::fs::File;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use crate::child::Supervised;
+use crate::error::BenchError;
+use crate::probe;
+use crate::tempdir::TempDir;
+
+/// Where and how one server runs.
+#[derive(Debug, Clone)]
+pub(crate) struct Placement {
+    /// Worker processes (nginx) or shards (router).
+    pub(crate) workers: usize,
+    /// CPUs the server may use, one per worker in order.
+    pub(crate) cpus: Vec<usize>,
+    /// Port the server listens on.
+    pub(crate) port: u16,
+    /// Port of the backend.
+    pub(crate) backend_port: u16,
+}
+
+/// nginx.conf for `p`, with every path inside `dir`.
+pub(crate) fn nginx_conf(dir: &Path, p: &Placement) -> String {
+    let d = dir.display();
+    let affinity: Vec<String> = p
+        .cpus
+        .iter()
+        .map(|&c| format!("{:0>width$b}", 1u64 << c, width = p.cpus.len().max(2)))
+        .collect();
+    format!(
+        "daemon off;
+master_process on;
+worker_processes {workers};
+worker_cpu_affinity {affinity};
+pid {d}/nginx.pid;
+error_log {d}/nginx-error.log warn;
+events {{ worker_connections 4096; }}
+http {{
+    access_log off;
+    client_body_temp_path {d}/client_body;
+    proxy_temp_path {d}/proxy;
+    fastcgi_temp_path {d}/fastcgi;
+    uwsgi_temp_path {d}/uwsgi;
+    scgi_temp_path {d}/scgi;
+    keepalive_requests 1000000;
+    upstream backend {{
+        server 127.0.0.1:{backend};
+        keepalive 64;
+        keepalive_requests 1000000;
+    }}
+    server {{
+        listen 127.0.0.1:{port} reuseport;
+        location / {{
+            proxy_pass http://backend;
+            proxy_http_version 1.1;
+            proxy_set_header Connection \"\";
+        }}
+    }}
+}}
+",
+        workers = p.workers,
+        affinity = affinity.join(" "),
+        backend = p.backend_port,
+        port = p.port,
+    )
+}
+
+/// Router YAML for `p`.
+pub(crate) fn router_yaml(p: &Placement) -> String {
+    let cpus: Vec<String> = p.cpus.iter().map(usize::to_string).collect();
+    format!(
+        "server:
+  bind_address: \"127.0.0.1:{port}\"
+  shards: {workers}
+  cpu_affinity: [{cpus}]
+  control_cpu: {control}
+backends:
+  - name: fast
+    type: openai
+    url: \"http://127.0.0.1:{backend}\"
+    models: [\"bench-model\"]
+",
+        port = p.port,
+        workers = p.workers,
+        cpus = cpus.join(", "),
+        control = p.cpus.first().copied().unwrap_or(0),
+        backend = p.backend_port,
+    )
+}
+
+/// Starts nginx for `p` and waits until it proxies a chat completion.
+pub(crate) fn start_nginx(
+    bin: &Path,
+    dir: &TempDir,
+    p: &Placement,
+    ready: Duration,
+) -> Result<Supervised, BenchError> {
+    let conf = dir.write("nginx.conf", &nginx_conf(dir.path(), p))?;
+    let log = dir.path().join("nginx-error.log");
+    let mut cmd = Command::new(bin);
+    cmd.arg("-p")
+        .arg(dir.path())
+        .arg("-c")
+        .arg(&conf)
+        .arg("-e")
+        .arg(&log);
+    set_log(&mut cmd, &dir.path().join("nginx-stdio.log"))?;
+    let mut nginx = Supervised::spawn("nginx", cmd, &p.cpus, Some(&log))?;
+    probe::wait_ready(&mut nginx, p.port, probe::CHAT, ready)?;
+    Ok(nginx)
+}
+
+/// Starts the router for `p`, waits for `GET /health` then for a proxied
+/// chat completion, both answering 200.
+pub(crate) fn start_router(
+    bin: &Path,
+    dir: &TempDir,
+    p: &Placement,
+    ready: Duration,
+) -> Result<Supervised, BenchError> {
+    let conf = dir.write("router.yaml", &router_yaml(p))?;
+    let log = dir.path().join("router.log");
+    let mut cmd = Command::new(bin);
+    cmd.arg("--config").arg(&conf);
+    if std::env::var_os("RUST_LOG").is_none() {
+        cmd.env("RUST_LOG", "warn");
+    }
+    set_log(&mut cmd, &log)?;
+    let mut router = Supervised::spawn("router", cmd, &p.cpus, Some(&log))?;
+    probe::wait_ready(&mut router, p.port, probe::HEALTH, ready)?;
+    probe::wait_ready(&mut router, p.port, probe::CHAT, ready)?;
+    Ok(router)
+}
+
+/// Sends the child's stdout and stderr to `path` (truncated).
+pub(crate) fn set_log(cmd: &mut Command, path: &Path) -> Result<(), BenchError> {
+    let open_err = || BenchError::io(format!("opening {}", path.display()));
+    let out = File::create(path).map_err(open_err())?;
+    let err = out.try_clone().map_err(open_err())?;
+    cmd.stdout(Stdio::from(out)).stderr(Stdio::from(err));
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn placement(cpus: Vec<usize>) -> Placement {
+        Placement {
+            workers: cpus.len(),
+            cpus,
+            port: 8000,
+            backend_port: 9000,
+        }
+    }
+
+    #[test]
+    fn nginx_affinity_masks() {
+        let one = nginx_conf(Path::new("/t"), &placement(vec![0]));
+        assert!(one.contains("worker_processes 1;\nworker_cpu_affinity 01;"));
+        let two = nginx_conf(Path::new("/t"), &placement(vec![0, 1]));
+        assert!(two.contains("worker_processes 2;\nworker_cpu_affinity 01 10;"));
+        assert!(two.contains("keepalive 64;"));
+        assert!(two.contains("proxy_set_header Connection \"\";"));
+    }
+
+    #[test]
+    fn router_yaml_shape() {
+        let y = router_yaml(&placement(vec![0, 1]));
+        assert!(y.contains("shards: 2\n  cpu_affinity: [0, 1]\n  control_cpu: 0\n"));
+        assert!(y.contains("url: \"http://127.0.0.1:9000\""));
+    }
+}
