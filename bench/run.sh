@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# bench/run.sh — build the router and the bench (release), then run
+# `continuum-bench http-hop` with any extra options, e.g.:
+#   bench/run.sh --duration 10 --connections 64 --shards 1,2
+# Invariant: writes nothing into the repo besides cargo's target dir; if the
+# router does not build, the nginx baseline is still measured and the
+# driver says why the router row is missing (or warns that it may be stale).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+target="${CARGO_TARGET_DIR:-target}"
+if ! cargo build --release -p continuum-router -p continuum-bench; then
+    echo "run.sh: building continuum-router failed; building the bench alone." >&2
+    echo "run.sh: any router row below comes from a STALE $target/release/continuum-router." >&2
+    cargo build --release -p continuum-bench
+fi
+exec "$target/release/continuum-bench" http-hop "$@"
