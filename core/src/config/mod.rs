@@ -20,9 +20,11 @@
 mod addr;
 mod convert;
 mod convert_dynamo;
+mod convert_dynamo_rest;
 pub mod dynamo;
 mod error;
 mod parse;
+pub mod report;
 mod show;
 pub mod user;
 pub mod user_dynamo;

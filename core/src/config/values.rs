@@ -335,7 +335,7 @@ pub(crate) fn fmt_duration(d: Duration) -> String {
         return "0ms".to_owned();
     }
     for (per, unit) in [(3_600_000u128, "h"), (60_000, "m"), (1_000, "s")] {
-        if ms % per == 0 {
+        if ms.is_multiple_of(per) {
             return format!("{}{unit}", ms / per);
         }
     }
@@ -375,7 +375,7 @@ pub(crate) fn parse_size(s: &Scalar) -> Result<u64, String> {
 pub(crate) fn fmt_size(n: u64) -> String {
     for (shift, unit) in [(30u32, "GiB"), (20, "MiB"), (10, "KiB")] {
         let per = 1u64 << shift;
-        if n >= per && n % per == 0 {
+        if n >= per && n.is_multiple_of(per) {
             return format!("{}{unit}", n / per);
         }
     }
