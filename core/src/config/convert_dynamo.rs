@@ -191,7 +191,7 @@ fn etcd(ctx: &mut Ctx<'_>, u: Option<&UserEtcd>) -> EtcdConfig {
             ca_cert: ctx.path(&f("ca_cert"), t.ca_cert.as_ref()),
             client_cert: ctx.path(&f("client_cert"), t.client_cert.as_ref()),
             client_key: match t.client_key.as_ref() {
-                Some(Scalar::Str(s)) if !s.trim().is_empty() => Some(s.clone()),
+                Some(Scalar::Str(s)) if !s.trim().is_empty() => Some(Secret::new(s.clone())),
                 Some(_) => {
                     ctx.error_masked(&f("client_key"), "must be a non-empty path");
                     None

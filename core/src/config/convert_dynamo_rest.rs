@@ -15,7 +15,7 @@ use super::BackendName;
 use super::convert_dynamo::check_namespace;
 use super::dynamo::{
     Blake3Digest, BrokerConfig, BrokerRole, ConditionalDisaggregation, EventBusConfig, EventBusTls,
-    KvConfig, LoadConfig, LoadTransport, MAX_DYNAMO_NAMESPACES, ShimConfig, ShimPool,
+    KvConfig, LoadConfig, LoadTransport, MAX_DYNAMO_NAMESPACES, Secret, ShimConfig, ShimPool,
 };
 use super::user::Scalar;
 use super::user_dynamo::{UserBroker, UserEventBus, UserKv, UserLoad, UserShim};
@@ -331,7 +331,7 @@ pub(crate) fn event_bus(ctx: &mut Ctx<'_>, u: Option<&UserEventBus>) -> EventBus
             ctx.error(&tf("cert"), MISSING, "is required");
         }
         let key = match &t.key {
-            Some(Scalar::Str(s)) if !s.trim().is_empty() => Some(s.clone()),
+            Some(Scalar::Str(s)) if !s.trim().is_empty() => Some(Secret::new(s.clone())),
             Some(_) => {
                 ctx.error_masked(&tf("key"), "must be a non-empty path");
                 None

@@ -147,7 +147,7 @@ impl std::fmt::Display for EtcdEndpoint {
     }
 }
 
-/// A secret string (password). `Debug` prints a mask; read it with [`Secret::expose`].
+/// A secret string (password, private-key path). `Debug` prints a mask; read it with [`Secret::expose`].
 #[derive(Clone, PartialEq, Eq)]
 pub struct Secret(String);
 
@@ -175,8 +175,8 @@ pub struct EtcdTls {
     pub ca_cert: Option<String>,
     /// Client certificate path (shown verbatim); set iff `client_key` is (CFG-11).
     pub client_cert: Option<String>,
-    /// Client key path (masked when shown, CFG-12).
-    pub client_key: Option<String>,
+    /// Client key path (masked when shown and in `Debug`, CFG-12).
+    pub client_key: Option<Secret>,
     /// SNI / verification name override.
     pub server_name: Option<String>,
 }
@@ -375,8 +375,8 @@ impl Default for KvConfig {
 pub struct EventBusTls {
     /// Server certificate chain path.
     pub cert: String,
-    /// Server key path (masked when shown).
-    pub key: String,
+    /// Server key path (masked when shown and in `Debug`).
+    pub key: Secret,
     /// CA for client-certificate auth (BUS-13).
     pub client_ca: Option<String>,
 }

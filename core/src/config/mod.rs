@@ -240,3 +240,5 @@ pub struct DisaggregatedServing {
 
 #[cfg(test)]
 mod tests_basic;
+#[cfg(test)]
+mod tests_cfg_a;
