@@ -1,0 +1,175 @@
+//! Test configurations: a [`RouterConfig`] builder rendered to the router's YAML, and a
+//! self-removing [`TempDir`] to write it into.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// The admin token used by the tests.
+pub const ADMIN_TOKEN: &str = "continuum-test-admin-token";
+
+/// `sha256:` + hex of SHA-256 of [`ADMIN_TOKEN`] (precomputed so the tests need no hash crate).
+pub const ADMIN_TOKEN_HASH: &str =
+    "sha256:5bcfbe13c3a47f58a028afe52e4e1b77d5042254ab8f63a35ba8e50e18956bcb";
+
+/// One `backends[]` entry.
+#[derive(Debug, Clone)]
+pub struct BackendSpec {
+    /// Unique name.
+    pub name: String,
+    /// Base URL.
+    pub url: String,
+    /// Model ids served.
+    pub models: Vec<String>,
+    /// Relative weight.
+    pub weight: u32,
+}
+
+/// A router configuration; [`RouterConfig::default`] matches the contract's example.
+#[derive(Debug, Clone)]
+pub struct RouterConfig {
+    /// `server.shards` as written (`"2"`, `"auto"`).
+    pub shards: String,
+    /// `server.limits.max_body_bytes`.
+    pub max_body_bytes: u64,
+    /// `server.limits.max_header_bytes`.
+    pub max_header_bytes: u64,
+    /// `server.limits.max_headers`.
+    pub max_headers: u32,
+    /// `server.timeouts.header_read`.
+    pub header_read: String,
+    /// `server.timeouts.keepalive`.
+    pub keepalive: String,
+    /// `server.timeouts.upstream_connect`.
+    pub upstream_connect: String,
+    /// `server.timeouts.upstream_response`.
+    pub upstream_response: String,
+    /// `server.timeouts.drain`.
+    pub drain: String,
+    /// `server.connect_retries`.
+    pub connect_retries: u32,
+    /// `admin.token_hash`, if any.
+    pub token_hash: Option<String>,
+    /// `backends`.
+    pub backends: Vec<BackendSpec>,
+}
+
+impl Default for RouterConfig {
+    fn default() -> Self {
+        RouterConfig {
+            shards: "2".into(),
+            max_body_bytes: 1_048_576,
+            max_header_bytes: 16_384,
+            max_headers: 100,
+            header_read: "2s".into(),
+            keepalive: "60s".into(),
+            upstream_connect: "5s".into(),
+            upstream_response: "600s".into(),
+            drain: "10s".into(),
+            connect_retries: 2,
+            token_hash: None,
+            backends: Vec::new(),
+        }
+    }
+}
+
+impl RouterConfig {
+    /// Adds a backend of weight 1.
+    pub fn backend(mut self, name: &str, url: &str, models: &[&str]) -> Self {
+        self.backends.push(BackendSpec {
+            name: name.into(),
+            url: url.into(),
+            models: models.iter().map(|m| (*m).to_string()).collect(),
+            weight: 1,
+        });
+        self
+    }
+
+    /// Renders the YAML with `bind` as `server.bind_address`.
+    pub fn to_yaml(&self, bind: SocketAddr) -> String {
+        let q = |s: &str| serde_json::Value::String(s.to_string()).to_string();
+        let mut y = String::new();
+        y.push_str("server:\n");
+        y.push_str(&format!("  bind_address: {}\n", q(&bind.to_string())));
+        y.push_str(&format!("  shards: {}\n", self.shards));
+        y.push_str(&format!(
+            "  limits: {{ max_body_bytes: {}, max_header_bytes: {}, max_headers: {} }}\n",
+            self.max_body_bytes, self.max_header_bytes, self.max_headers
+        ));
+        y.push_str(&format!(
+            "  timeouts: {{ header_read: {}, keepalive: {}, upstream_connect: {}, \
+             upstream_response: {}, drain: {} }}\n",
+            q(&self.header_read),
+            q(&self.keepalive),
+            q(&self.upstream_connect),
+            q(&self.upstream_response),
+            q(&self.drain)
+        ));
+        y.push_str(&format!("  connect_retries: {}\n", self.connect_retries));
+        if let Some(h) = &self.token_hash {
+            y.push_str(&format!("admin:\n  token_hash: {}\n", q(h)));
+        }
+        if self.backends.is_empty() {
+            y.push_str("backends: []\n");
+        } else {
+            y.push_str("backends:\n");
+        }
+        for b in &self.backends {
+            let models: Vec<String> = b.models.iter().map(|m| q(m)).collect();
+            y.push_str(&format!("  - name: {}\n", q(&b.name)));
+            y.push_str("    type: openai\n");
+            y.push_str(&format!("    url: {}\n", q(&b.url)));
+            y.push_str(&format!("    models: [{}]\n", models.join(", ")));
+            y.push_str(&format!("    weight: {}\n", b.weight));
+        }
+        y.push_str("disaggregated_serving: { enabled: false, fallback_to_unified: true }\n");
+        y
+    }
+}
+
+/// A unique directory under the system temp dir, removed on drop.
+#[derive(Debug)]
+pub struct TempDir {
+    path: PathBuf,
+}
+
+impl TempDir {
+    /// Creates a fresh directory.
+    pub fn new(tag: &str) -> TempDir {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+        let path = std::env::temp_dir().join(format!(
+            "continuum-e2e-{tag}-{}-{}-{nanos}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::SeqCst)
+        ));
+        std::fs::create_dir_all(&path)
+            .unwrap_or_else(|e| panic!("create temp dir {}: {e}", path.display()));
+        TempDir { path }
+    }
+
+    /// The directory.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Writes `contents` to `name` inside the directory atomically (temp file + rename);
+    /// returns the path.
+    pub fn write(&self, name: &str, contents: &str) -> PathBuf {
+        let target = self.path.join(name);
+        let tmp = self.path.join(format!(".{name}.tmp"));
+        std::fs::write(&tmp, contents).unwrap_or_else(|e| panic!("write {}: {e}", tmp.display()));
+        std::fs::rename(&tmp, &target)
+            .unwrap_or_else(|e| panic!("rename to {}: {e}", target.display()));
+        target
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
+}

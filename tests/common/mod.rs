@@ -1,0 +1,63 @@
+//! Shared harness for the end-to-end acceptance tests of the `continuum-router` binary.
+//!
+//! - [`config`]: a [`RouterConfig`] builder rendered to YAML, a self-removing [`TempDir`];
+//! - [`router`]: [`RouterProcess`] runs the real binary with a config on a free loopback port,
+//!   waits for `/health`, captures stderr, sends signals, awaits exit; [`run_cli`] runs the
+//!   `config` subcommands;
+//! - [`backend`]: [`MockBackend`], a scripted loopback backend recording every request;
+//! - [`client`]: a raw HTTP/1.1 client (exact bytes out, framed responses in, incremental
+//!   streaming reads).
+//!
+//! Everything binds 127.0.0.1 only; every wait is bounded by a deadline.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(dead_code, unused_imports, unreachable_pub)]
+
+pub mod backend;
+pub mod client;
+pub mod config;
+pub mod router;
+
+use std::net::TcpListener;
+use std::time::Duration;
+
+pub use backend::{MockBackend, RecordedRequest, Reply, SseSender, refusing_url};
+pub use client::{Conn, Response, chat, chat_body, chat_bytes, get, get_with, request_bytes};
+pub use config::{ADMIN_TOKEN, ADMIN_TOKEN_HASH, RouterConfig, TempDir};
+pub use router::{RouterProcess, metric_value, run_cli};
+
+/// A generous bound for one step of a test (a response, an event, a reload).
+pub const STEP: Duration = Duration::from_secs(10);
+
+/// A loopback port that was free a moment ago (bound to port 0, then released).
+pub fn free_port() -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+    l.local_addr().expect("local addr").port()
+}
+
+/// Header names a client must never be able to send upstream (the contract's pin headers),
+/// written in mixed case as a client might.
+pub const PIN_HEADERS: [(&str, &str); 8] = [
+    ("X-Dynamo-Worker-Instance-Id", "7"),
+    ("x-dynamo-prefill-worker-id", "8"),
+    ("X-DYNAMO-ANYTHING", "9"),
+    ("X-Worker-Instance-Id", "10"),
+    ("x-prefill-instance-id", "11"),
+    ("X-Dp-Rank", "1"),
+    ("x-data-parallel-rank", "2"),
+    ("X-Prefill-Dp-Rank", "3"),
+];
+
+/// Whether `name` is a pin header per the contract (`x-dynamo-*` or an alias).
+pub fn is_pin_header(name: &str) -> bool {
+    let n = name.to_ascii_lowercase();
+    n.starts_with("x-dynamo-")
+        || [
+            "x-worker-instance-id",
+            "x-prefill-instance-id",
+            "x-dp-rank",
+            "x-data-parallel-rank",
+            "x-prefill-dp-rank",
+        ]
+        .contains(&n.as_str())
+}

@@ -1,0 +1,352 @@
+//! `RouterProcess`: the real `continuum-router` binary run with a test config.
+//!
+//! The process's stderr (its logs) goes to a file in the test's temp dir; every failure message
+//! built here carries it, and a router dropped while its test is panicking prints the tail of it,
+//! so a failing test shows what the router said. The process is killed on drop. Signals are sent
+//! with `libc::kill`; exit is awaited by polling `try_wait` against a deadline.
+
+use std::fs::File;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use super::client::{self, Response};
+use super::config::{RouterConfig, TempDir};
+
+/// How long a router may take to answer `GET /health` with 200 after spawning.
+pub const HEALTHY_WITHIN: Duration = Duration::from_secs(10);
+
+/// The path of the router binary under test.
+pub fn router_bin() -> &'static str {
+    env!("CARGO_BIN_EXE_continuum-router")
+}
+
+/// A running router; killed on drop.
+#[derive(Debug)]
+pub struct RouterProcess {
+    child: Child,
+    addr: SocketAddr,
+    config_path: PathBuf,
+    stderr_path: PathBuf,
+    exit: Option<ExitStatus>,
+    // Last field: removed after the child is gone.
+    dir: TempDir,
+}
+
+impl RouterProcess {
+    /// Writes `cfg` (bound to a free loopback port), spawns the router and waits until
+    /// `GET /health` answers 200. Retries with another port if the first one was taken.
+    pub fn start(cfg: &RouterConfig) -> RouterProcess {
+        let mut last = String::new();
+        for _ in 0..3 {
+            match RouterProcess::try_start(cfg) {
+                Ok(r) => return r,
+                Err((e, retry)) => {
+                    last = e;
+                    if !retry {
+                        break;
+                    }
+                }
+            }
+        }
+        panic!("{last}");
+    }
+
+    /// One attempt; `Err((message, worth_retrying))`.
+    fn try_start(cfg: &RouterConfig) -> Result<RouterProcess, (String, bool)> {
+        let dir = TempDir::new("router");
+        let addr: SocketAddr = ([127, 0, 0, 1], super::free_port()).into();
+        let config_path = dir.write("router.yaml", &cfg.to_yaml(addr));
+        let stderr_path = dir.path().join("router.stderr.log");
+        let stderr = File::create(&stderr_path).map_err(|e| (e.to_string(), false))?;
+        let stdout = File::create(dir.path().join("router.stdout.log"))
+            .map_err(|e| (e.to_string(), false))?;
+        let mut cmd = Command::new(router_bin());
+        cmd.arg("--config")
+            .arg(&config_path)
+            .stdin(Stdio::null())
+            .stdout(stdout)
+            .stderr(stderr);
+        if std::env::var_os("RUST_LOG").is_none() {
+            cmd.env("RUST_LOG", "info");
+        }
+        let child = cmd
+            .spawn()
+            .map_err(|e| (format!("cannot spawn {}: {e}", router_bin()), false))?;
+        let mut router = RouterProcess {
+            child,
+            addr,
+            config_path,
+            stderr_path,
+            exit: None,
+            dir,
+        };
+        let deadline = Instant::now() + HEALTHY_WITHIN;
+        let mut last = String::from("no attempt");
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = router.child.try_wait() {
+                router.exit = Some(status);
+                let err = router.stderr();
+                let in_use = err.to_ascii_lowercase().contains("address already in use")
+                    || err.contains("AddrInUse");
+                return Err((
+                    format!(
+                        "router exited with {status} before becoming healthy on {addr}; \
+                         stderr:\n{err}"
+                    ),
+                    in_use,
+                ));
+            }
+            match client::roundtrip(addr, &client::request_bytes("GET", "/health", &[], None)) {
+                Ok(r) if r.status == 200 => return Ok(router),
+                Ok(r) => last = format!("status {} body {:?}", r.status, r.text()),
+                Err(e) => last = e,
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Err((
+            format!(
+                "router did not become healthy within {HEALTHY_WITHIN:?} on {addr} \
+                 (last /health attempt: {last}); stderr:\n{}",
+                router.stderr()
+            ),
+            false,
+        ))
+    }
+
+    /// The client-facing address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The config file the router was started with.
+    pub fn config_path(&self) -> &PathBuf {
+        &self.config_path
+    }
+
+    /// Everything the router logged so far.
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.stderr_path).unwrap_or_default()
+    }
+
+    /// Replaces the config file (atomically) with `cfg`, keeping the bind address.
+    pub fn write_config(&self, cfg: &RouterConfig) {
+        self.write_raw_config(&cfg.to_yaml(self.addr));
+    }
+
+    /// Replaces the config file (atomically) with `yaml` as is.
+    pub fn write_raw_config(&self, yaml: &str) {
+        self.dir.write("router.yaml", yaml);
+    }
+
+    /// Sends `sig` to the router.
+    pub fn signal(&self, sig: libc::c_int) {
+        let pid = libc::pid_t::try_from(self.child.id()).expect("pid fits pid_t");
+        // SAFETY: kill(2) with a pid we spawned and still own (not yet reaped); no memory is
+        // touched.
+        let rc = unsafe { libc::kill(pid, sig) };
+        assert_eq!(rc, 0, "kill({pid}, {sig}) failed");
+    }
+
+    /// Sends SIGHUP (reload).
+    pub fn sighup(&self) {
+        self.signal(libc::SIGHUP);
+    }
+
+    /// Sends SIGTERM (graceful shutdown).
+    pub fn sigterm(&self) {
+        self.signal(libc::SIGTERM);
+    }
+
+    /// Waits up to `timeout` for the router to exit; its status, or `None` if still running.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(s) = self.exit {
+                return Some(s);
+            }
+            if let Ok(Some(s)) = self.child.try_wait() {
+                self.exit = Some(s);
+                return Some(s);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// `GET path` on a fresh connection.
+    pub fn get(&self, path: &str) -> Response {
+        client::roundtrip(self.addr, &client::request_bytes("GET", path, &[], None))
+            .unwrap_or_else(|e| panic!("GET {path} failed: {e}; router stderr:\n{}", self.stderr()))
+    }
+
+    /// The `generation` reported by `GET /health`.
+    pub fn generation(&self) -> u64 {
+        let r = self.get("/health");
+        assert_eq!(r.status, 200, "/health answered {}: {}", r.status, r.text());
+        let v = r.json();
+        assert_eq!(v["status"], "ok", "/health body {v}");
+        v["generation"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("/health has no integer generation: {v}"))
+    }
+
+    /// Polls `/health` until `generation >= min`; returns it, or panics after `timeout`.
+    pub fn wait_generation(&self, min: u64, timeout: Duration) -> u64 {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let g = self.generation();
+            if g >= min {
+                return g;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "generation stayed {g} (< {min}) for {timeout:?}; router stderr:\n{}",
+                self.stderr()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// `GET /metrics` body.
+    pub fn metrics(&self) -> String {
+        let r = self.get("/metrics");
+        assert_eq!(
+            r.status,
+            200,
+            "/metrics answered {}: {}",
+            r.status,
+            r.text()
+        );
+        r.text()
+    }
+
+    /// Polls `/metrics` until `name{labels}` is at least `min`; returns it, or panics.
+    pub fn wait_metric(
+        &self,
+        name: &str,
+        labels: &[(&str, &str)],
+        min: f64,
+        timeout: Duration,
+    ) -> f64 {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let text = self.metrics();
+            let v = metric_value(&text, name, labels).unwrap_or(0.0);
+            if v >= min {
+                return v;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "metric {name}{labels:?} stayed {v} (< {min}) for {timeout:?}; metrics:\n{text}\n\
+                 router stderr:\n{}",
+                self.stderr()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for RouterProcess {
+    fn drop(&mut self) {
+        if self.exit.is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+        if std::thread::panicking() {
+            let err = self.stderr();
+            let tail: String = {
+                let lines: Vec<&str> = err.lines().collect();
+                lines[lines.len().saturating_sub(60)..].join("\n")
+            };
+            eprintln!(
+                "---- router stderr (last 60 lines) ----\n{tail}\n---- end router stderr ----"
+            );
+        }
+    }
+}
+
+/// The sum of every sample of `name` whose labels include all of `labels` (label order free);
+/// `None` if there is no such sample.
+pub fn metric_value(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    let mut total = None;
+    for line in text.lines() {
+        let line = line.trim();
+        if line.starts_with('#') || !line.starts_with(name) {
+            continue;
+        }
+        let rest = &line[name.len()..];
+        let (label_text, value_text) = if let Some(r) = rest.strip_prefix('{') {
+            match r.split_once('}') {
+                Some((l, v)) => (l, v),
+                None => continue,
+            }
+        } else if rest.starts_with(' ') {
+            ("", rest)
+        } else {
+            continue; // a longer metric name sharing the prefix
+        };
+        let matches = labels.iter().all(|(k, v)| {
+            label_text
+                .split(',')
+                .any(|pair| pair.trim() == format!("{k}=\"{v}\""))
+        });
+        if !matches {
+            continue;
+        }
+        let value: f64 = match value_text.split_whitespace().next().map(str::parse) {
+            Some(Ok(v)) => v,
+            _ => continue,
+        };
+        total = Some(total.unwrap_or(0.0) + value);
+    }
+    total
+}
+
+/// Output of one CLI run.
+#[derive(Debug)]
+pub struct CliOutput {
+    /// Exit code (`None` if killed by a signal).
+    pub code: Option<i32>,
+    /// Standard output.
+    pub stdout: String,
+    /// Standard error.
+    pub stderr: String,
+}
+
+/// Runs the router binary with `args` (bounded to 30 s; killed after that).
+pub fn run_cli(args: &[&str]) -> CliOutput {
+    let dir = TempDir::new("cli");
+    let out_path = dir.path().join("stdout");
+    let err_path = dir.path().join("stderr");
+    let mut child = Command::new(router_bin())
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(File::create(&out_path).expect("stdout file"))
+        .stderr(File::create(&err_path).expect("stderr file"))
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot spawn {}: {e}", router_bin()));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Ok(Some(s)) = child.try_wait() {
+            break s;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "`continuum-router {}` did not exit within 30s",
+                args.join(" ")
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    CliOutput {
+        code: status.code(),
+        stdout: std::fs::read_to_string(&out_path).unwrap_or_default(),
+        stderr: std::fs::read_to_string(&err_path).unwrap_or_default(),
+    }
+}
