@@ -10,7 +10,9 @@ cd "$(dirname "$0")/.."
 target="${CARGO_TARGET_DIR:-target}"
 if ! cargo build --release -p continuum-router -p continuum-bench; then
     echo "run.sh: building continuum-router failed; building the bench alone." >&2
-    echo "run.sh: any router row below comes from a STALE $target/release/continuum-router." >&2
+    if [ -e "$target/release/continuum-router" ]; then
+        echo "run.sh: WARNING: the router row below comes from a STALE $target/release/continuum-router." >&2
+    fi
     cargo build --release -p continuum-bench
 fi
 exec "$target/release/continuum-bench" http-hop "$@"
