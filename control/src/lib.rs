@@ -1,1 +1,23 @@
-//! stub
+//! `continuum-control`: the control thread.
+//!
+//! One OS thread named `ctl`, optionally pinned, running a tokio current-thread runtime. It owns
+//! the config: it reloads it on SIGHUP and when the file changes, validates it, resolves backend
+//! addresses, builds the next [`RouterSnapshot`], publishes it through the [`SnapshotCell`]
+//! (snapshot first, generation second) and rings every shard's mailbox. It never serves requests.
+//! On SIGTERM or SIGINT it drains the shards and returns.
+//!
+//! Invariants:
+//! - an invalid or unreadable config never replaces the running one (counted as rejected);
+//! - an unchanged file publishes nothing; every publication has a strictly larger generation;
+//! - fields that need a restart (listener address, shard count and CPUs) are reported, not
+//!   half-applied.
+//!
+//! [`RouterSnapshot`]: continuum_core::snapshot::RouterSnapshot
+//! [`SnapshotCell`]: continuum_core::publish::SnapshotCell
+#![forbid(unsafe_code)]
+
+mod reload;
+mod resolve;
+
+pub use reload::{ControlParams, ControlRunError, ExitReason, spawn};
+pub use resolve::resolve_blocking;

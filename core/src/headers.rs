@@ -79,8 +79,14 @@ pub fn connection_has_keep_alive(value: &[u8]) -> bool {
 }
 
 fn trim_ascii(s: &[u8]) -> &[u8] {
-    let start = s.iter().position(|b| !b.is_ascii_whitespace()).unwrap_or(s.len());
-    let end = s.iter().rposition(|b| !b.is_ascii_whitespace()).map_or(start, |e| e + 1);
+    let start = s
+        .iter()
+        .position(|b| !b.is_ascii_whitespace())
+        .unwrap_or(s.len());
+    let end = s
+        .iter()
+        .rposition(|b| !b.is_ascii_whitespace())
+        .map_or(start, |e| e + 1);
     &s[start..end]
 }
 
@@ -145,19 +151,39 @@ mod tests {
             assert_eq!(request_header_fate(n, b""), RequestHeaderFate::DropPin);
             assert!(!response_header_relayable(n, b""));
         }
-        for n in [&b"x-dynamo"[..], b"x-dyn-worker", b"authorization", b"x-request-id"] {
+        for n in [
+            &b"x-dynamo"[..],
+            b"x-dyn-worker",
+            b"authorization",
+            b"x-request-id",
+        ] {
             assert!(!is_pin_header(n), "{}", String::from_utf8_lossy(n));
         }
     }
 
     #[test]
     fn hop_by_hop_and_connection_listed() {
-        assert_eq!(request_header_fate(b"Connection", b""), RequestHeaderFate::DropHop);
+        assert_eq!(
+            request_header_fate(b"Connection", b""),
+            RequestHeaderFate::DropHop
+        );
         assert_eq!(request_header_fate(b"TE", b""), RequestHeaderFate::DropHop);
-        assert_eq!(request_header_fate(b"Host", b""), RequestHeaderFate::DropHop);
-        assert_eq!(request_header_fate(b"x-foo", b"close, X-Foo"), RequestHeaderFate::DropHop);
-        assert_eq!(request_header_fate(b"x-foo", b"close"), RequestHeaderFate::Forward);
-        assert_eq!(request_header_fate(b"authorization", b""), RequestHeaderFate::Forward);
+        assert_eq!(
+            request_header_fate(b"Host", b""),
+            RequestHeaderFate::DropHop
+        );
+        assert_eq!(
+            request_header_fate(b"x-foo", b"close, X-Foo"),
+            RequestHeaderFate::DropHop
+        );
+        assert_eq!(
+            request_header_fate(b"x-foo", b"close"),
+            RequestHeaderFate::Forward
+        );
+        assert_eq!(
+            request_header_fate(b"authorization", b""),
+            RequestHeaderFate::Forward
+        );
         assert!(connection_has_close(b"Keep-Alive , CLOSE"));
         assert!(!connection_has_close(b"closed"));
         assert!(connection_has_keep_alive(b" keep-alive"));

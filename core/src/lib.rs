@@ -13,4 +13,7 @@
 pub mod clock;
 pub mod config;
 pub mod headers;
+pub mod http1;
+pub mod json_scan;
+pub mod publish;
 pub mod snapshot;

@@ -13,6 +13,7 @@
 //! - backend indices are positions in [`RouterSnapshot::backends`] of the same snapshot.
 
 use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use crate::config::{BackendConfig, Config};
@@ -24,6 +25,9 @@ pub struct BackendIdx(pub u32);
 /// The backends serving one client model id.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ModelRoute {
+    /// Dense index of this route in its snapshot (`0..models.len()`), so shards keep their
+    /// round-robin cursors in a plain vector.
+    pub slot: usize,
     /// Weighted rotation of backend indices; a shard-local cursor walks it.
     pub replicas: Vec<BackendIdx>,
 }
@@ -53,15 +57,24 @@ pub struct RouterSnapshot {
     pub models: HashMap<String, ModelRoute>,
     /// Model ids in config order, for `GET /v1/models`.
     pub model_ids: Vec<String>,
+    /// Resolved socket address of each backend, indexed like `config.backends`; `None` for a
+    /// backend whose name did not resolve (it is then left out of every route).
+    pub backend_addrs: Vec<Option<SocketAddr>>,
 }
 
 impl RouterSnapshot {
-    /// Build the snapshot for `config` with the given generation.
-    pub fn build(generation: u64, config: Arc<Config>) -> Self {
+    /// Build the snapshot for `config` with the given generation. `backend_addrs` holds the
+    /// resolved address of each backend (same order as `config.backends`); resolution is I/O
+    /// and happens in the control thread before this call.
+    pub fn build(
+        generation: u64,
+        config: Arc<Config>,
+        backend_addrs: Vec<Option<SocketAddr>>,
+    ) -> Self {
         let mut per_model: HashMap<String, Vec<(BackendIdx, u32)>> = HashMap::new();
         let mut model_ids = Vec::new();
         for (i, b) in config.backends.iter().enumerate() {
-            if !routable(b) {
+            if !routable(b) || backend_addrs.get(i).copied().flatten().is_none() {
                 continue;
             }
             let idx = BackendIdx(u32::try_from(i).unwrap_or(u32::MAX));
@@ -75,11 +88,32 @@ impl RouterSnapshot {
                 }
             }
         }
-        let models = per_model
-            .into_iter()
-            .map(|(m, weighted)| (m, ModelRoute { replicas: smooth_rotation(&weighted) }))
+        let models = model_ids
+            .iter()
+            .enumerate()
+            .filter_map(|(slot, m)| {
+                let weighted = per_model.get(m)?;
+                Some((
+                    m.clone(),
+                    ModelRoute {
+                        slot,
+                        replicas: smooth_rotation(weighted),
+                    },
+                ))
+            })
             .collect();
-        Self { generation, config, models, model_ids }
+        Self {
+            generation,
+            config,
+            models,
+            model_ids,
+            backend_addrs,
+        }
+    }
+
+    /// The resolved address of the backend at `idx`.
+    pub fn backend_addr(&self, idx: BackendIdx) -> Option<SocketAddr> {
+        self.backend_addrs.get(idx.0 as usize).copied().flatten()
     }
 
     /// The backend config at `idx`.
@@ -136,9 +170,19 @@ mod tests {
 
     #[test]
     fn replica_at_wraps() {
-        let route = ModelRoute { replicas: vec![BackendIdx(3), BackendIdx(4)] };
+        let route = ModelRoute {
+            slot: 0,
+            replicas: vec![BackendIdx(3), BackendIdx(4)],
+        };
         assert_eq!(route.replica_at(0), Some(BackendIdx(3)));
         assert_eq!(route.replica_at(3), Some(BackendIdx(4)));
-        assert_eq!(ModelRoute { replicas: vec![] }.replica_at(1), None);
+        assert_eq!(
+            ModelRoute {
+                slot: 0,
+                replicas: vec![]
+            }
+            .replica_at(1),
+            None
+        );
     }
 }

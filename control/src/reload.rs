@@ -1,0 +1,239 @@
+//! The control loop: signals, config-file polling, reload and drain.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant, SystemTime};
+
+use continuum_core::config::{Config, EnvLookup, ServerConfig};
+use continuum_core::publish::SnapshotCell;
+use continuum_core::snapshot::RouterSnapshot;
+use continuum_shards::ShardSet;
+use continuum_shards::metrics::ControlStats;
+use tokio::signal::unix::{SignalKind, signal};
+
+use crate::resolve::resolve_blocking;
+
+/// How often the config file's metadata is checked for a change.
+const FILE_POLL: Duration = Duration::from_secs(1);
+
+/// Everything the control thread takes over.
+#[derive(Debug)]
+pub struct ControlParams {
+    /// Config file to watch; `None` for an embedded config (demo), which never reloads.
+    pub config_path: Option<PathBuf>,
+    /// The config the running snapshot was built from.
+    pub config: Arc<Config>,
+    /// The file text it was parsed from (to ignore touches that change nothing).
+    pub config_text: String,
+    /// The publication point.
+    pub cell: Arc<SnapshotCell>,
+    /// The running shards.
+    pub shards: ShardSet,
+    /// Counters the control thread writes.
+    pub stats: Arc<ControlStats>,
+}
+
+/// Why the control thread returned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExitReason {
+    /// SIGTERM or SIGINT; every shard drained in time.
+    Drained,
+    /// SIGTERM or SIGINT; some shard was still busy at the deadline.
+    DrainTimedOut,
+}
+
+/// The control thread could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ControlRunError {
+    /// The OS refused the thread.
+    #[error("cannot spawn the control thread: {0}")]
+    Spawn(std::io::Error),
+    /// The tokio runtime or a signal handler could not be set up.
+    #[error("cannot start the control runtime: {0}")]
+    Runtime(std::io::Error),
+}
+
+/// Start the control thread. Join the handle to wait for the drain.
+pub fn spawn(
+    params: ControlParams,
+    cpu: Option<usize>,
+) -> Result<std::thread::JoinHandle<Result<ExitReason, ControlRunError>>, ControlRunError> {
+    std::thread::Builder::new()
+        .name("ctl".into())
+        .spawn(move || {
+            if let Some(cpu) = cpu {
+                if let Err(e) = pin(cpu) {
+                    tracing::warn!(cpu, error = %e, "cannot pin the control thread");
+                }
+            }
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(ControlRunError::Runtime)?;
+            rt.block_on(run(params))
+        })
+        .map_err(ControlRunError::Spawn)
+}
+
+/// Pin through the shards crate's helper, the one place that holds the `unsafe` libc call.
+fn pin(cpu: usize) -> std::io::Result<()> {
+    continuum_shards::pin_current_thread(cpu)
+}
+
+struct EnvVars;
+
+impl EnvLookup for EnvVars {
+    fn var(&self, name: &str) -> Option<String> {
+        std::env::var(name).ok()
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct FileStamp {
+    modified: Option<SystemTime>,
+    len: u64,
+}
+
+async fn file_stamp(path: &PathBuf) -> Option<FileStamp> {
+    let m = tokio::fs::metadata(path).await.ok()?;
+    Some(FileStamp {
+        modified: m.modified().ok(),
+        len: m.len(),
+    })
+}
+
+struct State {
+    params: ControlParams,
+    stamp: Option<FileStamp>,
+}
+
+async fn run(params: ControlParams) -> Result<ExitReason, ControlRunError> {
+    let mut hup = signal(SignalKind::hangup()).map_err(ControlRunError::Runtime)?;
+    let mut term = signal(SignalKind::terminate()).map_err(ControlRunError::Runtime)?;
+    let mut int = signal(SignalKind::interrupt()).map_err(ControlRunError::Runtime)?;
+    params
+        .stats
+        .generation
+        .store(params.cell.generation(), Ordering::Relaxed);
+    let stamp = match &params.config_path {
+        Some(p) => file_stamp(p).await,
+        None => None,
+    };
+    let mut st = State { params, stamp };
+    let mut poll = tokio::time::interval(FILE_POLL);
+    poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = hup.recv() => {
+                tracing::info!("SIGHUP: reloading config");
+                reload(&mut st, Trigger::Signal).await;
+            }
+            _ = poll.tick() => {
+                if let Some(p) = &st.params.config_path {
+                    let now = file_stamp(p).await;
+                    if now.is_some() && now != st.stamp {
+                        st.stamp = now;
+                        reload(&mut st, Trigger::FileChanged).await;
+                    }
+                }
+            }
+            _ = term.recv() => return Ok(drain(st.params, "SIGTERM")),
+            _ = int.recv() => return Ok(drain(st.params, "SIGINT")),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Trigger {
+    Signal,
+    FileChanged,
+}
+
+async fn reload(st: &mut State, trigger: Trigger) {
+    let Some(path) = st.params.config_path.clone() else {
+        tracing::info!("embedded config: nothing to reload");
+        return;
+    };
+    let stats = &st.params.stats;
+    let text = match tokio::fs::read_to_string(&path).await {
+        Ok(t) => t,
+        Err(e) => {
+            stats.reloads_rejected.fetch_add(1, Ordering::Relaxed);
+            tracing::error!(path = %path.display(), error = %e, "config reload rejected: cannot read file; keeping the running config");
+            return;
+        }
+    };
+    if trigger == Trigger::FileChanged && text == st.params.config_text {
+        return;
+    }
+    let config = match Config::from_yaml(&text, &EnvVars) {
+        Ok((c, warnings)) => {
+            for w in warnings {
+                tracing::warn!(%w, "config warning");
+            }
+            c
+        }
+        Err(errors) => {
+            stats.reloads_rejected.fetch_add(1, Ordering::Relaxed);
+            for e in &errors.errors {
+                tracing::error!(%e, "config error");
+            }
+            tracing::error!(
+                errors = errors.errors.len(),
+                "config reload rejected; keeping the running config"
+            );
+            return;
+        }
+    };
+    report_restart_only(&st.params.config.server, &config.server);
+    let config = Arc::new(config);
+    let for_resolve = config.clone();
+    let addrs = match tokio::task::spawn_blocking(move || resolve_blocking(&for_resolve)).await {
+        Ok(a) => a,
+        Err(_) => vec![None; config.backends.len()],
+    };
+    let generation = st.params.cell.generation() + 1;
+    st.params
+        .cell
+        .publish(RouterSnapshot::build(generation, config.clone(), addrs));
+    st.params.shards.reload_all();
+    st.params.config = config;
+    st.params.config_text = text;
+    stats.generation.store(generation, Ordering::Relaxed);
+    stats.reloads_applied.fetch_add(1, Ordering::Relaxed);
+    tracing::info!(generation, "config reload applied");
+}
+
+fn report_restart_only(old: &ServerConfig, new: &ServerConfig) {
+    let fields = [
+        ("server.bind_address", old.bind_address != new.bind_address),
+        ("server.shards", old.shards != new.shards),
+        ("server.cpu_affinity", old.cpu_affinity != new.cpu_affinity),
+        ("server.control_cpu", old.control_cpu != new.control_cpu),
+    ];
+    for (field, changed) in fields {
+        if changed {
+            tracing::warn!(
+                field,
+                "changed in the config file but needs a restart; the running value stays"
+            );
+        }
+    }
+}
+
+fn drain(params: ControlParams, why: &str) -> ExitReason {
+    let timeout = params.config.server.drain_timeout;
+    tracing::info!(
+        signal = why,
+        ?timeout,
+        "draining: no new connections, finishing in-flight requests"
+    );
+    if params.shards.drain(Instant::now() + timeout) {
+        tracing::info!("drained");
+        ExitReason::Drained
+    } else {
+        tracing::warn!("drain deadline passed with requests still in flight");
+        ExitReason::DrainTimedOut
+    }
+}

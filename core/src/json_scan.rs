@@ -1,0 +1,233 @@
+//! A bounded, allocation-free scanner that finds one top-level string field of a JSON object.
+//!
+//! The data plane needs only the request's `model` to route; parsing the whole body into a tree
+//! would cost an allocation per value. [`top_level_string`] walks the document once, skipping
+//! nested values by depth counting (no recursion, so hostile nesting cannot overflow the stack),
+//! and returns the raw bytes of the first matching key's string value.
+//!
+//! Invariants:
+//! - never panics and never allocates, whatever the input;
+//! - a `Found` result is the exact byte range of the string's contents between its quotes
+//!   (escapes left as written; [`unescape_simple`] resolves the common case);
+//! - the scan validates structure only as far as it reads: it stops at the first match.
+
+use std::ops::Range;
+
+/// Why a body could not be scanned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum ScanError {
+    /// The document is not a JSON object at the top level.
+    #[error("request body is not a JSON object")]
+    NotAnObject,
+    /// The document ended or broke before the field was found.
+    #[error("request body is not valid JSON")]
+    Malformed,
+    /// The field is present but its value is not a string.
+    #[error("field is not a string")]
+    NotAString,
+    /// Nesting deeper than [`MAX_DEPTH`].
+    #[error("request body nests deeper than the limit")]
+    TooDeep,
+}
+
+/// Deepest nesting the scanner skips through.
+pub const MAX_DEPTH: usize = 512;
+
+/// Find `key` among the top-level members of the JSON object in `doc` and return the byte range
+/// of its string value (without quotes). `Ok(None)` when the object has no such member.
+pub fn top_level_string(doc: &[u8], key: &[u8]) -> Result<Option<Range<usize>>, ScanError> {
+    let mut i = skip_ws(doc, 0);
+    if doc.get(i) != Some(&b'{') {
+        return Err(ScanError::NotAnObject);
+    }
+    i += 1;
+    loop {
+        i = skip_ws(doc, i);
+        match doc.get(i) {
+            Some(b'}') => return Ok(None),
+            Some(b'"') => {}
+            _ => return Err(ScanError::Malformed),
+        }
+        let k = string_at(doc, i)?;
+        i = k.end + 1;
+        i = skip_ws(doc, i);
+        if doc.get(i) != Some(&b':') {
+            return Err(ScanError::Malformed);
+        }
+        i = skip_ws(doc, i + 1);
+        if &doc[k.clone()] == key {
+            return match doc.get(i) {
+                Some(b'"') => string_at(doc, i).map(Some),
+                Some(_) => Err(ScanError::NotAString),
+                None => Err(ScanError::Malformed),
+            };
+        }
+        i = skip_value(doc, i)?;
+        i = skip_ws(doc, i);
+        match doc.get(i) {
+            Some(b',') => i += 1,
+            Some(b'}') => return Ok(None),
+            _ => return Err(ScanError::Malformed),
+        }
+    }
+}
+
+/// Resolve a string's escapes when they are only `\"`, `\\` and `\/`; returns `None` for other
+/// escapes (the caller then treats the value as unroutable) or invalid UTF-8.
+pub fn unescape_simple(raw: &[u8]) -> Option<std::borrow::Cow<'_, str>> {
+    if !raw.contains(&b'\\') {
+        return std::str::from_utf8(raw)
+            .ok()
+            .map(std::borrow::Cow::Borrowed);
+    }
+    let mut out = Vec::with_capacity(raw.len());
+    let mut it = raw.iter();
+    while let Some(&b) = it.next() {
+        if b == b'\\' {
+            match it.next() {
+                Some(&c @ (b'"' | b'\\' | b'/')) => out.push(c),
+                _ => return None,
+            }
+        } else {
+            out.push(b);
+        }
+    }
+    String::from_utf8(out).ok().map(std::borrow::Cow::Owned)
+}
+
+fn skip_ws(doc: &[u8], mut i: usize) -> usize {
+    while let Some(b' ' | b'\t' | b'\n' | b'\r') = doc.get(i) {
+        i += 1;
+    }
+    i
+}
+
+/// `doc[i]` is `"`; returns the range of the contents (exclusive of quotes).
+fn string_at(doc: &[u8], i: usize) -> Result<Range<usize>, ScanError> {
+    let start = i + 1;
+    let mut j = start;
+    loop {
+        let rest = doc.get(j..).ok_or(ScanError::Malformed)?;
+        let off = rest
+            .iter()
+            .position(|b| *b == b'"' || *b == b'\\' || *b < 0x20)
+            .ok_or(ScanError::Malformed)?;
+        j += off;
+        match doc[j] {
+            b'"' => return Ok(start..j),
+            b'\\' => j += 2,
+            _ => return Err(ScanError::Malformed),
+        }
+    }
+}
+
+/// Skip one JSON value starting at `doc[i]`; returns the index just past it.
+fn skip_value(doc: &[u8], i: usize) -> Result<usize, ScanError> {
+    match doc.get(i) {
+        Some(b'"') => Ok(string_at(doc, i)?.end + 1),
+        Some(b'{' | b'[') => skip_container(doc, i),
+        Some(b't' | b'f' | b'n' | b'-' | b'0'..=b'9') => {
+            let mut j = i;
+            while let Some(c) = doc.get(j) {
+                if matches!(c, b',' | b'}' | b']' | b' ' | b'\t' | b'\n' | b'\r') {
+                    break;
+                }
+                j += 1;
+            }
+            if j == i {
+                Err(ScanError::Malformed)
+            } else {
+                Ok(j)
+            }
+        }
+        _ => Err(ScanError::Malformed),
+    }
+}
+
+/// Skip a nested object or array by depth counting, stepping over strings.
+fn skip_container(doc: &[u8], i: usize) -> Result<usize, ScanError> {
+    let mut depth = 0usize;
+    let mut j = i;
+    while let Some(&c) = doc.get(j) {
+        match c {
+            b'{' | b'[' => {
+                depth += 1;
+                if depth > MAX_DEPTH {
+                    return Err(ScanError::TooDeep);
+                }
+                j += 1;
+            }
+            b'}' | b']' => {
+                depth -= 1;
+                j += 1;
+                if depth == 0 {
+                    return Ok(j);
+                }
+            }
+            b'"' => j = string_at(doc, j)?.end + 1,
+            _ => j += 1,
+        }
+    }
+    Err(ScanError::Malformed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn model(doc: &str) -> Result<Option<String>, ScanError> {
+        top_level_string(doc.as_bytes(), b"model").map(|r| r.map(|r| doc[r].to_string()))
+    }
+
+    #[test]
+    fn finds_top_level_model_anywhere() {
+        assert_eq!(model(r#"{"model":"m1"}"#), Ok(Some("m1".into())));
+        assert_eq!(
+            model(
+                r#" { "messages": [{"role":"user","content":"{\"model\":\"x\"}"}], "model" : "m2" } "#
+            ),
+            Ok(Some("m2".into()))
+        );
+        assert_eq!(
+            model(
+                r#"{"a":{"model":"nested"},"b":[1,2,{"c":"}"}],"t":true,"n":-1.5e3,"model":"top"}"#
+            ),
+            Ok(Some("top".into()))
+        );
+        assert_eq!(model(r#"{"messages":[]}"#), Ok(None));
+        assert_eq!(model(r#"{}"#), Ok(None));
+    }
+
+    #[test]
+    fn rejects_bad_documents_without_panicking() {
+        assert_eq!(model("[]"), Err(ScanError::NotAnObject));
+        assert_eq!(model(""), Err(ScanError::NotAnObject));
+        assert_eq!(model(r#"{"model":5}"#), Err(ScanError::NotAString));
+        assert_eq!(model(r#"{"model":"abc"#), Err(ScanError::Malformed));
+        assert_eq!(model(r#"{"a":[1,2"#), Err(ScanError::Malformed));
+        assert_eq!(model(r#"{"a" 1}"#), Err(ScanError::Malformed));
+        let deep = format!(
+            "{{\"a\":{}{}}}",
+            "[".repeat(MAX_DEPTH + 1),
+            "]".repeat(MAX_DEPTH + 1)
+        );
+        assert_eq!(model(&deep), Err(ScanError::TooDeep));
+        // every prefix of a valid document is handled without panicking
+        let doc = r#"{"x":{"y":["\"",1,null]},"model":"m\"q"}"#;
+        for n in 0..doc.len() {
+            let _ = top_level_string(&doc.as_bytes()[..n], b"model");
+        }
+        assert_eq!(model(doc), Ok(Some("m\\\"q".into())));
+    }
+
+    #[test]
+    fn unescape_simple_cases() {
+        assert_eq!(unescape_simple(b"abc").as_deref(), Some("abc"));
+        assert_eq!(
+            unescape_simple(br#"a\"b\\c\/d"#).as_deref(),
+            Some("a\"b\\c/d")
+        );
+        assert_eq!(unescape_simple(br"\u0041"), None);
+        assert_eq!(unescape_simple(&[0xff]), None);
+    }
+}

@@ -1,0 +1,321 @@
+//! Relaying one upstream response to the client.
+//!
+//! The response head is parsed once, filtered (hop-by-hop, framing and `x-dynamo-*` headers are
+//! dropped; `x-backend` is added only when the client asked) and written together with the body
+//! bytes that arrived with it. The body is then copied read-for-write: each upstream read is
+//! written to the client before the next read, so a slow client slows the backend (backpressure)
+//! and nothing is buffered beyond one read. Chunked bodies pass through with their chunk
+//! boundaries intact (an SSE event leaves as soon as it arrives); a decoder only tracks where the
+//! body ends.
+
+use std::io::Write as _;
+
+use continuum_core::config::BackendConfig;
+use continuum_core::headers;
+use continuum_core::http1::chunked::ChunkedDecoder;
+use continuum_core::snapshot::RouterSnapshot;
+use monoio::io::AsyncWriteRentExt;
+use monoio::net::TcpStream;
+
+use super::AttemptError;
+use super::watch::{self, ClientGone};
+use crate::conn::{ClientConn, Outcome};
+use crate::metrics::UpstreamErrorClass;
+use crate::reqhead::Method;
+use crate::respond;
+use crate::shard::Shard;
+
+/// Largest upstream response head accepted.
+const MAX_RESPONSE_HEAD: usize = 64 * 1024;
+/// Most upstream response headers accepted.
+const MAX_RESPONSE_HEADERS: usize = 128;
+/// Upstream read buffer size.
+const UPSTREAM_BUF: usize = 16 * 1024;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Framing {
+    Empty,
+    Length(u64),
+    Chunked,
+    UntilClose,
+}
+
+struct ParsedHead {
+    status: u16,
+    head_len: usize,
+    framing: Framing,
+    upstream_keep_alive: bool,
+}
+
+/// Relay the response on `up`. Returns the outcome and whether `up` can be pooled.
+pub(super) async fn relay(
+    shard: &Shard,
+    snap: &RouterSnapshot,
+    c: &mut ClientConn,
+    up: &mut TcpStream,
+    backend: &BackendConfig,
+) -> Result<(Outcome, bool), AttemptError> {
+    let timeout = snap.config.server.upstream_response_timeout;
+    c.ubuf.clear();
+    if c.ubuf.capacity() < UPSTREAM_BUF {
+        c.ubuf.reserve(UPSTREAM_BUF);
+    }
+    // Read until a complete (non-1xx) response head is buffered.
+    let parsed = loop {
+        if c.ubuf.len() == c.ubuf.capacity() {
+            if c.ubuf.len() >= MAX_RESPONSE_HEAD {
+                return Err(AttemptError::Upstream(UpstreamErrorClass::Protocol));
+            }
+            c.ubuf.reserve(UPSTREAM_BUF);
+        }
+        let nothing_yet = c.ubuf.is_empty();
+        match read_upstream(c, up, timeout).await? {
+            Ok(n) if n > 0 => {}
+            // EOF or reset before any response byte: a pooled connection the backend closed.
+            _ if nothing_yet => return Err(AttemptError::StaleConnection),
+            _ => return Err(AttemptError::Upstream(UpstreamErrorClass::Reset)),
+        }
+        match parse_head(&c.ubuf, c.head.method == Method::Head)? {
+            None => continue,
+            Some(p) if (100..200).contains(&p.status) => {
+                c.ubuf.drain(..p.head_len);
+                if let Some(p) = parse_head(&c.ubuf, c.head.method == Method::Head)? {
+                    if !(100..200).contains(&p.status) {
+                        break p;
+                    }
+                }
+            }
+            Some(p) => break p,
+        }
+    };
+    let keep_alive = c.head.keep_alive && parsed.framing != Framing::UntilClose;
+    write_client_head(c, &parsed, backend, keep_alive);
+    let mut reusable = parsed.upstream_keep_alive;
+    // Body bytes that came with the head.
+    let first = parsed.head_len..c.ubuf.len();
+    let mut remaining = match parsed.framing {
+        Framing::Length(n) => n,
+        _ => 0,
+    };
+    let mut decoder = ChunkedDecoder::new();
+    let mut done = parsed.framing == Framing::Empty;
+    let forward = track(
+        &c.ubuf[first.clone()],
+        parsed.framing,
+        &mut remaining,
+        &mut decoder,
+        &mut done,
+    )?;
+    if forward < first.len() {
+        reusable = false; // bytes beyond the response: do not trust this connection
+    }
+    c.wbuf
+        .extend_from_slice(&c.ubuf[first.start..first.start + forward]);
+    write_client(c).await?;
+    while !done {
+        c.ubuf.clear();
+        match read_upstream(c, up, timeout).await {
+            Ok(Ok(n)) if n > 0 => {}
+            Ok(Ok(_)) if parsed.framing == Framing::UntilClose => break,
+            // The response has started: nothing can be retried or answered any more. The
+            // client sees the connection close mid-body.
+            Ok(_) | Err(AttemptError::Upstream(_)) => {
+                shard.metrics.upstream_error(UpstreamErrorClass::Reset);
+                return Err(AttemptError::ClientWrite);
+            }
+            Err(e) => return Err(e),
+        }
+        let len = c.ubuf.len();
+        let forward = track(
+            &c.ubuf[..len],
+            parsed.framing,
+            &mut remaining,
+            &mut decoder,
+            &mut done,
+        )?;
+        if forward < len {
+            reusable = false;
+        }
+        c.wbuf.clear();
+        c.wbuf.extend_from_slice(&c.ubuf[..forward]);
+        write_client(c).await?;
+    }
+    let reusable = reusable && parsed.framing != Framing::UntilClose;
+    Ok((
+        Outcome {
+            status: parsed.status,
+            keep_alive,
+        },
+        reusable,
+    ))
+}
+
+/// Advance the body tracker over `bytes`; returns how many of them belong to the body.
+fn track(
+    bytes: &[u8],
+    framing: Framing,
+    remaining: &mut u64,
+    decoder: &mut ChunkedDecoder,
+    done: &mut bool,
+) -> Result<usize, AttemptError> {
+    match framing {
+        Framing::Empty => {
+            *done = true;
+            Ok(0)
+        }
+        Framing::Length(_) => {
+            let take = usize::try_from(*remaining).map_or(bytes.len(), |r| r.min(bytes.len()));
+            *remaining -= take as u64;
+            *done = *remaining == 0;
+            Ok(take)
+        }
+        Framing::Chunked => {
+            let n = decoder
+                .feed(bytes, |_| {})
+                .map_err(|_| AttemptError::Upstream(UpstreamErrorClass::Protocol))?;
+            *done = decoder.is_done();
+            Ok(n)
+        }
+        Framing::UntilClose => Ok(bytes.len()),
+    }
+}
+
+/// One upstream read appended to `c.ubuf`, bounded by `timeout`, watching the client.
+async fn read_upstream(
+    c: &mut ClientConn,
+    up: &mut TcpStream,
+    timeout: std::time::Duration,
+) -> Result<std::io::Result<usize>, AttemptError> {
+    let buf = std::mem::take(&mut c.ubuf);
+    let fut = watch::read_watching(up, buf, &mut c.stream, &mut c.scratch, &mut c.pending);
+    match monoio::time::timeout(timeout, fut).await {
+        Err(_) => Err(AttemptError::Upstream(UpstreamErrorClass::Timeout)),
+        Ok(Err(ClientGone)) => Err(AttemptError::ClientGone),
+        Ok(Ok((res, buf))) => {
+            c.ubuf = buf;
+            Ok(res)
+        }
+    }
+}
+
+async fn write_client(c: &mut ClientConn) -> Result<(), AttemptError> {
+    if c.wbuf.is_empty() {
+        return Ok(());
+    }
+    let wbuf = std::mem::take(&mut c.wbuf);
+    let (res, mut wbuf) = c.stream.write_all(wbuf).await;
+    wbuf.clear();
+    c.wbuf = wbuf;
+    res.map(|_| ()).map_err(|_| AttemptError::ClientWrite)
+}
+
+fn parse_head(buf: &[u8], head_request: bool) -> Result<Option<ParsedHead>, AttemptError> {
+    let mut hdrs = [httparse::EMPTY_HEADER; MAX_RESPONSE_HEADERS];
+    let mut resp = httparse::Response::new(&mut hdrs);
+    let protocol = AttemptError::Upstream(UpstreamErrorClass::Protocol);
+    let head_len = match resp.parse(buf).map_err(|_| protocol)? {
+        httparse::Status::Partial => return Ok(None),
+        httparse::Status::Complete(n) => n,
+    };
+    let status = resp.code.ok_or(protocol)?;
+    let mut length = None;
+    let mut chunked = false;
+    let mut close = resp.version == Some(0);
+    for h in resp.headers.iter() {
+        let name = h.name.as_bytes();
+        if name.eq_ignore_ascii_case(b"content-length") {
+            let v = std::str::from_utf8(h.value)
+                .ok()
+                .and_then(|s| s.trim().parse::<u64>().ok());
+            length = Some(v.ok_or(protocol)?);
+        } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
+            chunked = h.value.trim_ascii().eq_ignore_ascii_case(b"chunked");
+            if !chunked {
+                return Err(protocol);
+            }
+        } else if name.eq_ignore_ascii_case(b"connection") {
+            if headers::connection_has_close(h.value) {
+                close = true;
+            } else if resp.version == Some(0) && headers::connection_has_keep_alive(h.value) {
+                close = false;
+            }
+        }
+    }
+    let framing = if head_request || status == 204 || status == 304 || (100..200).contains(&status)
+    {
+        Framing::Empty
+    } else if chunked {
+        Framing::Chunked
+    } else if let Some(n) = length {
+        if n == 0 {
+            Framing::Empty
+        } else {
+            Framing::Length(n)
+        }
+    } else {
+        Framing::UntilClose
+    };
+    Ok(Some(ParsedHead {
+        status,
+        head_len,
+        framing,
+        upstream_keep_alive: !close,
+    }))
+}
+
+/// Write the client-facing response head into `c.wbuf` (cleared first).
+fn write_client_head(
+    c: &mut ClientConn,
+    p: &ParsedHead,
+    backend: &BackendConfig,
+    keep_alive: bool,
+) {
+    let mut hdrs = [httparse::EMPTY_HEADER; MAX_RESPONSE_HEADERS];
+    let mut resp = httparse::Response::new(&mut hdrs);
+    c.wbuf.clear();
+    if resp.parse(&c.ubuf[..p.head_len]).is_err() {
+        return;
+    }
+    let reason = resp
+        .reason
+        .filter(|r| !r.is_empty())
+        .unwrap_or(respond::reason(p.status));
+    let _ = write!(c.wbuf, "HTTP/1.1 {} {reason}\r\n", p.status);
+    let connection = resp
+        .headers
+        .iter()
+        .find(|h| h.name.eq_ignore_ascii_case("connection"))
+        .map_or(&b""[..], |h| h.value);
+    for h in resp.headers.iter() {
+        if headers::response_header_relayable(h.name.as_bytes(), connection) {
+            c.wbuf.extend_from_slice(h.name.as_bytes());
+            c.wbuf.extend_from_slice(b": ");
+            c.wbuf.extend_from_slice(h.value);
+            c.wbuf.extend_from_slice(b"\r\n");
+        }
+    }
+    match p.framing {
+        Framing::Length(n) => {
+            let _ = write!(c.wbuf, "content-length: {n}\r\n");
+        }
+        Framing::Chunked => c.wbuf.extend_from_slice(b"transfer-encoding: chunked\r\n"),
+        Framing::Empty => {
+            if p.status != 204 && p.status != 304 {
+                c.wbuf.extend_from_slice(b"content-length: 0\r\n");
+            }
+        }
+        Framing::UntilClose => {}
+    }
+    if c.head.wants_backend {
+        let _ = write!(
+            c.wbuf,
+            "{}: {}\r\n",
+            headers::X_BACKEND_RESPONSE,
+            backend.name
+        );
+    }
+    if !keep_alive {
+        c.wbuf.extend_from_slice(b"connection: close\r\n");
+    }
+    c.wbuf.extend_from_slice(b"\r\n");
+}

@@ -1,0 +1,181 @@
+//! Writing locally generated responses (errors, health, models, metrics) into a buffer.
+//!
+//! Error bodies follow the OpenAI shape `{"error":{"message","type","code"}}` so official
+//! clients surface them. Messages are fixed strings or escaped through `serde_json`, never raw
+//! client input.
+
+use std::io::Write as _;
+
+/// A local error the router answers itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LocalError {
+    BadRequest(&'static str),
+    Unauthorized,
+    Forbidden,
+    NotFound,
+    MethodNotAllowed,
+    ModelNotFound,
+    Timeout,
+    BodyTooLarge,
+    HeadersTooLarge,
+    UpstreamUnavailable,
+    UpstreamTimeout,
+    UpstreamProtocol,
+    Draining,
+}
+
+impl LocalError {
+    pub(crate) fn status(self) -> u16 {
+        match self {
+            LocalError::BadRequest(_) => 400,
+            LocalError::Unauthorized => 401,
+            LocalError::Forbidden => 403,
+            LocalError::NotFound | LocalError::ModelNotFound => 404,
+            LocalError::MethodNotAllowed => 405,
+            LocalError::Timeout => 408,
+            LocalError::BodyTooLarge => 413,
+            LocalError::HeadersTooLarge => 431,
+            LocalError::UpstreamUnavailable | LocalError::UpstreamProtocol => 502,
+            LocalError::Draining => 503,
+            LocalError::UpstreamTimeout => 504,
+        }
+    }
+
+    fn parts(self) -> (&'static str, &'static str, &'static str) {
+        match self {
+            LocalError::BadRequest(m) => (m, "invalid_request_error", "bad_request"),
+            LocalError::Unauthorized => (
+                "missing or invalid admin bearer token",
+                "authentication_error",
+                "unauthorized",
+            ),
+            LocalError::Forbidden => (
+                "admin routes answer loopback peers only",
+                "permission_error",
+                "forbidden",
+            ),
+            LocalError::NotFound => ("no such route", "invalid_request_error", "not_found"),
+            LocalError::MethodNotAllowed => (
+                "method not allowed on this route",
+                "invalid_request_error",
+                "method_not_allowed",
+            ),
+            LocalError::ModelNotFound => (
+                "the model does not exist or no backend serves it",
+                "invalid_request_error",
+                "model_not_found",
+            ),
+            LocalError::Timeout => (
+                "request head not received in time",
+                "invalid_request_error",
+                "request_timeout",
+            ),
+            LocalError::BodyTooLarge => (
+                "request body exceeds the configured limit",
+                "invalid_request_error",
+                "body_too_large",
+            ),
+            LocalError::HeadersTooLarge => (
+                "request headers exceed the configured limit",
+                "invalid_request_error",
+                "headers_too_large",
+            ),
+            LocalError::UpstreamUnavailable => (
+                "no backend replica could be reached",
+                "upstream_error",
+                "upstream_unavailable",
+            ),
+            LocalError::UpstreamTimeout => (
+                "the backend did not answer in time",
+                "upstream_error",
+                "upstream_timeout",
+            ),
+            LocalError::UpstreamProtocol => (
+                "the backend sent an invalid response",
+                "upstream_error",
+                "upstream_protocol_error",
+            ),
+            LocalError::Draining => (
+                "the router is shutting down",
+                "service_unavailable",
+                "draining",
+            ),
+        }
+    }
+}
+
+pub(crate) fn reason(status: u16) -> &'static str {
+    match status {
+        200 => "OK",
+        400 => "Bad Request",
+        401 => "Unauthorized",
+        403 => "Forbidden",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        408 => "Request Timeout",
+        413 => "Content Too Large",
+        431 => "Request Header Fields Too Large",
+        502 => "Bad Gateway",
+        503 => "Service Unavailable",
+        504 => "Gateway Timeout",
+        _ => "",
+    }
+}
+
+/// Append a complete response with a body.
+pub(crate) fn write_response(
+    out: &mut Vec<u8>,
+    status: u16,
+    content_type: &str,
+    body: &[u8],
+    keep_alive: bool,
+    head_only: bool,
+) {
+    let _ = write!(
+        out,
+        "HTTP/1.1 {status} {}\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\n{}\r\n",
+        reason(status),
+        body.len(),
+        if keep_alive {
+            ""
+        } else {
+            "connection: close\r\n"
+        }
+    );
+    if !head_only {
+        out.extend_from_slice(body);
+    }
+}
+
+/// Append an error response in the OpenAI error shape.
+pub(crate) fn write_error(out: &mut Vec<u8>, err: LocalError, keep_alive: bool) {
+    let (message, kind, code) = err.parts();
+    let body = serde_json::json!({"error": {"message": message, "type": kind, "code": code}});
+    let body = body.to_string();
+    write_response(
+        out,
+        err.status(),
+        "application/json",
+        body.as_bytes(),
+        keep_alive,
+        false,
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_has_openai_shape_and_framing() {
+        let mut out = Vec::new();
+        write_error(&mut out, LocalError::BodyTooLarge, false);
+        let text = String::from_utf8(out).unwrap();
+        let (head, body) = text.split_once("\r\n\r\n").unwrap();
+        assert!(head.starts_with("HTTP/1.1 413 Content Too Large\r\n"));
+        assert!(head.contains("connection: close"));
+        assert!(head.contains(&format!("content-length: {}", body.len())));
+        let v: serde_json::Value = serde_json::from_str(body).unwrap();
+        assert_eq!(v["error"]["code"], "body_too_large");
+    }
+}

@@ -1,0 +1,164 @@
+//! One shard's state and its main loop: accept, serve, obey the mailbox, drain.
+//!
+//! Everything here is shard-local (`Rc`, `RefCell`, `Cell`). The snapshot is held as an
+//! `Rc<Arc<RouterSnapshot>>`: a request clones the `Rc` (a non-atomic increment), so requests on
+//! different cores never touch the shared `Arc` counter, and a request keeps the snapshot it
+//! started with even if a reload lands mid-request.
+
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use continuum_core::publish::SnapshotCell;
+use continuum_core::snapshot::RouterSnapshot;
+use monoio::io::AsyncReadRent;
+use monoio::net::{TcpListener, UnixStream};
+
+use crate::conn;
+use crate::mailbox::{MailboxReceiver, ShardCommand};
+use crate::metrics::{ControlStats, ShardMetrics};
+use crate::proxy::Pool;
+use crate::signal::LocalSignal;
+
+/// A shard's state, shared by its tasks.
+#[derive(Debug)]
+pub(crate) struct Shard {
+    pub(crate) id: usize,
+    cell: Arc<SnapshotCell>,
+    snapshot: RefCell<Rc<Arc<RouterSnapshot>>>,
+    cursors: RefCell<Vec<usize>>,
+    pub(crate) pool: RefCell<Pool>,
+    pub(crate) metrics: Arc<ShardMetrics>,
+    pub(crate) all_metrics: Arc<[Arc<ShardMetrics>]>,
+    pub(crate) control: Arc<ControlStats>,
+    drain: LocalSignal,
+    drain_deadline: Cell<Option<Instant>>,
+}
+
+impl Shard {
+    pub(crate) fn new(
+        id: usize,
+        cell: Arc<SnapshotCell>,
+        all_metrics: Arc<[Arc<ShardMetrics>]>,
+        control: Arc<ControlStats>,
+    ) -> Self {
+        let snapshot = RefCell::new(Rc::new(cell.load()));
+        let metrics = all_metrics
+            .get(id)
+            .cloned()
+            .unwrap_or_else(|| Arc::new(ShardMetrics::new(id)));
+        Self {
+            id,
+            cell,
+            snapshot,
+            cursors: RefCell::new(Vec::new()),
+            pool: RefCell::new(Pool::default()),
+            metrics,
+            all_metrics,
+            control,
+            drain: LocalSignal::default(),
+            drain_deadline: Cell::new(None),
+        }
+    }
+
+    /// The snapshot new requests use.
+    pub(crate) fn snapshot(&self) -> Rc<Arc<RouterSnapshot>> {
+        self.snapshot.borrow().clone()
+    }
+
+    /// Load the published snapshot if it is newer than ours.
+    fn reload(&self) {
+        let next = self.cell.load();
+        if next.generation != self.snapshot.borrow().generation {
+            tracing::debug!(
+                shard = self.id,
+                generation = next.generation,
+                "snapshot loaded"
+            );
+            *self.snapshot.borrow_mut() = Rc::new(next);
+            self.cursors.borrow_mut().clear();
+        }
+    }
+
+    /// The rotation position for the next request of route `slot`, advancing the cursor.
+    pub(crate) fn next_cursor(&self, slot: usize) -> usize {
+        let mut cursors = self.cursors.borrow_mut();
+        if cursors.len() <= slot {
+            // Start each shard at a different position so shards do not move in lockstep.
+            cursors.resize(slot + 1, self.id);
+        }
+        let v = cursors[slot];
+        cursors[slot] = v.wrapping_add(1);
+        v
+    }
+
+    /// Whether the shard is draining.
+    pub(crate) fn draining(&self) -> bool {
+        self.drain.is_fired()
+    }
+
+    fn start_drain(&self, deadline: Instant) {
+        self.drain_deadline.set(Some(deadline));
+        self.drain.fire();
+    }
+}
+
+/// Run the shard until it has drained.
+pub(crate) async fn run(shard: Rc<Shard>, listener: TcpListener, mailbox: MailboxReceiver) {
+    match UnixStream::from_std(mailbox.doorbell) {
+        Ok(doorbell) => {
+            monoio::spawn(mailbox_loop(shard.clone(), doorbell, mailbox.rx));
+        }
+        Err(e) => tracing::error!(shard = shard.id, error = %e, "mailbox doorbell unusable"),
+    }
+    loop {
+        monoio::select! {
+            _ = shard.drain.wait() => break,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, peer)) => {
+                    monoio::spawn(conn::serve(shard.clone(), stream, peer));
+                }
+                Err(e) => {
+                    // EMFILE and friends: back off briefly instead of spinning.
+                    tracing::warn!(shard = shard.id, error = %e, "accept failed");
+                    monoio::time::sleep(Duration::from_millis(20)).await;
+                }
+            },
+        }
+    }
+    drop(listener);
+    let deadline = shard.drain_deadline.get().unwrap_or_else(Instant::now);
+    while shard.metrics.inflight() > 0 && Instant::now() < deadline {
+        monoio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let left = shard.metrics.inflight();
+    if left > 0 {
+        tracing::warn!(shard = shard.id, in_flight = left, "drain deadline passed");
+    }
+}
+
+async fn mailbox_loop(
+    shard: Rc<Shard>,
+    mut doorbell: UnixStream,
+    rx: crossbeam_channel::Receiver<ShardCommand>,
+) {
+    let mut buf = Vec::with_capacity(64);
+    loop {
+        let (res, b) = doorbell.read(buf).await;
+        buf = b;
+        buf.clear();
+        if !matches!(res, Ok(n) if n > 0) {
+            // The control thread is gone: nothing will ever ask us to drain. Drain now so the
+            // process does not outlive its control plane.
+            shard.start_drain(Instant::now() + Duration::from_secs(5));
+            return;
+        }
+        while let Ok(cmd) = rx.try_recv() {
+            match cmd {
+                ShardCommand::Reload => shard.reload(),
+                ShardCommand::Drain { deadline } => shard.start_drain(deadline),
+            }
+        }
+    }
+}

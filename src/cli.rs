@@ -1,0 +1,189 @@
+//! Command-line parsing and the `config` subcommands.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use continuum_core::config::{Config, EnvLookup, report};
+
+/// Usage text.
+pub(crate) const USAGE: &str = "usage:
+  continuum-router --config FILE            serve (also: run --config FILE)
+  continuum-router demo [--port N]          serve in front of a built-in echo backend on loopback
+  continuum-router config validate --config FILE
+  continuum-router config show --config FILE";
+
+/// A parsed command line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Command {
+    Run { config: PathBuf },
+    Demo { port: u16 },
+    Validate { config: PathBuf },
+    Show { config: PathBuf },
+    Help,
+}
+
+/// A command-line error.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum CliError {
+    #[error("missing --config FILE")]
+    MissingConfig,
+    #[error("unexpected argument `{0}`")]
+    Unexpected(String),
+    #[error("--port needs a number from 1 to 65535")]
+    BadPort,
+}
+
+/// Parse the arguments after the program name.
+pub(crate) fn parse(args: impl Iterator<Item = String>) -> Result<Command, CliError> {
+    let args: Vec<String> = args.collect();
+    let mut words = Vec::new();
+    let mut config = None;
+    let mut port = None;
+    let mut i = 0;
+    while i < args.len() {
+        match args[i].as_str() {
+            "--config" | "-c" => {
+                config = args.get(i + 1).map(PathBuf::from);
+                i += 1;
+            }
+            "--port" => {
+                let p = args
+                    .get(i + 1)
+                    .and_then(|p| p.parse::<u16>().ok())
+                    .filter(|p| *p > 0);
+                port = Some(p.ok_or(CliError::BadPort)?);
+                i += 1;
+            }
+            "-h" | "--help" => return Ok(Command::Help),
+            w if w.starts_with("--config=") => config = Some(PathBuf::from(&w[9..])),
+            w => words.push(w.to_string()),
+        }
+        i += 1;
+    }
+    let need = |c: Option<PathBuf>| c.ok_or(CliError::MissingConfig);
+    match words
+        .iter()
+        .map(String::as_str)
+        .collect::<Vec<_>>()
+        .as_slice()
+    {
+        [] | ["run"] => Ok(Command::Run {
+            config: need(config)?,
+        }),
+        ["demo"] => Ok(Command::Demo {
+            port: port.unwrap_or(8080),
+        }),
+        ["config", "validate"] => Ok(Command::Validate {
+            config: need(config)?,
+        }),
+        ["config", "show"] => Ok(Command::Show {
+            config: need(config)?,
+        }),
+        ["help"] => Ok(Command::Help),
+        [first, ..] => Err(CliError::Unexpected((*first).to_string())),
+    }
+}
+
+/// The process environment, for `${NAME}` interpolation.
+pub(crate) struct ProcessEnv;
+
+impl EnvLookup for ProcessEnv {
+    fn var(&self, name: &str) -> Option<String> {
+        std::env::var(name).ok()
+    }
+}
+
+/// Run a parsed command.
+pub(crate) fn execute(cmd: Command) -> ExitCode {
+    match cmd {
+        Command::Help => {
+            println!("{USAGE}");
+            ExitCode::SUCCESS
+        }
+        Command::Run { config } => crate::serve::run_file(&config),
+        Command::Demo { port } => crate::demo::run(port),
+        Command::Validate { config } => {
+            let text = match read(&config) {
+                Ok(t) => t,
+                Err(code) => return code,
+            };
+            let result = Config::from_yaml(&text, &ProcessEnv);
+            print!("{}", report::render(&result));
+            match result {
+                Ok(_) => {
+                    println!("{}: valid", config.display());
+                    ExitCode::SUCCESS
+                }
+                Err(_) => ExitCode::from(1),
+            }
+        }
+        Command::Show { config } => {
+            let text = match read(&config) {
+                Ok(t) => t,
+                Err(code) => return code,
+            };
+            match Config::from_yaml(&text, &ProcessEnv) {
+                Ok((c, _)) => {
+                    print!("{}", c.show_masked());
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprint!("{}", report::render_lines(&e.errors, &e.warnings));
+                    ExitCode::from(1)
+                }
+            }
+        }
+    }
+}
+
+/// Read a config file, reporting failure as exit status 1.
+pub(crate) fn read(path: &PathBuf) -> Result<String, ExitCode> {
+    std::fs::read_to_string(path).map_err(|e| {
+        eprintln!("error: cannot read {}: {e}", path.display());
+        ExitCode::from(1)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(args: &[&str]) -> Result<Command, CliError> {
+        parse(args.iter().map(|s| s.to_string()))
+    }
+
+    #[test]
+    fn parses_commands() {
+        assert_eq!(
+            p(&["--config", "a.yaml"]),
+            Ok(Command::Run {
+                config: "a.yaml".into()
+            })
+        );
+        assert_eq!(
+            p(&["run", "--config=a.yaml"]),
+            Ok(Command::Run {
+                config: "a.yaml".into()
+            })
+        );
+        assert_eq!(p(&["demo"]), Ok(Command::Demo { port: 8080 }));
+        assert_eq!(
+            p(&["demo", "--port", "9000"]),
+            Ok(Command::Demo { port: 9000 })
+        );
+        assert_eq!(
+            p(&["config", "validate", "--config", "x"]),
+            Ok(Command::Validate { config: "x".into() })
+        );
+        assert_eq!(
+            p(&["config", "show", "-c", "x"]),
+            Ok(Command::Show { config: "x".into() })
+        );
+        assert_eq!(p(&[]), Err(CliError::MissingConfig));
+        assert_eq!(p(&["demo", "--port", "0"]), Err(CliError::BadPort));
+        assert_eq!(
+            p(&["frobnicate"]),
+            Err(CliError::Unexpected("frobnicate".into()))
+        );
+    }
+}

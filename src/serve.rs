@@ -1,0 +1,115 @@
+//! Starting the router: config → first snapshot → shards → control thread → wait for drain.
+
+use std::path::Path;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use continuum_control::{ControlParams, ExitReason};
+use continuum_core::config::{Config, ShardCount, report};
+use continuum_core::publish::SnapshotCell;
+use continuum_core::snapshot::RouterSnapshot;
+use continuum_shards::metrics::ControlStats;
+use continuum_shards::runtime::DriverChoice;
+use continuum_shards::{ShardSpec, spawn_shards};
+
+use crate::cli::{ProcessEnv, read};
+
+/// Serve from a config file.
+pub(crate) fn run_file(path: &Path) -> ExitCode {
+    let text = match read(&path.to_path_buf()) {
+        Ok(t) => t,
+        Err(code) => return code,
+    };
+    let config = match Config::from_yaml(&text, &ProcessEnv) {
+        Ok((c, warnings)) => {
+            for w in warnings {
+                tracing::warn!(%w, "config warning");
+            }
+            c
+        }
+        Err(e) => {
+            eprint!("{}", report::render_lines(&e.errors, &e.warnings));
+            eprintln!("error: {} is invalid; not starting", path.display());
+            return ExitCode::from(1);
+        }
+    };
+    match start(config, text, Some(path.to_path_buf()), |_| {}) {
+        Ok(ExitReason::Drained) => ExitCode::SUCCESS,
+        Ok(ExitReason::DrainTimedOut) => ExitCode::SUCCESS,
+        Err(msg) => {
+            eprintln!("error: {msg}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// Start shards and control for `config`; `on_ready` sees the listening address. Blocks until
+/// the control thread returns.
+pub(crate) fn start(
+    config: Config,
+    text: String,
+    path: Option<std::path::PathBuf>,
+    on_ready: impl FnOnce(std::net::SocketAddr),
+) -> Result<ExitReason, String> {
+    if config.dynamo.enabled {
+        tracing::warn!(
+            "dynamo.enabled is set, but discovery is not built into this version; serving configured backends only"
+        );
+    }
+    let config = Arc::new(config);
+    let addrs = continuum_control::resolve_blocking(&config);
+    let cell = Arc::new(SnapshotCell::new(RouterSnapshot::build(
+        1,
+        config.clone(),
+        addrs,
+    )));
+    let stats = Arc::new(ControlStats::default());
+    let spec = ShardSpec {
+        bind: config.server.bind_address,
+        cpus: shard_cpus(&config),
+        driver: DriverChoice::from_env_value(std::env::var("CONTINUUM_DRIVER").ok().as_deref()),
+    };
+    let shards = spawn_shards(&spec, cell.clone(), stats.clone()).map_err(|e| e.to_string())?;
+    tracing::info!(
+        addr = %shards.local_addr,
+        shards = shards.drivers.len(),
+        drivers = ?shards.drivers,
+        "listening on http://{}", shards.local_addr
+    );
+    on_ready(shards.local_addr);
+    let control_cpu = config.server.control_cpu;
+    let params = ControlParams {
+        config_path: path,
+        config,
+        config_text: text,
+        cell,
+        shards,
+        stats,
+    };
+    let handle = continuum_control::spawn(params, control_cpu).map_err(|e| e.to_string())?;
+    match handle.join() {
+        Ok(Ok(reason)) => Ok(reason),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err("the control thread panicked".into()),
+    }
+}
+
+/// CPU of each shard: `shards: N` shards over `cpu_affinity` round robin (unpinned when empty);
+/// `auto` is one shard per affinity CPU, or per available CPU when none is given.
+fn shard_cpus(config: &Config) -> Vec<Option<usize>> {
+    let s = &config.server;
+    let count = match s.shards {
+        ShardCount::Fixed(n) => n.get(),
+        ShardCount::Auto if !s.cpu_affinity.is_empty() => s.cpu_affinity.len(),
+        ShardCount::Auto => std::thread::available_parallelism().map_or(1, |n| n.get()),
+    };
+    (0..count)
+        .map(|i| {
+            if s.cpu_affinity.is_empty() {
+                None
+            } else {
+                s.cpu_affinity.get(i % s.cpu_affinity.len()).copied()
+            }
+        })
+        .collect()
+}
