@@ -60,7 +60,7 @@ pub(crate) fn run(opts: &HopOptions) -> Result<(), BenchError> {
 
     let backend_port = probe::free_port()?;
     let backend = start_backend(&dir, backend_port, opts.ready_timeout_secs)?;
-    let hop = Hop {
+    let mut hop = Hop {
         opts,
         dir: &dir,
         backend,
@@ -115,7 +115,7 @@ pub(crate) fn run(opts: &HopOptions) -> Result<(), BenchError> {
 impl Hop<'_> {
     /// Starts `server` on `shards` CPUs, warms it up, measures one wrk run.
     fn measure(
-        &self,
+        &mut self,
         server: Server,
         shards: u8,
         router_bin: &std::path::Path,
@@ -156,6 +156,7 @@ impl Hop<'_> {
         let server_cpu = cpu::tree(srv.pid())?.since(srv0);
         let backend_cpu = cpu::tree(self.backend.pid())?.since(be0);
         srv.ensure_running()?;
+        self.backend.ensure_running()?;
 
         let wrk_cpu = reaped1.since(reaped0);
         let other = machine1.since(machine0).total()

@@ -32,6 +32,10 @@ fn main() -> ExitCode {
             eprintln!("continuum-bench: {e}");
             ExitCode::from(2)
         }
+        Err(BenchError::Interrupted) => {
+            eprintln!("continuum-bench: interrupted; children stopped, temp dir removed");
+            ExitCode::from(130)
+        }
         Err(e) => {
             eprintln!("continuum-bench: {e}");
             ExitCode::FAILURE
