@@ -241,4 +241,8 @@ pub struct DisaggregatedServing {
 #[cfg(test)]
 mod tests_basic;
 #[cfg(test)]
+mod tests_bus_kv;
+#[cfg(test)]
 mod tests_cfg_a;
+#[cfg(test)]
+mod tests_cfg_b;

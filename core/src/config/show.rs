@@ -12,8 +12,8 @@
 use serde_json::{Map, Value, json};
 
 use super::dynamo::{
-    Backoff, DynamoConfig, EtcdConfig, EventBusConfig, KubernetesConfig, KvConfig, LoadConfig,
-    ShimConfig,
+    Backoff, BrokerConfig, BrokerRole, DynamoConfig, EtcdConfig, EventBusConfig, KubernetesConfig,
+    KvConfig, LoadConfig, ShimConfig,
 };
 use super::values::{MASK, fmt_duration};
 use super::{BackendConfig, BackendRole, Config, ShardCount, TokenHash};
@@ -221,17 +221,27 @@ fn event_bus(e: &EventBusConfig) -> Value {
             "key": MASK,
             "client_ca": t.client_ca,
         })),
-        "brokers": e.brokers.iter().map(|b| json!({
-            "id": b.id,
-            "role": b.role.as_str(),
-            "token_hash": b.token_hash.as_ref().map(masked_hash),
-            "namespaces": b.namespaces,
-            "backends": b.backends,
-        })).collect::<Vec<_>>(),
+        "brokers": e.brokers.iter().map(broker).collect::<Vec<_>>(),
         "max_sessions": e.max_sessions,
         "max_streams_per_session": e.max_streams_per_session,
         "max_session_buffer_bytes": e.max_session_buffer_bytes,
         "heartbeat_interval": fmt_duration(e.heartbeat_interval),
         "idle_timeout": fmt_duration(e.idle_timeout),
     })
+}
+
+/// One broker entry; only the allow-list of its role is written, so the output parses back.
+fn broker(b: &BrokerConfig) -> Value {
+    let mut m = Map::new();
+    m.insert("id".into(), json!(b.id));
+    m.insert("role".into(), json!(b.role.as_str()));
+    m.insert(
+        "token_hash".into(),
+        json!(b.token_hash.as_ref().map(masked_hash)),
+    );
+    match b.role {
+        BrokerRole::Broker => m.insert("namespaces".into(), json!(b.namespaces)),
+        BrokerRole::KvListener => m.insert("backends".into(), json!(b.backends)),
+    };
+    Value::Object(m)
 }
