@@ -1,5 +1,6 @@
 //! End-to-end configuration surfaces: `config validate` / `config show`, and the admin API's
-//! `GET /admin/config` (bearer token when `admin.token_hash` is set, loopback otherwise).
+//! `GET /admin/config` (bearer token when `admin.token_hash` is set, loopback otherwise); both
+//! mask secrets (the `admin.token_hash` digest never appears).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -14,6 +15,11 @@ use common::{
 
 fn loopback() -> SocketAddr {
     ([127, 0, 0, 1], free_port()).into()
+}
+
+/// The hex digest part of [`ADMIN_TOKEN_HASH`], which effective-config output must mask.
+fn digest() -> &'static str {
+    ADMIN_TOKEN_HASH.trim_start_matches("sha256:")
 }
 
 fn sample_config() -> RouterConfig {
@@ -89,6 +95,11 @@ fn config_show_prints_effective_yaml() {
         !out.stdout.contains(ADMIN_TOKEN),
         "plaintext admin token in output"
     );
+    assert!(
+        !out.stdout.contains(digest()),
+        "admin.token_hash digest not masked:\n{}",
+        out.stdout
+    );
 }
 
 #[test]
@@ -121,6 +132,10 @@ fn admin_config_requires_the_bearer_token() {
     assert!(
         !resp.text().contains(ADMIN_TOKEN),
         "admin token leaked: {v}"
+    );
+    assert!(
+        !resp.text().contains(digest()),
+        "admin.token_hash digest not masked: {v}"
     );
 }
 

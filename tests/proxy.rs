@@ -407,7 +407,10 @@ fn chat_requests_are_counted_across_shards() {
     }
     chat(r.addr(), &chat_body("nope", "x", false), &[]).assert_json_error(404);
     let ok = [("route", "chat_completions"), ("status", "200")];
+    let nf = [("route", "chat_completions"), ("status", "404")];
+    // Shards may publish their counters periodically: wait for both to be merged in.
     r.wait_metric("continuum_http_requests_total", &ok, 6.0, STEP);
+    r.wait_metric("continuum_http_requests_total", &nf, 1.0, STEP);
     let text = r.metrics();
     assert_eq!(
         metric_value(&text, "continuum_http_requests_total", &ok),
