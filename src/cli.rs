@@ -1,4 +1,7 @@
 //! Command-line parsing and the `config` subcommands.
+//!
+//! This is the one module that writes to stdout: its output is the command's result.
+#![allow(clippy::print_stdout)]
 
 use std::path::PathBuf;
 use std::process::ExitCode;

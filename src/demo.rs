@@ -85,10 +85,10 @@ fn serve(conn: TcpStream) {
             if h.is_empty() {
                 break;
             }
-            if let Some((name, value)) = h.split_once(':') {
-                if name.eq_ignore_ascii_case("content-length") {
-                    content_length = value.trim().parse().unwrap_or(0);
-                }
+            if let Some((name, value)) = h.split_once(':')
+                && name.eq_ignore_ascii_case("content-length")
+            {
+                content_length = value.trim().parse().unwrap_or(0);
             }
         }
         if content_length > MAX_BODY {

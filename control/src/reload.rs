@@ -62,10 +62,10 @@ pub fn spawn(
     std::thread::Builder::new()
         .name("ctl".into())
         .spawn(move || {
-            if let Some(cpu) = cpu {
-                if let Err(e) = pin(cpu) {
-                    tracing::warn!(cpu, error = %e, "cannot pin the control thread");
-                }
+            if let Some(cpu) = cpu
+                && let Err(e) = pin(cpu)
+            {
+                tracing::warn!(cpu, error = %e, "cannot pin the control thread");
             }
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()

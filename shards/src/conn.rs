@@ -24,7 +24,7 @@ use crate::metrics::Route;
 use crate::reqhead::{self, BodyFraming, HeadError, HeadLimits, RequestHead};
 use crate::respond::{self, LocalError};
 use crate::routes;
-use crate::shard::Shard;
+use crate::shard::{LocalSnapshot, Shard};
 
 /// Initial read buffer size.
 const READ_BUF: usize = 8 * 1024;
@@ -195,11 +195,7 @@ pub(crate) async fn serve(shard: Rc<Shard>, stream: TcpStream, peer: SocketAddr)
 }
 
 /// Serve the request whose head is parsed; returns whether the connection stays open.
-async fn serve_one(
-    shard: &Shard,
-    snap: &Rc<std::sync::Arc<RouterSnapshot>>,
-    c: &mut ClientConn,
-) -> bool {
+async fn serve_one(shard: &Shard, snap: &Rc<LocalSnapshot>, c: &mut ClientConn) -> bool {
     let started = Instant::now();
     shard.metrics.inflight_inc();
     c.pins_stripped = 0;

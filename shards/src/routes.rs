@@ -6,7 +6,6 @@
 //! peers only.
 
 use std::rc::Rc;
-use std::sync::Arc;
 
 use continuum_core::snapshot::RouterSnapshot;
 
@@ -15,7 +14,7 @@ use crate::metrics::{self, Route};
 use crate::proxy;
 use crate::reqhead::Method;
 use crate::respond::{self, LocalError};
-use crate::shard::Shard;
+use crate::shard::{LocalSnapshot, Shard};
 
 /// Which route a request targets (path without the query string).
 pub(crate) fn classify(c: &ClientConn) -> Route {
@@ -34,7 +33,7 @@ pub(crate) fn classify(c: &ClientConn) -> Route {
 /// Serve the request on `route`. The response is left in `c.wbuf` (or already relayed).
 pub(crate) async fn dispatch(
     shard: &Shard,
-    snap: &Rc<Arc<RouterSnapshot>>,
+    snap: &Rc<LocalSnapshot>,
     c: &mut ClientConn,
     route: Route,
     body: BodyRef,

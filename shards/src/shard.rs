@@ -21,12 +21,25 @@ use crate::metrics::{ControlStats, ShardMetrics};
 use crate::proxy::Pool;
 use crate::signal::LocalSignal;
 
+/// A snapshot as a shard holds it: requests clone the `Rc` around it (non-atomic), never the
+/// `Arc` inside (whose counter every core would contend on).
+#[derive(Debug)]
+pub(crate) struct LocalSnapshot(Arc<RouterSnapshot>);
+
+impl std::ops::Deref for LocalSnapshot {
+    type Target = RouterSnapshot;
+
+    fn deref(&self) -> &RouterSnapshot {
+        &self.0
+    }
+}
+
 /// A shard's state, shared by its tasks.
 #[derive(Debug)]
 pub(crate) struct Shard {
     pub(crate) id: usize,
     cell: Arc<SnapshotCell>,
-    snapshot: RefCell<Rc<Arc<RouterSnapshot>>>,
+    snapshot: RefCell<Rc<LocalSnapshot>>,
     cursors: RefCell<Vec<usize>>,
     pub(crate) pool: RefCell<Pool>,
     pub(crate) metrics: Arc<ShardMetrics>,
@@ -43,7 +56,7 @@ impl Shard {
         all_metrics: Arc<[Arc<ShardMetrics>]>,
         control: Arc<ControlStats>,
     ) -> Self {
-        let snapshot = RefCell::new(Rc::new(cell.load()));
+        let snapshot = RefCell::new(Rc::new(LocalSnapshot(cell.load())));
         let metrics = all_metrics
             .get(id)
             .cloned()
@@ -63,7 +76,7 @@ impl Shard {
     }
 
     /// The snapshot new requests use.
-    pub(crate) fn snapshot(&self) -> Rc<Arc<RouterSnapshot>> {
+    pub(crate) fn snapshot(&self) -> Rc<LocalSnapshot> {
         self.snapshot.borrow().clone()
     }
 
@@ -76,7 +89,7 @@ impl Shard {
                 generation = next.generation,
                 "snapshot loaded"
             );
-            *self.snapshot.borrow_mut() = Rc::new(next);
+            *self.snapshot.borrow_mut() = Rc::new(LocalSnapshot(next));
             self.cursors.borrow_mut().clear();
         }
     }

@@ -191,15 +191,15 @@ struct ShardStart {
 
 fn shard_main(start: ShardStart) {
     let id = start.id;
-    if let Some(cpu) = start.cpu {
-        if let Err(source) = pin_current_thread(cpu) {
-            let _ = start.ready.send(Err(ShardSetError::Pin {
-                shard: id,
-                cpu,
-                source,
-            }));
-            return;
-        }
+    if let Some(cpu) = start.cpu
+        && let Err(source) = pin_current_thread(cpu)
+    {
+        let _ = start.ready.send(Err(ShardSetError::Pin {
+            shard: id,
+            cpu,
+            source,
+        }));
+        return;
     }
     let (mut rt, driver) = match runtime::build(start.driver) {
         Ok(r) => r,

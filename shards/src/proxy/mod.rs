@@ -111,8 +111,7 @@ async fn send_to(
     };
     let cfg = &snap.config.server;
     let pooled = shard.pool.borrow_mut().checkout(addr, Instant::now());
-    let mut tries = [pooled, None].into_iter();
-    while let Some(slot) = tries.next() {
+    for slot in [pooled, None] {
         let reused = slot.is_some();
         let mut up = match slot {
             Some(s) => s,

@@ -79,10 +79,10 @@ pub(super) async fn relay(
             None => continue,
             Some(p) if (100..200).contains(&p.status) => {
                 c.ubuf.drain(..p.head_len);
-                if let Some(p) = parse_head(&c.ubuf, c.head.method == Method::Head)? {
-                    if !(100..200).contains(&p.status) {
-                        break p;
-                    }
+                if let Some(p) = parse_head(&c.ubuf, c.head.method == Method::Head)?
+                    && !(100..200).contains(&p.status)
+                {
+                    break p;
                 }
             }
             Some(p) => break p,

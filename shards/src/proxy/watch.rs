@@ -41,10 +41,11 @@ pub(crate) async fn read_watching(
                 let (res, slice) = up_done;
                 let _ = canceller.cancel();
                 let (cres, mut sbuf) = cl.await;
-                if let Ok(n) = cres {
-                    if n > 0 && pending.len() + n <= MAX_PENDING {
-                        pending.extend_from_slice(&sbuf[..n]);
-                    }
+                if let Ok(n) = cres
+                    && n > 0
+                    && pending.len() + n <= MAX_PENDING
+                {
+                    pending.extend_from_slice(&sbuf[..n]);
                 }
                 sbuf.clear();
                 *scratch = sbuf;
