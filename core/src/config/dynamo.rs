@@ -5,7 +5,7 @@
 //! - every value lies in its documented range and every cross-field rule CFG-05..CFG-29 holds;
 //! - [`EtcdConfig::namespaces`] and [`KubernetesConfig::dynamo_namespaces`] are the *effective*
 //!   lists: non-empty, unique, at most 16, each a valid Dynamo namespace;
-//! - etcd endpoints all share one scheme, https exactly when a `tls` block is present;
+//! - etcd endpoints all share one scheme, and it is https whenever a `tls` block is present;
 //! - secrets ([`Secret`]) never print through `Debug`.
 
 use std::collections::BTreeMap;
@@ -199,7 +199,7 @@ pub struct EtcdConfig {
     pub namespace: String,
     /// Effective namespace list: `namespaces` when given (it wins, Q-18), else `[namespace]`.
     pub namespaces: Vec<String>,
-    /// TLS settings; present iff endpoints are https.
+    /// TLS settings; when present every endpoint is https.
     pub tls: Option<EtcdTls>,
     /// Authentication.
     pub auth: Option<EtcdAuth>,

@@ -2,18 +2,25 @@
 //! [`Config`].
 //!
 //! Two layers, after monolake and sglang's gateway:
-//! - [`user`] mirrors the YAML file field for field (everything optional, strings for durations,
-//!   sizes and addresses). It is what `config show` prints, with secrets masked.
+//! - [`user`] / [`user_dynamo`] mirror the YAML file field for field (everything optional,
+//!   leaves kept as written). Unknown keys anywhere are errors with their dotted path.
 //! - [`Config`] is what the rest of the router reads: durations are [`Duration`]s, addresses are
 //!   parsed, ids are newtypes, every rule of the specification has been checked.
 //!
 //! Conversion never stops at the first problem: [`Config::from_yaml`] returns every error as a
 //! [`FieldError`] (`field: value: reason`) and every advisory finding as a [`Warning`].
+//! [`report`] renders them for `config validate`; [`Config::show_masked`] renders the effective
+//! config (defaults filled in) for `config show`.
+//!
+//! Layout: `parse` (YAML, unknown keys) → `validate` (pipeline, cross-section rules) →
+//! `convert` (server, admin, backends), `convert_dynamo` (discovery), `convert_dynamo_rest`
+//! (load, shim, kv, event bus); `values` and `addr` hold the primitive parsers; `show` masks.
 //!
 //! Invariants:
 //! - a `Config` value always satisfies every validation rule (CFG-01..CFG-29);
-//! - secrets (`admin.token_hash` is a hash, not a secret; `dynamo.discovery.etcd.auth.password`
-//!   and `tls.client_key` paths are masked) never appear in [`Config::show_masked`] output;
+//! - secrets (`dynamo.discovery.etcd.auth.password`, the `tls.client_key` and event-bus
+//!   `tls.key` paths) never appear in [`Config::show_masked`] output nor in `Debug`; token hashes
+//!   are not secrets but are shown as `sha256:********` all the same;
 //! - nothing here reads the environment or the file system: `${ENV}` interpolation goes through
 //!   the injected [`EnvLookup`].
 
