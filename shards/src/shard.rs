@@ -140,7 +140,7 @@ pub(crate) async fn run(shard: Rc<Shard>, listener: TcpListener, mailbox: Mailbo
             },
         }
     }
-    drop(listener);
+    close_listener(listener);
     let deadline = shard.drain_deadline.get().unwrap_or_else(Instant::now);
     while shard.metrics.inflight() > 0 && Instant::now() < deadline {
         monoio::time::sleep(Duration::from_millis(5)).await;
@@ -149,6 +149,21 @@ pub(crate) async fn run(shard: Rc<Shard>, listener: TcpListener, mailbox: Mailbo
     if left > 0 {
         tracing::warn!(shard = shard.id, in_flight = left, "drain deadline passed");
     }
+}
+
+/// Stop listening now. Dropping the listener is not enough under io_uring: the abandoned accept
+/// operation still holds the descriptor until it completes, so the socket would keep accepting
+/// into its backlog during the drain. `shutdown` takes it out of LISTEN at once (Linux).
+fn close_listener(listener: TcpListener) {
+    use std::os::fd::AsRawFd;
+    let fd = listener.as_raw_fd();
+    // SAFETY: `fd` is the listener's open descriptor, alive for this call since `listener` is
+    // still owned here; shutdown only changes the socket's state.
+    let rc = unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
+    if rc != 0 {
+        tracing::debug!(error = %std::io::Error::last_os_error(), "listener shutdown");
+    }
+    drop(listener);
 }
 
 async fn mailbox_loop(
