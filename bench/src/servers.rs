@@ -131,8 +131,9 @@ pub(crate) fn start_router(
     let log = dir.path().join("router.log");
     let mut cmd = Command::new(bin);
     cmd.arg("--config").arg(&conf);
-    if std::env::var_os("RUST_LOG").is_none() {
-        cmd.env("RUST_LOG", "warn");
+    // The router's log filter; per-request logging would measure the logger.
+    if std::env::var_os("CONTINUUM_LOG").is_none() {
+        cmd.env("CONTINUUM_LOG", "warn");
     }
     set_log(&mut cmd, &log)?;
     let mut router = Supervised::spawn("router", cmd, &p.cpus, Some(&log))?;
