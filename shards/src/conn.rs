@@ -21,10 +21,12 @@ use monoio::io::{AsyncReadRent, AsyncWriteRentExt};
 use monoio::net::TcpStream;
 
 use crate::metrics::Route;
-use crate::reqhead::{self, BodyFraming, HeadError, HeadLimits, RequestHead};
 use crate::respond::{self, LocalError};
 use crate::routes;
 use crate::shard::{LocalSnapshot, Shard};
+use continuum_core::http1::request::{
+    self as reqhead, BodyFraming, HeadError, HeadLimits, RequestHead,
+};
 
 /// Initial read buffer size.
 const READ_BUF: usize = 8 * 1024;

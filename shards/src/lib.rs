@@ -17,7 +17,6 @@ mod conn;
 pub mod mailbox;
 pub mod metrics;
 mod proxy;
-mod reqhead;
 mod respond;
 mod routes;
 pub mod runtime;

@@ -12,9 +12,9 @@ use continuum_core::snapshot::RouterSnapshot;
 use crate::conn::{BodyRef, ClientConn, Outcome};
 use crate::metrics::{self, Route};
 use crate::proxy;
-use crate::reqhead::Method;
 use crate::respond::{self, LocalError};
 use crate::shard::{LocalSnapshot, Shard};
+use continuum_core::http1::request::Method;
 
 /// Which route a request targets (path without the query string).
 pub(crate) fn classify(c: &ClientConn) -> Route {

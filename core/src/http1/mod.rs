@@ -1,4 +1,6 @@
-//! Sans-IO pieces of HTTP/1.1 framing shared by the data plane: the chunked transfer-coding
-//! decoder. Bytes in, events out; no buffers of its own, so hostile peers cannot make it grow.
+//! Sans-IO pieces of HTTP/1.1 shared by the data plane: the request-head parser and the chunked
+//! transfer-coding decoder. Bytes in, facts out; no buffers of their own beyond a reused span
+//! vector, so hostile peers cannot make them grow. Both are fuzzed (`fuzz/`).
 
 pub mod chunked;
+pub mod request;

@@ -1,4 +1,4 @@
-//! Parsing a client request head into byte spans over the connection's read buffer.
+//! Parsing a client request head into byte spans over the connection's read buffer (sans-IO).
 //!
 //! The head is parsed by `httparse` in a synchronous function (its header array lives on the
 //! thread stack, never in a task's future) and reduced to [`RequestHead`]: spans into the read
@@ -10,11 +10,11 @@
 
 use std::ops::Range;
 
-use continuum_core::headers;
+use crate::headers;
 
 /// Request method, as far as routing cares.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Method {
+pub enum Method {
     Get,
     Post,
     Head,
@@ -23,7 +23,7 @@ pub(crate) enum Method {
 
 /// How the request body is framed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum BodyFraming {
+pub enum BodyFraming {
     None,
     Length(u64),
     Chunked,
@@ -31,25 +31,25 @@ pub(crate) enum BodyFraming {
 
 /// Byte spans of one header in the read buffer.
 #[derive(Debug, Clone)]
-pub(crate) struct HeaderSpan {
-    pub(crate) name: Range<usize>,
-    pub(crate) value: Range<usize>,
+pub struct HeaderSpan {
+    pub name: Range<usize>,
+    pub value: Range<usize>,
 }
 
 /// A parsed request head. All ranges index the read buffer the head was parsed from.
 #[derive(Debug, Clone)]
-pub(crate) struct RequestHead {
-    pub(crate) method: Method,
-    pub(crate) path: Range<usize>,
-    pub(crate) http10: bool,
-    pub(crate) headers: Vec<HeaderSpan>,
-    pub(crate) head_len: usize,
-    pub(crate) framing: BodyFraming,
-    pub(crate) keep_alive: bool,
-    pub(crate) connection: Option<Range<usize>>,
-    pub(crate) expect_continue: bool,
-    pub(crate) wants_backend: bool,
-    pub(crate) authorization: Option<Range<usize>>,
+pub struct RequestHead {
+    pub method: Method,
+    pub path: Range<usize>,
+    pub http10: bool,
+    pub headers: Vec<HeaderSpan>,
+    pub head_len: usize,
+    pub framing: BodyFraming,
+    pub keep_alive: bool,
+    pub connection: Option<Range<usize>>,
+    pub expect_continue: bool,
+    pub wants_backend: bool,
+    pub authorization: Option<Range<usize>>,
 }
 
 impl Default for RequestHead {
@@ -72,7 +72,7 @@ impl Default for RequestHead {
 
 /// Why a head was rejected; each maps to one status.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum HeadError {
+pub enum HeadError {
     /// Head longer than `max_header_bytes` (431).
     TooLarge,
     /// More than `max_headers` headers (431).
@@ -85,20 +85,16 @@ pub(crate) enum HeadError {
 
 /// Limits applied while parsing.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct HeadLimits {
-    pub(crate) max_header_bytes: usize,
-    pub(crate) max_headers: usize,
+pub struct HeadLimits {
+    pub max_header_bytes: usize,
+    pub max_headers: usize,
 }
 
 /// Header array kept on the stack for the common case.
 const STACK_HEADERS: usize = 128;
 
 /// Try to parse a complete head from `buf`. `Ok(false)`: more bytes needed.
-pub(crate) fn parse(
-    buf: &[u8],
-    limits: HeadLimits,
-    head: &mut RequestHead,
-) -> Result<bool, HeadError> {
+pub fn parse(buf: &[u8], limits: HeadLimits, head: &mut RequestHead) -> Result<bool, HeadError> {
     if limits.max_headers <= STACK_HEADERS {
         let mut hdrs = [httparse::EMPTY_HEADER; STACK_HEADERS];
         parse_with(buf, limits, head, &mut hdrs[..limits.max_headers])

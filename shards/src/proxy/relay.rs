@@ -21,9 +21,9 @@ use super::AttemptError;
 use super::watch::{self, ClientGone};
 use crate::conn::{ClientConn, Outcome};
 use crate::metrics::UpstreamErrorClass;
-use crate::reqhead::Method;
 use crate::respond;
 use crate::shard::Shard;
+use continuum_core::http1::request::Method;
 
 /// Largest upstream response head accepted.
 const MAX_RESPONSE_HEAD: usize = 64 * 1024;
