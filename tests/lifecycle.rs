@@ -273,11 +273,10 @@ fn sigterm_drains_inflight_stream_then_exits_zero() {
     wait_refused(&r, STEP);
 }
 
-/// Stricter reading of "stop accepting new connections": the listening sockets are closed as
-/// soon as the drain starts, so new connections are refused (not parked in the kernel backlog
-/// until exit) while a stream is still in flight.
+/// "Stop accepting new connections" means the listening sockets are closed as soon as the drain
+/// starts: new connections are refused (not parked in the kernel backlog until exit) while a
+/// stream is still in flight.
 #[test]
-#[ignore = "contract ambiguity: refused during drain, or only after exit? see tests/lifecycle.rs"]
 fn sigterm_refuses_new_connections_while_draining() {
     let b = MockBackend::start("b1");
     let (mut r, mut conn, sse) = router_with_stream_in_flight(&b);
