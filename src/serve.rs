@@ -64,6 +64,11 @@ pub(crate) fn start(
         addrs,
     )));
     let stats = Arc::new(ControlStats::default());
+    stats
+        .generation
+        .store(1, std::sync::atomic::Ordering::Relaxed);
+    // Signal handlers go in before any shard serves.
+    let prepared = continuum_control::prepare().map_err(|e| e.to_string())?;
     let spec = ShardSpec {
         bind: config.server.bind_address,
         cpus: shard_cpus(&config),
@@ -86,7 +91,8 @@ pub(crate) fn start(
         shards,
         stats,
     };
-    let handle = continuum_control::spawn(params, control_cpu).map_err(|e| e.to_string())?;
+    let handle =
+        continuum_control::spawn(prepared, params, control_cpu).map_err(|e| e.to_string())?;
     match handle.join() {
         Ok(Ok(reason)) => Ok(reason),
         Ok(Err(e)) => Err(e.to_string()),

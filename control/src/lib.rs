@@ -19,5 +19,5 @@
 mod reload;
 mod resolve;
 
-pub use reload::{ControlParams, ControlRunError, ExitReason, spawn};
+pub use reload::{ControlParams, ControlRunError, ExitReason, Prepared, prepare, spawn};
 pub use resolve::resolve_blocking;

@@ -54,8 +54,42 @@ pub enum ControlRunError {
     Runtime(std::io::Error),
 }
 
-/// Start the control thread. Join the handle to wait for the drain.
+/// The control runtime with its signal handlers installed, built before any shard serves so a
+/// signal that arrives the moment the router is reachable is never lost to the default action.
+#[derive(Debug)]
+pub struct Prepared {
+    rt: tokio::runtime::Runtime,
+    signals: Signals,
+}
+
+#[derive(Debug)]
+struct Signals {
+    hup: tokio::signal::unix::Signal,
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+/// Build the control runtime and install the SIGHUP/SIGTERM/SIGINT handlers. Call before the
+/// shards start.
+pub fn prepare() -> Result<Prepared, ControlRunError> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(ControlRunError::Runtime)?;
+    let signals = {
+        let _guard = rt.enter();
+        Signals {
+            hup: signal(SignalKind::hangup()).map_err(ControlRunError::Runtime)?,
+            term: signal(SignalKind::terminate()).map_err(ControlRunError::Runtime)?,
+            int: signal(SignalKind::interrupt()).map_err(ControlRunError::Runtime)?,
+        }
+    };
+    Ok(Prepared { rt, signals })
+}
+
+/// Start the control thread on a [`prepare`]d runtime. Join the handle to wait for the drain.
 pub fn spawn(
+    prepared: Prepared,
     params: ControlParams,
     cpu: Option<usize>,
 ) -> Result<std::thread::JoinHandle<Result<ExitReason, ControlRunError>>, ControlRunError> {
@@ -67,11 +101,8 @@ pub fn spawn(
             {
                 tracing::warn!(cpu, error = %e, "cannot pin the control thread");
             }
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .map_err(ControlRunError::Runtime)?;
-            rt.block_on(run(params))
+            let Prepared { rt, signals } = prepared;
+            rt.block_on(run(params, signals))
         })
         .map_err(ControlRunError::Spawn)
 }
@@ -108,19 +139,22 @@ struct State {
     stamp: Option<FileStamp>,
 }
 
-async fn run(params: ControlParams) -> Result<ExitReason, ControlRunError> {
-    let mut hup = signal(SignalKind::hangup()).map_err(ControlRunError::Runtime)?;
-    let mut term = signal(SignalKind::terminate()).map_err(ControlRunError::Runtime)?;
-    let mut int = signal(SignalKind::interrupt()).map_err(ControlRunError::Runtime)?;
+async fn run(params: ControlParams, signals: Signals) -> Result<ExitReason, ControlRunError> {
+    let Signals {
+        mut hup,
+        mut term,
+        mut int,
+    } = signals;
     params
         .stats
         .generation
         .store(params.cell.generation(), Ordering::Relaxed);
-    let stamp = match &params.config_path {
-        Some(p) => file_stamp(p).await,
-        None => None,
+    // No baseline stamp: the first poll compares the file's text with the text the running
+    // config came from, so an edit made while the router was starting is not missed.
+    let mut st = State {
+        params,
+        stamp: None,
     };
-    let mut st = State { params, stamp };
     let mut poll = tokio::time::interval(FILE_POLL);
     poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
