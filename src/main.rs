@@ -21,8 +21,10 @@ use std::process::ExitCode;
 fn main() -> ExitCode {
     let filter = tracing_subscriber::EnvFilter::try_from_env("CONTINUUM_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    use std::io::IsTerminal as _;
     tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr)
         .init();
     match cli::parse(std::env::args().skip(1)) {

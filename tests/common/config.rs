@@ -52,6 +52,8 @@ pub struct RouterConfig {
     pub token_hash: Option<String>,
     /// `backends`.
     pub backends: Vec<BackendSpec>,
+    /// Extra environment for the router process (not part of the YAML).
+    pub env: Vec<(String, String)>,
 }
 
 impl Default for RouterConfig {
@@ -69,6 +71,7 @@ impl Default for RouterConfig {
             connect_retries: 2,
             token_hash: None,
             backends: Vec::new(),
+            env: Vec::new(),
         }
     }
 }

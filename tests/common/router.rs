@@ -71,6 +71,9 @@ impl RouterProcess {
         if std::env::var_os("RUST_LOG").is_none() {
             cmd.env("RUST_LOG", "info");
         }
+        for (k, v) in &cfg.env {
+            cmd.env(k, v);
+        }
         let child = cmd
             .spawn()
             .map_err(|e| (format!("cannot spawn {}: {e}", router_bin()), false))?;
