@@ -1,0 +1,128 @@
+//! Fuzz `json_scan::top_level_string` and `json_scan::unescape_simple` (the request `model`).
+//!
+//! Input layout: 1 byte `k`, then a key of `k % 16` bytes, then the document. The document is
+//! scanned for that key and for `model`.
+//!
+//! Asserts, beyond "does not panic":
+//! - `Ok(Some(r))`: `r` lies inside the document, right after a `"` and right before an unescaped
+//!   `"`, and its contents have no bare control byte and no unescaped `"` (the scanner does let an
+//!   invalid escape `\\<control>` through, which `unescape_simple` then refuses);
+//! - `unescape_simple` of that range, when `Some`, equals serde_json's decoding of the same string
+//!   literal; on any bytes, `Some` is never longer than the input and, without a backslash, is the
+//!   input itself;
+//! - differential against serde_json: when serde_json accepts the document as an object, the
+//!   scanner does not call it malformed, not an object or too deep; and when that object has no
+//!   duplicate top-level key, a found-and-unescaped value equals serde_json's value for the key.
+//!   (With duplicate keys the scanner takes the first, serde_json the last: see README.md.)
+#![no_main]
+
+use std::collections::HashSet;
+use std::fmt;
+
+use continuum_core::json_scan::{ScanError, top_level_string, unescape_simple};
+use libfuzzer_sys::fuzz_target;
+use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, Visitor};
+
+/// Whether a JSON object has a repeated top-level key (after unescaping).
+struct DupKeys(bool);
+
+impl<'de> Deserialize<'de> for DupKeys {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = DupKeys;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> Result<DupKeys, A::Error> {
+                let mut seen = HashSet::new();
+                let mut dup = false;
+                while let Some(k) = m.next_key::<String>()? {
+                    m.next_value::<IgnoredAny>()?;
+                    dup |= !seen.insert(k);
+                }
+                Ok(DupKeys(dup))
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+fn is_escaped(doc: &[u8], quote: usize, floor: usize) -> bool {
+    let mut n = 0;
+    while quote > floor + n && doc[quote - 1 - n] == b'\\' {
+        n += 1;
+    }
+    n % 2 == 1
+}
+
+fn check_unescape_any(raw: &[u8]) {
+    if let Some(s) = unescape_simple(raw) {
+        assert!(s.len() <= raw.len(), "unescaped longer than raw");
+        if !raw.contains(&b'\\') {
+            assert_eq!(s.as_bytes(), raw, "no escapes but changed");
+        }
+    }
+}
+
+fn check(
+    doc: &[u8],
+    key: &[u8],
+    serde_obj: Option<&serde_json::Map<String, serde_json::Value>>,
+    dup: bool,
+) {
+    let r = top_level_string(doc, key);
+    if let Ok(Some(r)) = &r {
+        assert!(
+            r.start >= 1 && r.start <= r.end && r.end < doc.len(),
+            "range {r:?} out of bounds"
+        );
+        assert_eq!(doc[r.start - 1], b'"', "no opening quote");
+        assert_eq!(doc[r.end], b'"', "no closing quote");
+        assert!(!is_escaped(doc, r.end, r.start), "closing quote is escaped");
+        let raw = &doc[r.clone()];
+        for (i, b) in raw.iter().enumerate() {
+            // The scanner steps over `\<any byte>`, so a quote or control byte may follow an odd
+            // run of backslashes (an invalid escape for a control byte), never stand alone.
+            if *b == b'"' || *b < 0x20 {
+                assert!(is_escaped(raw, i, 0), "bare quote or control byte inside string");
+            }
+        }
+        check_unescape_any(raw);
+        if let Some(s) = unescape_simple(raw) {
+            let lit = [&b"\""[..], raw, b"\""].concat();
+            let want: String = serde_json::from_slice(&lit).expect("serde rejects a simple string");
+            assert_eq!(*s, want, "unescape_simple disagrees with serde_json");
+            if let (Some(obj), false, Ok(k)) = (serde_obj, dup, std::str::from_utf8(key)) {
+                assert_eq!(
+                    obj.get(k).and_then(|v| v.as_str()),
+                    Some(&*s),
+                    "differs from serde_json"
+                );
+            }
+        }
+    }
+    if serde_obj.is_some() {
+        assert!(
+            !matches!(
+                r,
+                Err(ScanError::Malformed | ScanError::NotAnObject | ScanError::TooDeep)
+            ),
+            "valid JSON object rejected: {r:?}"
+        );
+    }
+}
+
+fuzz_target!(|data: &[u8]| {
+    let Some((&k, rest)) = data.split_first() else {
+        return;
+    };
+    let klen = usize::from(k % 16).min(rest.len());
+    let (key, doc) = rest.split_at(klen);
+    let value: Option<serde_json::Value> = serde_json::from_slice(doc).ok();
+    let obj = value.as_ref().and_then(|v| v.as_object());
+    let dup = obj.is_some() && serde_json::from_slice::<DupKeys>(doc).map_or(true, |d| d.0);
+    check(doc, key, obj, dup);
+    check(doc, b"model", obj, dup);
+    check_unescape_any(doc);
+});
