@@ -16,10 +16,10 @@ use std::time::Instant;
 
 use continuum_core::http1::chunked::ChunkedDecoder;
 use continuum_core::snapshot::RouterSnapshot;
-use monoio::buf::IoBufMut;
-use monoio::io::{AsyncReadRent, AsyncWriteRentExt};
+use monoio::io::{AsyncWriteRentExt, Canceller, OwnedWriteHalf, Splitable};
 use monoio::net::TcpStream;
 
+use crate::inbox::{self, Inbox};
 use crate::metrics::Route;
 use crate::respond::{self, LocalError};
 use crate::routes;
@@ -62,14 +62,13 @@ impl Outcome {
 /// A client connection and its reusable buffers.
 #[derive(Debug)]
 pub(crate) struct ClientConn {
-    pub(crate) stream: TcpStream,
+    pub(crate) wr: OwnedWriteHalf<TcpStream>,
+    pub(crate) inbox: Rc<Inbox>,
     pub(crate) peer: SocketAddr,
     pub(crate) rbuf: Vec<u8>,
     pub(crate) wbuf: Vec<u8>,
     pub(crate) ubuf: Vec<u8>,
     pub(crate) body: Vec<u8>,
-    pub(crate) scratch: Vec<u8>,
-    pub(crate) pending: Vec<u8>,
     pub(crate) head: RequestHead,
     pub(crate) pins_stripped: u64,
 }
@@ -125,24 +124,12 @@ impl ClientConn {
         }
     }
 
-    /// Append bytes from the socket to `rbuf`, growing it up to `cap_limit`. `Ok(0)`: EOF.
-    async fn fill(&mut self, cap_limit: usize) -> std::io::Result<usize> {
-        if self.rbuf.len() == self.rbuf.capacity() {
-            let grow = self
-                .rbuf
-                .capacity()
-                .max(READ_BUF)
-                .min(cap_limit.saturating_sub(self.rbuf.len()));
-            if grow == 0 {
-                return Err(std::io::ErrorKind::OutOfMemory.into());
-            }
-            self.rbuf.reserve_exact(grow);
+    /// Wait for client bytes and move them to the end of `rbuf`. `0`: the client closed.
+    async fn fill(&mut self) -> usize {
+        if !self.inbox.readable().await {
+            return 0;
         }
-        let rbuf = std::mem::take(&mut self.rbuf);
-        let (len, cap) = (rbuf.len(), rbuf.capacity());
-        let (res, slice) = self.stream.read(rbuf.slice_mut(len..cap)).await;
-        self.rbuf = slice.into_inner();
-        res
+        self.inbox.take_into(&mut self.rbuf)
     }
 
     async fn flush(&mut self) -> std::io::Result<()> {
@@ -150,7 +137,7 @@ impl ClientConn {
             return Ok(());
         }
         let wbuf = std::mem::take(&mut self.wbuf);
-        let (res, mut wbuf) = self.stream.write_all(wbuf).await;
+        let (res, mut wbuf) = self.wr.write_all(wbuf).await;
         wbuf.clear();
         self.wbuf = wbuf;
         res.map(|_| ())
@@ -161,15 +148,18 @@ impl ClientConn {
 pub(crate) async fn serve(shard: Rc<Shard>, stream: TcpStream, peer: SocketAddr) {
     shard.metrics.connection_opened();
     let _ = stream.set_nodelay(true);
+    let (rd, wr) = stream.into_split();
+    let inbox = Inbox::with_capacity(READ_BUF);
+    let reader_stop = Canceller::new();
+    monoio::spawn(inbox::run_reader(rd, inbox.clone(), reader_stop.handle()));
     let mut c = ClientConn {
-        stream,
+        wr,
+        inbox,
         peer,
         rbuf: Vec::with_capacity(READ_BUF),
         wbuf: Vec::with_capacity(4096),
         ubuf: Vec::new(),
         body: Vec::new(),
-        scratch: Vec::with_capacity(4096),
-        pending: Vec::new(),
         head: RequestHead::default(),
         pins_stripped: 0,
     };
@@ -193,6 +183,8 @@ pub(crate) async fn serve(shard: Rc<Shard>, stream: TcpStream, peer: SocketAddr)
             break;
         }
     }
+    // Stop the reader; the socket closes once both halves are gone.
+    let _ = reader_stop.cancel();
     shard.metrics.connection_closed();
 }
 
@@ -203,6 +195,16 @@ async fn serve_one(shard: &Shard, snap: &Rc<LocalSnapshot>, c: &mut ClientConn) 
     c.pins_stripped = 0;
     let route = routes::classify(c);
     let (outcome, consumed) = match read_body(c, snap).await {
+        Ok((body, consumed)) if route == Route::ChatCompletions => {
+            // A client that leaves aborts the exchange: dropping the dispatch future drops the
+            // upstream connection, which cancels the request at the backend.
+            let inbox = c.inbox.clone();
+            let outcome = monoio::select! {
+                o = routes::dispatch(shard, snap, c, route, body) => o,
+                _ = inbox.closed() => Outcome::aborted(),
+            };
+            (outcome, consumed)
+        }
         Ok((body, consumed)) => (
             routes::dispatch(shard, snap, c, route, body).await,
             consumed,
@@ -226,10 +228,6 @@ async fn serve_one(shard: &Shard, snap: &Rc<LocalSnapshot>, c: &mut ClientConn) 
         c.rbuf.clear();
     } else {
         c.rbuf.drain(..consumed);
-    }
-    if !c.pending.is_empty() {
-        c.rbuf.extend_from_slice(&c.pending);
-        c.pending.clear();
     }
     if c.rbuf.capacity() > 4 * READ_BUF && c.rbuf.len() < READ_BUF {
         c.rbuf.shrink_to(READ_BUF);
@@ -273,13 +271,10 @@ async fn read_head(c: &mut ClientConn, snap: &RouterSnapshot) -> HeadRead {
             Some(d) => d.saturating_duration_since(Instant::now()),
             None => cfg.keepalive_timeout,
         };
-        match monoio::time::timeout(wait, c.fill(cfg.max_header_bytes + 1)).await {
-            Ok(Ok(n)) if n > 0 => {}
+        match monoio::time::timeout(wait, c.fill()).await {
+            Ok(n) if n > 0 => {}
             Ok(_) => return HeadRead::Closed,
-            Err(_) if deadline.is_some() => {
-                // The buffer went with the cancelled read; the connection closes after the 408.
-                return HeadRead::Reject(LocalError::Timeout);
-            }
+            Err(_) if deadline.is_some() => return HeadRead::Reject(LocalError::Timeout),
             Err(_) => return HeadRead::Closed,
         }
     }
@@ -302,9 +297,9 @@ async fn read_body(
             let total = head_len + n;
             continue_if_expected(c, total).await?;
             while c.rbuf.len() < total {
-                c.rbuf.reserve_exact(total - c.rbuf.len());
-                match monoio::time::timeout(cfg.keepalive_timeout, c.fill(total)).await {
-                    Ok(Ok(k)) if k > 0 => {}
+                c.rbuf.reserve(total - c.rbuf.len());
+                match monoio::time::timeout(cfg.keepalive_timeout, c.fill()).await {
+                    Ok(k) if k > 0 => {}
                     _ => return Err(LocalError::BadRequest("request body ended early")),
                 }
             }
@@ -339,9 +334,8 @@ async fn read_body(
                 // read buffer does not grow with the body (the decoded copy is what we keep).
                 c.rbuf.truncate(head_len);
                 pos = head_len;
-                let limit = head_len + 64 * 1024;
-                match monoio::time::timeout(cfg.keepalive_timeout, c.fill(limit)).await {
-                    Ok(Ok(k)) if k > 0 => {}
+                match monoio::time::timeout(cfg.keepalive_timeout, c.fill()).await {
+                    Ok(k) if k > 0 => {}
                     _ => return Err(LocalError::BadRequest("request body ended early")),
                 }
             }

@@ -14,6 +14,7 @@
 //! - every client `x-dynamo-*` header is dropped before dispatch (see `continuum_core::headers`).
 
 mod conn;
+mod inbox;
 pub mod mailbox;
 pub mod metrics;
 mod proxy;

@@ -9,7 +9,6 @@
 
 mod pool;
 mod relay;
-mod watch;
 
 use std::io::Write as _;
 use std::time::Instant;
@@ -37,8 +36,6 @@ pub(crate) enum AttemptError {
     StaleConnection,
     /// The backend failed after the request may have reached it.
     Upstream(UpstreamErrorClass),
-    /// The client went away; abort silently.
-    ClientGone,
     /// The client could not be written to after the response started; abort.
     ClientWrite,
 }
@@ -50,22 +47,23 @@ pub(crate) async fn chat(
     c: &mut ClientConn,
     body: BodyRef,
 ) -> Outcome {
-    let model = {
+    // Borrow the model name straight from the body: no allocation on the request path.
+    let found = {
         let bytes = c.body_bytes(&body);
         match json_scan::top_level_string(bytes, b"model") {
-            Ok(Some(r)) => json_scan::unescape_simple(&bytes[r]).map(|m| m.into_owned()),
-            Ok(None) => {
-                return c.local_error(LocalError::BadRequest("request body has no `model`"));
-            }
-            Err(_) => {
-                return c.local_error(LocalError::BadRequest(
-                    "request body is not a JSON object with a string `model`",
-                ));
-            }
+            Ok(Some(r)) => match json_scan::unescape_simple(&bytes[r]) {
+                Some(model) => snap.route(&model).ok_or(LocalError::ModelNotFound),
+                None => Err(LocalError::ModelNotFound),
+            },
+            Ok(None) => Err(LocalError::BadRequest("request body has no `model`")),
+            Err(_) => Err(LocalError::BadRequest(
+                "request body is not a JSON object with a string `model`",
+            )),
         }
     };
-    let Some(route) = model.as_deref().and_then(|m| snap.route(m)) else {
-        return c.local_error(LocalError::ModelNotFound);
+    let route = match found {
+        Ok(route) => route,
+        Err(e) => return c.local_error(e),
     };
     let attempts = 1 + snap.config.server.connect_retries as usize;
     let start = shard.next_cursor(route.slot);
@@ -163,7 +161,7 @@ async fn send_to(
                     _ => LocalError::UpstreamUnavailable,
                 }));
             }
-            Err(AttemptError::ClientGone | AttemptError::ClientWrite) => {
+            Err(AttemptError::ClientWrite) => {
                 return Err(Failure::Abort);
             }
         }

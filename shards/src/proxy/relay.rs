@@ -14,11 +14,11 @@ use continuum_core::config::BackendConfig;
 use continuum_core::headers;
 use continuum_core::http1::chunked::ChunkedDecoder;
 use continuum_core::snapshot::RouterSnapshot;
-use monoio::io::AsyncWriteRentExt;
+use monoio::buf::IoBufMut;
+use monoio::io::{AsyncReadRent, AsyncWriteRentExt};
 use monoio::net::TcpStream;
 
 use super::AttemptError;
-use super::watch::{self, ClientGone};
 use crate::conn::{ClientConn, Outcome};
 use crate::metrics::UpstreamErrorClass;
 use crate::respond;
@@ -180,19 +180,19 @@ fn track(
     }
 }
 
-/// One upstream read appended to `c.ubuf`, bounded by `timeout`, watching the client.
+/// One upstream read appended to `c.ubuf`, bounded by `timeout`. (The client is watched for
+/// disconnects by the connection's reader task, not here.)
 async fn read_upstream(
     c: &mut ClientConn,
     up: &mut TcpStream,
     timeout: std::time::Duration,
 ) -> Result<std::io::Result<usize>, AttemptError> {
     let buf = std::mem::take(&mut c.ubuf);
-    let fut = watch::read_watching(up, buf, &mut c.stream, &mut c.scratch, &mut c.pending);
-    match monoio::time::timeout(timeout, fut).await {
+    let (len, cap) = (buf.len(), buf.capacity());
+    match monoio::time::timeout(timeout, up.read(buf.slice_mut(len..cap))).await {
         Err(_) => Err(AttemptError::Upstream(UpstreamErrorClass::Timeout)),
-        Ok(Err(ClientGone)) => Err(AttemptError::ClientGone),
-        Ok(Ok((res, buf))) => {
-            c.ubuf = buf;
+        Ok((res, slice)) => {
+            c.ubuf = slice.into_inner();
             Ok(res)
         }
     }
@@ -203,7 +203,7 @@ async fn write_client(c: &mut ClientConn) -> Result<(), AttemptError> {
         return Ok(());
     }
     let wbuf = std::mem::take(&mut c.wbuf);
-    let (res, mut wbuf) = c.stream.write_all(wbuf).await;
+    let (res, mut wbuf) = c.wr.write_all(wbuf).await;
     wbuf.clear();
     c.wbuf = wbuf;
     res.map(|_| ()).map_err(|_| AttemptError::ClientWrite)
