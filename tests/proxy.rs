@@ -429,3 +429,41 @@ fn chat_requests_are_counted_across_shards() {
         "{text}"
     );
 }
+
+#[test]
+fn http10_client_gets_a_streamed_reply_dechunked_and_closed() {
+    let b = MockBackend::start("b1");
+    let r = RouterProcess::start(&RouterConfig::default().backend("b1", &b.url(), &["m1"]));
+    let sse = b.push_sse();
+    let body = chat_body("m1", "old client", true);
+    let mut raw = format!(
+        "POST /v1/chat/completions HTTP/1.0\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    raw.extend_from_slice(&body);
+    let mut s = std::net::TcpStream::connect(r.addr()).unwrap();
+    std::io::Write::write_all(&mut s, &raw).unwrap();
+    b.wait_requests(1, STEP);
+    sse.send(b"data: one\n\n");
+    sse.send(b"data: [DONE]\n\n");
+    sse.finish();
+    s.set_read_timeout(Some(STEP)).unwrap();
+    let mut got = Vec::new();
+    std::io::Read::read_to_end(&mut s, &mut got).unwrap();
+    let text = String::from_utf8_lossy(&got);
+    let (head, rest) = text.split_once("\r\n\r\n").unwrap();
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(
+        !head.to_ascii_lowercase().contains("transfer-encoding"),
+        "{head}"
+    );
+    assert!(
+        head.to_ascii_lowercase().contains("connection: close"),
+        "{head}"
+    );
+    assert_eq!(
+        rest, "data: one\n\ndata: [DONE]\n\n",
+        "body must arrive de-chunked"
+    );
+}

@@ -21,7 +21,7 @@ use monoio::net::TcpStream;
 
 use crate::inbox::{self, Inbox};
 use crate::metrics::Route;
-use crate::respond::{self, LocalError};
+use crate::respond::{self, LocalError, Persistence};
 use crate::routes;
 use crate::shard::{LocalSnapshot, Shard};
 use continuum_core::http1::request::{
@@ -92,7 +92,11 @@ impl ClientConn {
     pub(crate) fn local_error(&mut self, e: LocalError) -> Outcome {
         self.wbuf.clear();
         let keep_alive = self.head.keep_alive;
-        respond::write_error(&mut self.wbuf, e, keep_alive);
+        respond::write_error(
+            &mut self.wbuf,
+            e,
+            Persistence::of(keep_alive, self.head.http10),
+        );
         Outcome {
             status: e.status(),
             keep_alive,

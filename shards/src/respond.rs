@@ -122,33 +122,67 @@ pub(crate) fn reason(status: u16) -> &'static str {
     }
 }
 
+/// What happens to the connection after a response, and how the response says so.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Persistence {
+    /// Close after this response (`connection: close`).
+    Close,
+    /// Keep open; HTTP/1.1 default, nothing to say.
+    KeepAlive,
+    /// Keep open for an HTTP/1.0 client, which must be told (`connection: keep-alive`).
+    KeepAliveHttp10,
+}
+
+impl Persistence {
+    /// The policy for a client that asked `keep_alive` over HTTP/1.0 (`http10`) or 1.1.
+    pub(crate) fn of(keep_alive: bool, http10: bool) -> Self {
+        match (keep_alive, http10) {
+            (false, _) => Persistence::Close,
+            (true, false) => Persistence::KeepAlive,
+            (true, true) => Persistence::KeepAliveHttp10,
+        }
+    }
+
+    /// The header line announcing it (empty when nothing needs saying).
+    pub(crate) fn header(self) -> &'static str {
+        match self {
+            Persistence::Close => "connection: close\r\n",
+            Persistence::KeepAlive => "",
+            Persistence::KeepAliveHttp10 => "connection: keep-alive\r\n",
+        }
+    }
+}
+
+/// Whether a response carries its body (`HEAD` requests get the head only).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum BodyMode {
+    Full,
+    HeadOnly,
+}
+
 /// Append a complete response with a body.
 pub(crate) fn write_response(
     out: &mut Vec<u8>,
     status: u16,
     content_type: &str,
     body: &[u8],
-    keep_alive: bool,
-    head_only: bool,
+    persistence: Persistence,
+    mode: BodyMode,
 ) {
     let _ = write!(
         out,
         "HTTP/1.1 {status} {}\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\n{}\r\n",
         reason(status),
         body.len(),
-        if keep_alive {
-            ""
-        } else {
-            "connection: close\r\n"
-        }
+        persistence.header(),
     );
-    if !head_only {
+    if mode == BodyMode::Full {
         out.extend_from_slice(body);
     }
 }
 
 /// Append an error response in the OpenAI error shape.
-pub(crate) fn write_error(out: &mut Vec<u8>, err: LocalError, keep_alive: bool) {
+pub(crate) fn write_error(out: &mut Vec<u8>, err: LocalError, persistence: Persistence) {
     let (message, kind, code) = err.parts();
     let body = serde_json::json!({"error": {"message": message, "type": kind, "code": code}});
     let body = body.to_string();
@@ -157,8 +191,8 @@ pub(crate) fn write_error(out: &mut Vec<u8>, err: LocalError, keep_alive: bool) 
         err.status(),
         "application/json",
         body.as_bytes(),
-        keep_alive,
-        false,
+        persistence,
+        BodyMode::Full,
     );
 }
 
@@ -169,7 +203,7 @@ mod tests {
     #[test]
     fn error_has_openai_shape_and_framing() {
         let mut out = Vec::new();
-        write_error(&mut out, LocalError::BodyTooLarge, false);
+        write_error(&mut out, LocalError::BodyTooLarge, Persistence::Close);
         let text = String::from_utf8(out).unwrap();
         let (head, body) = text.split_once("\r\n\r\n").unwrap();
         assert!(head.starts_with("HTTP/1.1 413 Content Too Large\r\n"));

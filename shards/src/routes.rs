@@ -12,7 +12,7 @@ use continuum_core::snapshot::RouterSnapshot;
 use crate::conn::{BodyRef, ClientConn, Outcome};
 use crate::metrics::{self, Route};
 use crate::proxy;
-use crate::respond::{self, LocalError};
+use crate::respond::{self, BodyMode, LocalError, Persistence};
 use crate::shard::{LocalSnapshot, Shard};
 use continuum_core::http1::request::Method;
 
@@ -80,8 +80,13 @@ pub(crate) async fn dispatch(
 fn ok(c: &mut ClientConn, content_type: &str, body: &[u8]) -> Outcome {
     c.wbuf.clear();
     let keep_alive = c.head.keep_alive;
-    let head_only = c.head.method == Method::Head;
-    respond::write_response(&mut c.wbuf, 200, content_type, body, keep_alive, head_only);
+    let mode = if c.head.method == Method::Head {
+        BodyMode::HeadOnly
+    } else {
+        BodyMode::Full
+    };
+    let persistence = Persistence::of(keep_alive, c.head.http10);
+    respond::write_response(&mut c.wbuf, 200, content_type, body, persistence, mode);
     Outcome {
         status: 200,
         keep_alive,

@@ -21,7 +21,7 @@ use monoio::net::TcpStream;
 use super::AttemptError;
 use crate::conn::{ClientConn, Outcome};
 use crate::metrics::UpstreamErrorClass;
-use crate::respond;
+use crate::respond::{self, Persistence};
 use crate::shard::Shard;
 use continuum_core::http1::request::Method;
 
@@ -88,31 +88,32 @@ pub(super) async fn relay(
             Some(p) => break p,
         }
     };
-    let keep_alive = c.head.keep_alive && parsed.framing != Framing::UntilClose;
-    write_client_head(c, &parsed, backend, keep_alive);
+    // An HTTP/1.0 client cannot read chunked framing: decode it and delimit by close instead.
+    let dechunk = c.head.http10 && parsed.framing == Framing::Chunked;
+    let keep_alive = c.head.keep_alive && parsed.framing != Framing::UntilClose && !dechunk;
+    write_client_head(c, &parsed, backend, keep_alive, dechunk);
     let mut reusable = parsed.upstream_keep_alive;
     // Body bytes that came with the head.
     let first = parsed.head_len..c.ubuf.len();
-    let mut remaining = match parsed.framing {
+    let remaining = match parsed.framing {
         Framing::Length(n) => n,
         _ => 0,
     };
-    let mut decoder = ChunkedDecoder::new();
-    let mut done = parsed.framing == Framing::Empty;
-    let forward = track(
-        &c.ubuf[first.clone()],
-        parsed.framing,
-        &mut remaining,
-        &mut decoder,
-        &mut done,
-    )?;
-    if forward < first.len() {
+    let decoder = ChunkedDecoder::new();
+    let done = parsed.framing == Framing::Empty;
+    let mut body = BodyState {
+        framing: parsed.framing,
+        remaining,
+        decoder,
+        dechunk,
+        done,
+    };
+    let consumed = body.forward(&c.ubuf[first.clone()], &mut c.wbuf)?;
+    if consumed < first.len() {
         reusable = false; // bytes beyond the response: do not trust this connection
     }
-    c.wbuf
-        .extend_from_slice(&c.ubuf[first.start..first.start + forward]);
     write_client(c).await?;
-    while !done {
+    while !body.done {
         c.ubuf.clear();
         match read_upstream(c, up, timeout).await {
             Ok(Ok(n)) if n > 0 => {}
@@ -125,19 +126,10 @@ pub(super) async fn relay(
             }
             Err(e) => return Err(e),
         }
-        let len = c.ubuf.len();
-        let forward = track(
-            &c.ubuf[..len],
-            parsed.framing,
-            &mut remaining,
-            &mut decoder,
-            &mut done,
-        )?;
-        if forward < len {
+        c.wbuf.clear();
+        if body.forward(&c.ubuf, &mut c.wbuf)? < c.ubuf.len() {
             reusable = false;
         }
-        c.wbuf.clear();
-        c.wbuf.extend_from_slice(&c.ubuf[..forward]);
         write_client(c).await?;
     }
     let reusable = reusable && parsed.framing != Framing::UntilClose;
@@ -150,33 +142,49 @@ pub(super) async fn relay(
     ))
 }
 
-/// Advance the body tracker over `bytes`; returns how many of them belong to the body.
-fn track(
-    bytes: &[u8],
+/// Where the relay is in the response body.
+struct BodyState {
     framing: Framing,
-    remaining: &mut u64,
-    decoder: &mut ChunkedDecoder,
-    done: &mut bool,
-) -> Result<usize, AttemptError> {
-    match framing {
-        Framing::Empty => {
-            *done = true;
-            Ok(0)
-        }
-        Framing::Length(_) => {
-            let take = usize::try_from(*remaining).map_or(bytes.len(), |r| r.min(bytes.len()));
-            *remaining -= take as u64;
-            *done = *remaining == 0;
-            Ok(take)
-        }
-        Framing::Chunked => {
-            let n = decoder
-                .feed(bytes, |_| {})
-                .map_err(|_| AttemptError::Upstream(UpstreamErrorClass::Protocol))?;
-            *done = decoder.is_done();
-            Ok(n)
-        }
-        Framing::UntilClose => Ok(bytes.len()),
+    remaining: u64,
+    decoder: ChunkedDecoder,
+    dechunk: bool,
+    done: bool,
+}
+
+impl BodyState {
+    /// Append the body part of `bytes` to `out` (decoded when de-chunking); returns how many
+    /// bytes of `bytes` belong to the body.
+    fn forward(&mut self, bytes: &[u8], out: &mut Vec<u8>) -> Result<usize, AttemptError> {
+        let protocol = AttemptError::Upstream(UpstreamErrorClass::Protocol);
+        let n = match self.framing {
+            Framing::Empty => {
+                self.done = true;
+                return Ok(0);
+            }
+            Framing::Length(_) => {
+                let take =
+                    usize::try_from(self.remaining).map_or(bytes.len(), |r| r.min(bytes.len()));
+                self.remaining -= take as u64;
+                self.done = self.remaining == 0;
+                take
+            }
+            Framing::Chunked if self.dechunk => {
+                let n = self
+                    .decoder
+                    .feed(bytes, |d| out.extend_from_slice(d))
+                    .map_err(|_| protocol)?;
+                self.done = self.decoder.is_done();
+                return Ok(n);
+            }
+            Framing::Chunked => {
+                let n = self.decoder.feed(bytes, |_| {}).map_err(|_| protocol)?;
+                self.done = self.decoder.is_done();
+                n
+            }
+            Framing::UntilClose => bytes.len(),
+        };
+        out.extend_from_slice(&bytes[..n]);
+        Ok(n)
     }
 }
 
@@ -269,6 +277,7 @@ fn write_client_head(
     p: &ParsedHead,
     backend: &BackendConfig,
     keep_alive: bool,
+    dechunk: bool,
 ) {
     let mut hdrs = [httparse::EMPTY_HEADER; MAX_RESPONSE_HEADERS];
     let mut resp = httparse::Response::new(&mut hdrs);
@@ -298,7 +307,8 @@ fn write_client_head(
         Framing::Length(n) => {
             let _ = write!(c.wbuf, "content-length: {n}\r\n");
         }
-        Framing::Chunked => c.wbuf.extend_from_slice(b"transfer-encoding: chunked\r\n"),
+        Framing::Chunked if !dechunk => c.wbuf.extend_from_slice(b"transfer-encoding: chunked\r\n"),
+        Framing::Chunked => {}
         Framing::Empty => {
             if p.status != 204 && p.status != 304 {
                 c.wbuf.extend_from_slice(b"content-length: 0\r\n");
@@ -314,8 +324,7 @@ fn write_client_head(
             backend.name
         );
     }
-    if !keep_alive {
-        c.wbuf.extend_from_slice(b"connection: close\r\n");
-    }
+    let persistence = Persistence::of(keep_alive, c.head.http10);
+    c.wbuf.extend_from_slice(persistence.header().as_bytes());
     c.wbuf.extend_from_slice(b"\r\n");
 }
