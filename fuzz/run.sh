@@ -13,7 +13,7 @@
 #
 # The committed seeds in fuzz/seeds/<target> are read, never written. New corpus entries go to
 # $FUZZ_CORPUS_DIR/<target>, crash inputs to fuzz/artifacts/<target> (both git-ignored); logs to
-# fuzz/target/logs. Exit status is 1 when any target crashed or failed to run.
+# fuzz/target/logs/<sanitizer>. Exit status is 1 when any target crashed or failed to run.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -41,7 +41,7 @@ max_len() {
     esac
 }
 
-logs=$here/target/logs
+logs=$here/target/logs/$sanitizer
 mkdir -p "$logs"
 cd "$here/.."
 cargo fuzz build --sanitizer "$sanitizer" "${target_dir_args[@]}" >"$logs/build.log" 2>&1 || {
