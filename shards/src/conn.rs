@@ -25,7 +25,7 @@ use crate::respond::{self, LocalError, Persistence};
 use crate::routes;
 use crate::shard::{LocalSnapshot, Shard};
 use continuum_core::http1::request::{
-    self as reqhead, BodyFraming, HeadError, HeadLimits, RequestHead,
+    self as reqhead, BodyFraming, HeadError, HeadLimits, HeaderSpan, RequestHead,
 };
 
 /// Initial read buffer size.
@@ -70,6 +70,8 @@ pub(crate) struct ClientConn {
     pub(crate) ubuf: Vec<u8>,
     pub(crate) body: Vec<u8>,
     pub(crate) head: RequestHead,
+    /// Header spans of the current upstream response head (reused).
+    pub(crate) resp_spans: Vec<HeaderSpan>,
     pub(crate) pins_stripped: u64,
 }
 
@@ -165,6 +167,7 @@ pub(crate) async fn serve(shard: Rc<Shard>, stream: TcpStream, peer: SocketAddr)
         ubuf: Vec::new(),
         body: Vec::new(),
         head: RequestHead::default(),
+        resp_spans: Vec::new(),
         pins_stripped: 0,
     };
     loop {

@@ -68,7 +68,7 @@ pub(crate) async fn chat(
     let attempts = 1 + snap.config.server.connect_retries as usize;
     let start = shard.next_cursor(route.slot);
     let mut last = LocalError::UpstreamUnavailable;
-    for attempt in 0..attempts.min(route.replicas.len().max(1) * 2) {
+    for attempt in 0..attempts {
         let Some(idx) = route.replica_at(start + attempt) else {
             break;
         };

@@ -23,7 +23,7 @@ use crate::conn::{ClientConn, Outcome};
 use crate::metrics::UpstreamErrorClass;
 use crate::respond::{self, Persistence};
 use crate::shard::Shard;
-use continuum_core::http1::request::Method;
+use continuum_core::http1::request::{HeaderSpan, Method};
 
 /// Largest upstream response head accepted.
 const MAX_RESPONSE_HEAD: usize = 64 * 1024;
@@ -40,11 +40,15 @@ enum Framing {
     UntilClose,
 }
 
+/// A parsed upstream response head; ranges index the upstream buffer, header spans are in
+/// `ClientConn::resp_spans` (reused, so a response head is parsed once and without allocating).
 struct ParsedHead {
     status: u16,
     head_len: usize,
     framing: Framing,
     upstream_keep_alive: bool,
+    reason: std::ops::Range<usize>,
+    connection: Option<std::ops::Range<usize>>,
 }
 
 /// Relay the response on `up`. Returns the outcome and whether `up` can be pooled.
@@ -75,11 +79,12 @@ pub(super) async fn relay(
             _ if nothing_yet => return Err(AttemptError::StaleConnection),
             _ => return Err(AttemptError::Upstream(UpstreamErrorClass::Reset)),
         }
-        match parse_head(&c.ubuf, c.head.method == Method::Head)? {
+        match parse_head(&c.ubuf, c.head.method == Method::Head, &mut c.resp_spans)? {
             None => continue,
             Some(p) if (100..200).contains(&p.status) => {
                 c.ubuf.drain(..p.head_len);
-                if let Some(p) = parse_head(&c.ubuf, c.head.method == Method::Head)?
+                if let Some(p) =
+                    parse_head(&c.ubuf, c.head.method == Method::Head, &mut c.resp_spans)?
                     && !(100..200).contains(&p.status)
                 {
                     break p;
@@ -217,7 +222,11 @@ async fn write_client(c: &mut ClientConn) -> Result<(), AttemptError> {
     res.map(|_| ()).map_err(|_| AttemptError::ClientWrite)
 }
 
-fn parse_head(buf: &[u8], head_request: bool) -> Result<Option<ParsedHead>, AttemptError> {
+fn parse_head(
+    buf: &[u8],
+    head_request: bool,
+    spans: &mut Vec<HeaderSpan>,
+) -> Result<Option<ParsedHead>, AttemptError> {
     let mut hdrs = [httparse::EMPTY_HEADER; MAX_RESPONSE_HEADERS];
     let mut resp = httparse::Response::new(&mut hdrs);
     let protocol = AttemptError::Upstream(UpstreamErrorClass::Protocol);
@@ -226,11 +235,23 @@ fn parse_head(buf: &[u8], head_request: bool) -> Result<Option<ParsedHead>, Atte
         httparse::Status::Complete(n) => n,
     };
     let status = resp.code.ok_or(protocol)?;
+    let base = buf.as_ptr() as usize;
+    let span = |s: &[u8]| {
+        let start = s.as_ptr() as usize - base;
+        start..start + s.len()
+    };
+    let reason = span(resp.reason.unwrap_or("").as_bytes());
+    let mut connection = None;
     let mut length = None;
     let mut chunked = false;
     let mut close = resp.version == Some(0);
+    spans.clear();
     for h in resp.headers.iter() {
         let name = h.name.as_bytes();
+        spans.push(HeaderSpan {
+            name: span(name),
+            value: span(h.value),
+        });
         if name.eq_ignore_ascii_case(b"content-length") {
             let v = std::str::from_utf8(h.value)
                 .ok()
@@ -242,6 +263,7 @@ fn parse_head(buf: &[u8], head_request: bool) -> Result<Option<ParsedHead>, Atte
                 return Err(protocol);
             }
         } else if name.eq_ignore_ascii_case(b"connection") {
+            connection = Some(span(h.value));
             if headers::connection_has_close(h.value) {
                 close = true;
             } else if resp.version == Some(0) && headers::connection_has_keep_alive(h.value) {
@@ -268,6 +290,8 @@ fn parse_head(buf: &[u8], head_request: bool) -> Result<Option<ParsedHead>, Atte
         head_len,
         framing,
         upstream_keep_alive: !close,
+        reason,
+        connection,
     }))
 }
 
@@ -279,27 +303,23 @@ fn write_client_head(
     keep_alive: bool,
     dechunk: bool,
 ) {
-    let mut hdrs = [httparse::EMPTY_HEADER; MAX_RESPONSE_HEADERS];
-    let mut resp = httparse::Response::new(&mut hdrs);
     c.wbuf.clear();
-    if resp.parse(&c.ubuf[..p.head_len]).is_err() {
-        return;
+    let reason = &c.ubuf[p.reason.clone()];
+    let _ = write!(c.wbuf, "HTTP/1.1 {} ", p.status);
+    if reason.is_empty() {
+        c.wbuf
+            .extend_from_slice(respond::reason(p.status).as_bytes());
+    } else {
+        c.wbuf.extend_from_slice(reason);
     }
-    let reason = resp
-        .reason
-        .filter(|r| !r.is_empty())
-        .unwrap_or(respond::reason(p.status));
-    let _ = write!(c.wbuf, "HTTP/1.1 {} {reason}\r\n", p.status);
-    let connection = resp
-        .headers
-        .iter()
-        .find(|h| h.name.eq_ignore_ascii_case("connection"))
-        .map_or(&b""[..], |h| h.value);
-    for h in resp.headers.iter() {
-        if headers::response_header_relayable(h.name.as_bytes(), connection) {
-            c.wbuf.extend_from_slice(h.name.as_bytes());
+    c.wbuf.extend_from_slice(b"\r\n");
+    let connection = p.connection.clone().map_or(&b""[..], |r| &c.ubuf[r]);
+    for h in &c.resp_spans {
+        let name = &c.ubuf[h.name.clone()];
+        if headers::response_header_relayable(name, connection) {
+            c.wbuf.extend_from_slice(name);
             c.wbuf.extend_from_slice(b": ");
-            c.wbuf.extend_from_slice(h.value);
+            c.wbuf.extend_from_slice(&c.ubuf[h.value.clone()]);
             c.wbuf.extend_from_slice(b"\r\n");
         }
     }
