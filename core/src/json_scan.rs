@@ -9,7 +9,11 @@
 //! - never panics and never allocates, whatever the input;
 //! - a `Found` result is the exact byte range of the string's contents between its quotes
 //!   (escapes left as written; [`unescape_simple`] resolves the common case);
-//! - the scan validates structure only as far as it reads: it stops at the first match.
+//! - a document with the key twice at the top level is refused ([`ScanError::DuplicateKey`]):
+//!   JSON parsers disagree on which one wins, and the router must route by the value the backend
+//!   will read; so after a match the rest of the object is still walked (skipped strings are
+//!   searched with `memchr`, so this stays cheap for large prompts);
+//! - structure is checked only as far as the walk needs it; the backend remains the validator.
 
 use std::ops::Range;
 
@@ -28,6 +32,9 @@ pub enum ScanError {
     /// Nesting deeper than [`MAX_DEPTH`].
     #[error("request body nests deeper than the limit")]
     TooDeep,
+    /// The key appears more than once at the top level.
+    #[error("field appears more than once")]
+    DuplicateKey,
 }
 
 /// Deepest nesting the scanner skips through.
@@ -41,10 +48,11 @@ pub fn top_level_string(doc: &[u8], key: &[u8]) -> Result<Option<Range<usize>>, 
         return Err(ScanError::NotAnObject);
     }
     i += 1;
+    let mut found: Option<Range<usize>> = None;
     loop {
         i = skip_ws(doc, i);
         match doc.get(i) {
-            Some(b'}') => return Ok(None),
+            Some(b'}') => return Ok(found),
             Some(b'"') => {}
             _ => return Err(ScanError::Malformed),
         }
@@ -56,17 +64,23 @@ pub fn top_level_string(doc: &[u8], key: &[u8]) -> Result<Option<Range<usize>>, 
         }
         i = skip_ws(doc, i + 1);
         if &doc[k.clone()] == key {
-            return match doc.get(i) {
-                Some(b'"') => string_at(doc, i).map(Some),
-                Some(_) => Err(ScanError::NotAString),
-                None => Err(ScanError::Malformed),
+            if found.is_some() {
+                return Err(ScanError::DuplicateKey);
+            }
+            let v = match doc.get(i) {
+                Some(b'"') => string_at(doc, i)?,
+                Some(_) => return Err(ScanError::NotAString),
+                None => return Err(ScanError::Malformed),
             };
+            i = v.end + 1;
+            found = Some(v);
+        } else {
+            i = skip_value(doc, i)?;
         }
-        i = skip_value(doc, i)?;
         i = skip_ws(doc, i);
         match doc.get(i) {
             Some(b',') => i += 1,
-            Some(b'}') => return Ok(None),
+            Some(b'}') => return Ok(found),
             _ => return Err(ScanError::Malformed),
         }
     }
@@ -121,10 +135,24 @@ fn string_at(doc: &[u8], i: usize) -> Result<Range<usize>, ScanError> {
     }
 }
 
+/// `doc[i]` is `"`; returns the index just past the closing quote. Unlike [`string_at`] it does
+/// not look at the contents, only for the closing quote (with `memchr`).
+fn skip_string(doc: &[u8], i: usize) -> Result<usize, ScanError> {
+    let mut j = i + 1;
+    loop {
+        let rest = doc.get(j..).ok_or(ScanError::Malformed)?;
+        j += memchr::memchr2(b'"', b'\\', rest).ok_or(ScanError::Malformed)?;
+        if doc[j] == b'"' {
+            return Ok(j + 1);
+        }
+        j += 2;
+    }
+}
+
 /// Skip one JSON value starting at `doc[i]`; returns the index just past it.
 fn skip_value(doc: &[u8], i: usize) -> Result<usize, ScanError> {
     match doc.get(i) {
-        Some(b'"') => Ok(string_at(doc, i)?.end + 1),
+        Some(b'"') => skip_string(doc, i),
         Some(b'{' | b'[') => skip_container(doc, i),
         Some(b't' | b'f' | b'n' | b'-' | b'0'..=b'9') => {
             let mut j = i;
@@ -164,7 +192,7 @@ fn skip_container(doc: &[u8], i: usize) -> Result<usize, ScanError> {
                     return Ok(j);
                 }
             }
-            b'"' => j = string_at(doc, j)?.end + 1,
+            b'"' => j = skip_string(doc, j)?,
             _ => j += 1,
         }
     }
@@ -203,6 +231,18 @@ mod tests {
         assert_eq!(model("[]"), Err(ScanError::NotAnObject));
         assert_eq!(model(""), Err(ScanError::NotAnObject));
         assert_eq!(model(r#"{"model":5}"#), Err(ScanError::NotAString));
+        assert_eq!(
+            model(r#"{"model":"a","x":1,"model":"b"}"#),
+            Err(ScanError::DuplicateKey)
+        );
+        assert_eq!(
+            model(r#"{"model":"a","x":{"model":"b"}}"#),
+            Ok(Some("a".into()))
+        );
+        assert_eq!(
+            model(r#"{"model":"a","x":"unterminated}"#),
+            Err(ScanError::Malformed)
+        );
         assert_eq!(model(r#"{"model":"abc"#), Err(ScanError::Malformed));
         assert_eq!(model(r#"{"a":[1,2"#), Err(ScanError::Malformed));
         assert_eq!(model(r#"{"a" 1}"#), Err(ScanError::Malformed));

@@ -56,6 +56,9 @@ pub(crate) async fn chat(
                 None => Err(LocalError::ModelNotFound),
             },
             Ok(None) => Err(LocalError::BadRequest("request body has no `model`")),
+            Err(json_scan::ScanError::DuplicateKey) => Err(LocalError::BadRequest(
+                "request body has `model` more than once",
+            )),
             Err(_) => Err(LocalError::BadRequest(
                 "request body is not a JSON object with a string `model`",
             )),
