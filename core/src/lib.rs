@@ -12,6 +12,7 @@
 
 pub mod clock;
 pub mod config;
+pub mod discovery;
 pub mod headers;
 pub mod http1;
 pub mod json_scan;
