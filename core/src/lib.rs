@@ -10,6 +10,7 @@
 //! - snapshots ([`snapshot::RouterSnapshot`]) are immutable once built and shared by `Arc`.
 #![forbid(unsafe_code)]
 
+pub mod backoff;
 pub mod clock;
 pub mod config;
 pub mod discovery;
