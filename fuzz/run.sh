@@ -11,7 +11,8 @@
 #   FUZZ_CORPUS_DIR=dir  where the growing corpora live (default fuzz/corpus, git-ignored)
 #   FUZZ_JOBS=n          cargo build jobs (default 1: the machine is shared)
 #
-# The committed seeds in fuzz/seeds/<target> are read, never written. New corpus entries go to
+# The committed seeds in fuzz/seeds/<target> are read, never written; fuzz/dicts/<target>.dict,
+# when present, is passed as a libFuzzer dictionary. New corpus entries go to
 # $FUZZ_CORPUS_DIR/<target>, crash inputs to fuzz/artifacts/<target> (both git-ignored); logs to
 # fuzz/target/logs/<sanitizer>. Exit status is 1 when any target crashed or failed to run.
 set -euo pipefail
@@ -58,12 +59,14 @@ for t in $targets; do
     mkdir -p "$corpus" "$artifacts"
     seeds=()
     [ -d "$here/seeds/$t" ] && seeds=("$here/seeds/$t")
+    dict=()
+    [ -f "$here/dicts/$t.dict" ] && dict=(-dict="$here/dicts/$t.dict")
     before=$(find "$artifacts" -type f | wc -l)
     log=$logs/$t.log
     rc=0
     cargo fuzz run --sanitizer "$sanitizer" "${target_dir_args[@]}" "$t" "$corpus" "${seeds[@]}" \
         -- -max_total_time="$secs" -timeout=10 -max_len="$(max_len "$t")" \
-        -artifact_prefix="$artifacts/" -print_final_stats=1 >"$log" 2>&1 || rc=$?
+        -artifact_prefix="$artifacts/" -print_final_stats=1 "${dict[@]}" >"$log" 2>&1 || rc=$?
     after=$(find "$artifacts" -type f | wc -l)
     execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
     [ -n "$execs" ] || execs=$(grep -oE '^#[0-9]+' "$log" | tail -1 | tr -d '#')

@@ -10,42 +10,49 @@
 //! - `unescape_simple` of that range, when `Some`, equals serde_json's decoding of the same string
 //!   literal; on any bytes, `Some` is never longer than the input and, without a backslash, is the
 //!   input itself;
-//! - differential against serde_json: when serde_json accepts the document as an object, the
-//!   scanner does not call it malformed, not an object or too deep; and when that object has no
-//!   duplicate top-level key, a found-and-unescaped value equals serde_json's value for the key.
-//!   (With duplicate keys the scanner takes the first, serde_json the last: see README.md.)
+//! - differential against serde_json, when serde_json accepts the document as an object: the
+//!   scanner does not call it malformed, not an object or too deep; it finds nothing for a key
+//!   the object has twice or more (counted after unescaping, as a backend's parser sees keys;
+//!   `json_scan` refuses duplicates with `DuplicateKey`); and a found-and-unescaped value equals
+//!   serde_json's value for the key.
 #![no_main]
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::fmt;
 
 use continuum_core::json_scan::{ScanError, top_level_string, unescape_simple};
 use libfuzzer_sys::fuzz_target;
 use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, Visitor};
 
-/// Whether a JSON object has a repeated top-level key (after unescaping).
-struct DupKeys(bool);
+/// How often each top-level key of a JSON object occurs (keys after unescaping, as a backend's
+/// JSON parser sees them).
+struct KeyCounts(HashMap<String, usize>);
 
-impl<'de> Deserialize<'de> for DupKeys {
+impl<'de> Deserialize<'de> for KeyCounts {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         struct V;
         impl<'de> Visitor<'de> for V {
-            type Value = DupKeys;
+            type Value = KeyCounts;
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 f.write_str("an object")
             }
-            fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> Result<DupKeys, A::Error> {
-                let mut seen = HashSet::new();
-                let mut dup = false;
+            fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> Result<KeyCounts, A::Error> {
+                let mut counts = HashMap::new();
                 while let Some(k) = m.next_key::<String>()? {
                     m.next_value::<IgnoredAny>()?;
-                    dup |= !seen.insert(k);
+                    *counts.entry(k).or_insert(0) += 1;
                 }
-                Ok(DupKeys(dup))
+                Ok(KeyCounts(counts))
             }
         }
         d.deserialize_map(V)
     }
+}
+
+/// What serde_json makes of the document when it is a valid JSON object.
+struct Serde {
+    obj: serde_json::Map<String, serde_json::Value>,
+    counts: HashMap<String, usize>,
 }
 
 fn is_escaped(doc: &[u8], quote: usize, floor: usize) -> bool {
@@ -65,12 +72,7 @@ fn check_unescape_any(raw: &[u8]) {
     }
 }
 
-fn check(
-    doc: &[u8],
-    key: &[u8],
-    serde_obj: Option<&serde_json::Map<String, serde_json::Value>>,
-    dup: bool,
-) {
+fn check(doc: &[u8], key: &[u8], serde: Option<&Serde>) {
     let r = top_level_string(doc, key);
     if let Ok(Some(r)) = &r {
         assert!(
@@ -85,7 +87,10 @@ fn check(
             // The scanner steps over `\<any byte>`, so a quote or control byte may follow an odd
             // run of backslashes (an invalid escape for a control byte), never stand alone.
             if *b == b'"' || *b < 0x20 {
-                assert!(is_escaped(raw, i, 0), "bare quote or control byte inside string");
+                assert!(
+                    is_escaped(raw, i, 0),
+                    "bare quote or control byte inside string"
+                );
             }
         }
         check_unescape_any(raw);
@@ -93,16 +98,24 @@ fn check(
             let lit = [&b"\""[..], raw, b"\""].concat();
             let want: String = serde_json::from_slice(&lit).expect("serde rejects a simple string");
             assert_eq!(*s, want, "unescape_simple disagrees with serde_json");
-            if let (Some(obj), false, Ok(k)) = (serde_obj, dup, std::str::from_utf8(key)) {
+            if let (Some(sj), Ok(k)) = (serde, std::str::from_utf8(key)) {
                 assert_eq!(
-                    obj.get(k).and_then(|v| v.as_str()),
+                    sj.obj.get(k).and_then(|v| v.as_str()),
                     Some(&*s),
                     "differs from serde_json"
                 );
             }
         }
     }
-    if serde_obj.is_some() {
+    if let (Some(sj), Ok(Some(_)), Ok(k)) = (serde, &r, std::str::from_utf8(key)) {
+        // A key given twice (however it is escaped) must be refused: parsers disagree on which
+        // one wins, and the router must route by the value the backend reads.
+        assert!(
+            sj.counts.get(k).copied().unwrap_or(0) <= 1,
+            "duplicate key {k:?} not refused"
+        );
+    }
+    if serde.is_some() {
         assert!(
             !matches!(
                 r,
@@ -119,10 +132,19 @@ fuzz_target!(|data: &[u8]| {
     };
     let klen = usize::from(k % 16).min(rest.len());
     let (key, doc) = rest.split_at(klen);
-    let value: Option<serde_json::Value> = serde_json::from_slice(doc).ok();
-    let obj = value.as_ref().and_then(|v| v.as_object());
-    let dup = obj.is_some() && serde_json::from_slice::<DupKeys>(doc).map_or(true, |d| d.0);
-    check(doc, key, obj, dup);
-    check(doc, b"model", obj, dup);
+    let serde = serde_json::from_slice::<serde_json::Value>(doc)
+        .ok()
+        .and_then(|v| match v {
+            serde_json::Value::Object(obj) => Some(obj),
+            _ => None,
+        })
+        .map(|obj| Serde {
+            obj,
+            counts: serde_json::from_slice::<KeyCounts>(doc)
+                .map(|c| c.0)
+                .unwrap_or_default(),
+        });
+    check(doc, key, serde.as_ref());
+    check(doc, b"model", serde.as_ref());
     check_unescape_any(doc);
 });
