@@ -270,4 +270,21 @@ mod tests {
         assert_eq!(unescape_simple(br"\u0041"), None);
         assert_eq!(unescape_simple(&[0xff]), None);
     }
+
+    /// Found by `fuzz/` (target `json_scan`, serde_json differential). Keys are compared as
+    /// written, so an escaped spelling of the key is a second `model` that `DuplicateKey` does not
+    /// see: the router routes by "a" while serde_json, Python's `json` and so the backend read "b"
+    /// (the last one wins there). Ignored until keys are compared after unescaping.
+    #[test]
+    #[ignore = "known bug: escaped duplicate key bypasses DuplicateKey (see fuzz/README.md)"]
+    fn escaped_duplicate_key_is_refused() {
+        assert_eq!(
+            model(r#"{"model":"a","mod\u0065l":"b"}"#),
+            Err(ScanError::DuplicateKey)
+        );
+        assert_eq!(
+            model(r#"{"m\u006fdel":"b","model":"a"}"#),
+            Err(ScanError::DuplicateKey)
+        );
+    }
 }
