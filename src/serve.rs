@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use continuum_control::{ControlParams, ExitReason};
 use continuum_core::config::{Config, ShardCount, report};
+use continuum_core::discovery::FleetView;
 use continuum_core::publish::SnapshotCell;
 use continuum_core::snapshot::RouterSnapshot;
 use continuum_shards::metrics::ControlStats;
@@ -51,17 +52,13 @@ pub(crate) fn start(
     path: Option<std::path::PathBuf>,
     on_ready: impl FnOnce(std::net::SocketAddr),
 ) -> Result<ExitReason, String> {
-    if config.dynamo.enabled {
-        tracing::warn!(
-            "dynamo.enabled is set, but discovery is not built into this version; serving configured backends only"
-        );
-    }
     let config = Arc::new(config);
     let addrs = continuum_control::resolve_blocking(&config);
     let cell = Arc::new(SnapshotCell::new(RouterSnapshot::build(
         1,
         config.clone(),
         addrs,
+        Arc::new(FleetView::default()),
     )));
     let stats = Arc::new(ControlStats::default());
     stats

@@ -12,7 +12,9 @@ use continuum_shards::ShardSet;
 use continuum_shards::metrics::ControlStats;
 use tokio::signal::unix::{SignalKind, signal};
 
+use crate::discovery::{self, NotRunnable, Supervisor};
 use crate::resolve::resolve_blocking;
+use continuum_core::discovery::FleetView;
 
 /// How often the config file's metadata is checked for a change.
 const FILE_POLL: Duration = Duration::from_secs(1);
@@ -137,6 +139,58 @@ async fn file_stamp(path: &PathBuf) -> Option<FileStamp> {
 struct State {
     params: ControlParams,
     stamp: Option<FileStamp>,
+    /// Resolved backend addresses of the running config.
+    addrs: Vec<Option<std::net::SocketAddr>>,
+    /// The latest fleet view from discovery (empty when off).
+    fleet: Arc<FleetView>,
+    discovery: Supervisor,
+}
+
+impl State {
+    /// Build and publish the next snapshot from the running config, addresses and fleet; then
+    /// ring every shard.
+    fn publish(&mut self) -> u64 {
+        let generation = self.params.cell.generation() + 1;
+        self.params.cell.publish(RouterSnapshot::build(
+            generation,
+            self.params.config.clone(),
+            self.addrs.clone(),
+            self.fleet.clone(),
+        ));
+        self.params.shards.reload_all();
+        self.params
+            .stats
+            .generation
+            .store(generation, Ordering::Relaxed);
+        generation
+    }
+
+    /// Start, stop or restart discovery for the running config. Returns whether the fleet was
+    /// cleared (and so needs publishing).
+    fn reconcile_discovery(&mut self, boot: bool) -> bool {
+        let plan = match discovery::plan_for(&self.params.config) {
+            Ok(p) => p,
+            Err(NotRunnable::FeatureMissing) => {
+                tracing::warn!(
+                    "dynamo.enabled is set but this binary was built without the `dynamo` feature: discovery is disabled"
+                );
+                None
+            }
+            Err(NotRunnable::SourceUnsupported(src)) => {
+                tracing::warn!(
+                    source = src.as_str(),
+                    "this discovery source is not supported by this build: discovery is disabled"
+                );
+                None
+            }
+        };
+        let clear = self.discovery.reconcile(plan, boot);
+        if clear && !self.fleet.workers.is_empty() {
+            self.fleet = Arc::new(FleetView::default());
+            return true;
+        }
+        false
+    }
 }
 
 async fn run(params: ControlParams, signals: Signals) -> Result<ExitReason, ControlRunError> {
@@ -151,10 +205,17 @@ async fn run(params: ControlParams, signals: Signals) -> Result<ExitReason, Cont
         .store(params.cell.generation(), Ordering::Relaxed);
     // No baseline stamp: the first poll compares the file's text with the text the running
     // config came from, so an edit made while the router was starting is not missed.
+    let (updates_tx, mut updates) = tokio::sync::mpsc::unbounded_channel();
+    let discovery = Supervisor::new(updates_tx, params.stats.clone());
+    let addrs = params.cell.load().backend_addrs.clone();
     let mut st = State {
         params,
         stamp: None,
+        addrs,
+        fleet: Arc::new(FleetView::default()),
+        discovery,
     };
+    st.reconcile_discovery(true);
     let mut poll = tokio::time::interval(FILE_POLL);
     poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -172,8 +233,15 @@ async fn run(params: ControlParams, signals: Signals) -> Result<ExitReason, Cont
                     }
                 }
             }
-            _ = term.recv() => return Ok(drain(st.params, "SIGTERM")),
-            _ = int.recv() => return Ok(drain(st.params, "SIGINT")),
+            Some(update) = updates.recv() => {
+                if st.discovery.epoch() == Some(update.epoch) && !Arc::ptr_eq(&update.fleet, &st.fleet) {
+                    st.fleet = update.fleet;
+                    let generation = st.publish();
+                    tracing::debug!(generation, workers = st.fleet.workers.len(), "fleet view published");
+                }
+            }
+            _ = term.recv() => return Ok(drain(st, "SIGTERM").await),
+            _ = int.recv() => return Ok(drain(st, "SIGINT").await),
         }
     }
 }
@@ -227,15 +295,15 @@ async fn reload(st: &mut State, trigger: Trigger) {
         Ok(a) => a,
         Err(_) => vec![None; config.backends.len()],
     };
-    let generation = st.params.cell.generation() + 1;
-    st.params
-        .cell
-        .publish(RouterSnapshot::build(generation, config.clone(), addrs));
-    st.params.shards.reload_all();
     st.params.config = config;
     st.params.config_text = text;
-    stats.generation.store(generation, Ordering::Relaxed);
-    stats.reloads_applied.fetch_add(1, Ordering::Relaxed);
+    st.addrs = addrs;
+    st.reconcile_discovery(false);
+    let generation = st.publish();
+    st.params
+        .stats
+        .reloads_applied
+        .fetch_add(1, Ordering::Relaxed);
     tracing::info!(generation, "config reload applied");
 }
 
@@ -256,7 +324,9 @@ fn report_restart_only(old: &ServerConfig, new: &ServerConfig) {
     }
 }
 
-fn drain(params: ControlParams, why: &str) -> ExitReason {
+async fn drain(mut st: State, why: &str) -> ExitReason {
+    st.discovery.shutdown().await;
+    let params = st.params;
     let timeout = params.config.server.drain_timeout;
     tracing::info!(
         signal = why,

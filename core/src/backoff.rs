@@ -26,7 +26,12 @@ impl DoublingBackoff {
     /// longer. `max` below `initial` is raised to `initial`.
     pub fn new(initial: Duration, max: Duration, reset_after: Duration) -> Self {
         let max = max.max(initial);
-        Self { initial, max, reset_after, next: initial }
+        Self {
+            initial,
+            max,
+            reset_after,
+            next: initial,
+        }
     }
 
     /// A session ended after being healthy for `healthy_for` (zero if it never got healthy).
@@ -60,7 +65,12 @@ impl JitteredBackoff {
     /// A policy between `floor` and `max`, reset by sessions of `reset_after` or longer.
     pub fn new(floor: Duration, max: Duration, reset_after: Duration) -> Self {
         let max = max.max(floor);
-        Self { floor, max, reset_after, ceiling: floor }
+        Self {
+            floor,
+            max,
+            reset_after,
+            ceiling: floor,
+        }
     }
 
     /// A session ended after `lasted`; `unit` is a uniform random number in `[0, 1)` supplied by
@@ -69,7 +79,11 @@ impl JitteredBackoff {
         if lasted >= self.reset_after {
             self.ceiling = self.floor;
         }
-        let unit = if unit.is_finite() { unit.clamp(0.0, 1.0) } else { 0.0 };
+        let unit = if unit.is_finite() {
+            unit.clamp(0.0, 1.0)
+        } else {
+            0.0
+        };
         let delay = self.ceiling.mul_f64(unit).max(self.floor);
         self.ceiling = self.ceiling.saturating_mul(2).min(self.max);
         delay
@@ -86,7 +100,17 @@ mod tests {
     fn doubling_doubles_caps_and_resets_only_after_a_long_session() {
         let mut b = DoublingBackoff::new(500 * MS, 4000 * MS, 4000 * MS);
         let d: Vec<_> = (0..6).map(|_| b.session_ended(Duration::ZERO)).collect();
-        assert_eq!(d, [500 * MS, 1000 * MS, 2000 * MS, 4000 * MS, 4000 * MS, 4000 * MS]);
+        assert_eq!(
+            d,
+            [
+                500 * MS,
+                1000 * MS,
+                2000 * MS,
+                4000 * MS,
+                4000 * MS,
+                4000 * MS
+            ]
+        );
         // A session shorter than `max` keeps the doubled delay (DISC-ETCD-06).
         assert_eq!(b.session_ended(3999 * MS), 4000 * MS);
         // One that lasted `max` resets to `initial`.

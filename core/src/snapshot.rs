@@ -17,6 +17,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use crate::config::{BackendConfig, Config};
+use crate::discovery::FleetView;
 
 /// Index of a backend inside one snapshot's [`RouterSnapshot::backends`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -60,6 +61,8 @@ pub struct RouterSnapshot {
     /// Resolved socket address of each backend, indexed like `config.backends`; `None` for a
     /// backend whose name did not resolve (it is then left out of every route).
     pub backend_addrs: Vec<Option<SocketAddr>>,
+    /// The discovered Dynamo fleet (empty when discovery is off or has not seeded yet).
+    pub fleet: Arc<FleetView>,
 }
 
 impl RouterSnapshot {
@@ -70,6 +73,7 @@ impl RouterSnapshot {
         generation: u64,
         config: Arc<Config>,
         backend_addrs: Vec<Option<SocketAddr>>,
+        fleet: Arc<FleetView>,
     ) -> Self {
         let mut per_model: HashMap<String, Vec<(BackendIdx, u32)>> = HashMap::new();
         let mut model_ids = Vec::new();
@@ -108,6 +112,7 @@ impl RouterSnapshot {
             models,
             model_ids,
             backend_addrs,
+            fleet,
         }
     }
 

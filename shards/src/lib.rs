@@ -13,6 +13,8 @@
 //!   [`mailbox`] commands and the published snapshot;
 //! - every client `x-dynamo-*` header is dropped before dispatch (see `continuum_core::headers`).
 
+#[cfg(feature = "dynamo")]
+mod admin_dynamo;
 mod conn;
 mod inbox;
 pub mod mailbox;

@@ -13,6 +13,8 @@ use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
+use continuum_core::discovery::DiscoveryEventKind;
+
 /// Client-facing routes, the `route` label.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Route {
@@ -26,17 +28,20 @@ pub enum Route {
     Metrics,
     /// `GET /admin/config`
     AdminConfig,
+    /// `GET /admin/dynamo/workers` (feature `dynamo`)
+    AdminDynamoWorkers,
     /// Anything else (404/405, and requests rejected before routing).
     Other,
 }
 
 impl Route {
-    const ALL: [Route; 6] = [
+    const ALL: [Route; 7] = [
         Route::ChatCompletions,
         Route::Models,
         Route::Health,
         Route::Metrics,
         Route::AdminConfig,
+        Route::AdminDynamoWorkers,
         Route::Other,
     ];
 
@@ -47,6 +52,7 @@ impl Route {
             Route::Health => "health",
             Route::Metrics => "metrics",
             Route::AdminConfig => "admin_config",
+            Route::AdminDynamoWorkers => "admin_dynamo_workers",
             Route::Other => "other",
         }
     }
@@ -221,6 +227,10 @@ pub struct ControlStats {
     pub reloads_rejected: AtomicU64,
     /// Generation of the published snapshot.
     pub generation: AtomicU64,
+    /// 1 while every discovery watch is open, else 0 (OBS-03).
+    pub discovery_connected: AtomicU64,
+    /// Discovery events by kind, in `DiscoveryEventKind::ALL` order (OBS-02).
+    pub discovery_events: [AtomicU64; DiscoveryEventKind::ALL.len()],
 }
 
 /// Render every family in the Prometheus text format.
@@ -293,6 +303,29 @@ pub fn render(shards: &[std::sync::Arc<ShardMetrics>], control: &ControlStats) -
          continuum_config_reloads_total{{result=\"rejected\"}} {}",
         control.reloads_applied.load(Relaxed),
         control.reloads_rejected.load(Relaxed)
+    );
+    let _ = writeln!(
+        out,
+        "# HELP continuum_dynamo_discovery_events_total Discovery events by kind.\n\
+         # TYPE continuum_dynamo_discovery_events_total counter"
+    );
+    for (kind, cell) in DiscoveryEventKind::ALL
+        .iter()
+        .zip(&control.discovery_events)
+    {
+        let _ = writeln!(
+            out,
+            "continuum_dynamo_discovery_events_total{{kind=\"{}\"}} {}",
+            kind.as_str(),
+            cell.load(Relaxed)
+        );
+    }
+    simple(
+        &mut out,
+        "continuum_dynamo_discovery_connected",
+        "gauge",
+        "1 while every discovery watch is open.",
+        control.discovery_connected.load(Relaxed),
     );
     simple(
         &mut out,

@@ -26,6 +26,8 @@ pub(crate) fn classify(c: &ClientConn) -> Route {
         b"/health" => Route::Health,
         b"/metrics" => Route::Metrics,
         b"/admin/config" => Route::AdminConfig,
+        #[cfg(feature = "dynamo")]
+        b"/admin/dynamo/workers" => Route::AdminDynamoWorkers,
         _ => Route::Other,
     }
 }
@@ -68,6 +70,16 @@ pub(crate) async fn dispatch(
         Route::AdminConfig if read_only => match admin_allowed(snap, c) {
             Ok(()) => {
                 let body = snap.config.show_json().to_string();
+                ok(c, "application/json", body.as_bytes())
+            }
+            Err(e) => c.local_error(e),
+        },
+        Route::AdminDynamoWorkers if read_only => match admin_allowed(snap, c) {
+            Ok(()) => {
+                #[cfg(feature = "dynamo")]
+                let body = crate::admin_dynamo::workers_json(snap, &shard.control).to_string();
+                #[cfg(not(feature = "dynamo"))]
+                let body = String::new();
                 ok(c, "application/json", body.as_bytes())
             }
             Err(e) => c.local_error(e),

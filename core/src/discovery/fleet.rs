@@ -84,6 +84,17 @@ pub enum DisaggregatedEndpoint {
     },
 }
 
+impl DisaggregatedEndpoint {
+    /// What the operator view may show: the endpoint path, or just `bootstrap` for a bootstrap
+    /// address (an internal host never leaves the router, ADMIN-06).
+    pub fn public(&self) -> String {
+        match self {
+            DisaggregatedEndpoint::Path(p) => p.clone(),
+            DisaggregatedEndpoint::Bootstrap { .. } => "bootstrap".to_owned(),
+        }
+    }
+}
+
 /// The request-plane transport of a worker's `generate` endpoint. Internal: never displayed.
 #[derive(Clone, PartialEq, Eq)]
 pub enum RequestTransport {

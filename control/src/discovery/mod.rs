@@ -1,0 +1,249 @@
+//! Dynamo discovery on the control thread: a supervisor that runs at most one watcher task,
+//! restarts it as reloads require, and feeds every new fleet view to the control loop.
+//!
+//! The watcher task owns a session loop (`session.rs`) over a source (`etcd.rs`), with the
+//! doubling backoff of DISC-ETCD-05/06 between sessions. It never publishes a snapshot itself:
+//! it sends [`FleetUpdate`]s tagged with its epoch, and the control loop, the one writer of the
+//! snapshot cell, ignores updates from a replaced watcher.
+//!
+//! Invariants:
+//! - one reducer per watcher, reused across reconnects (DISC-ETCD-07); carried over to the next
+//!   watcher only where the reload class says so (RELOAD-06/07);
+//! - stopping a watcher waits at most [`STOP_GRACE`] and then aborts it (RELOAD-10);
+//! - reducer diagnostics become log lines here, and their kinds `discovery_events` counts.
+
+#[cfg(feature = "dynamo")]
+pub mod etcd;
+pub mod plan;
+pub mod session;
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use continuum_core::backoff::DoublingBackoff;
+use continuum_core::discovery::{DiscoveryEventKind, EventCounts, FleetView, Level, Reducer};
+use continuum_shards::metrics::ControlStats;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+
+pub use plan::{
+    DiscoveryPlan, NotRunnable, Registry, RestartReason, Transition, classify, plan_for,
+};
+
+/// Grace a stopping watcher gets before it is aborted (RELOAD-10).
+pub const STOP_GRACE: Duration = Duration::from_secs(5);
+
+/// A fleet view from a watcher.
+#[derive(Debug)]
+pub struct FleetUpdate {
+    /// Which watcher sent it.
+    pub epoch: u64,
+    /// The view.
+    pub fleet: Arc<FleetView>,
+}
+
+struct Running {
+    plan: DiscoveryPlan,
+    epoch: u64,
+    task: JoinHandle<()>,
+    stop: watch::Sender<bool>,
+    reducer: Arc<Mutex<Reducer>>,
+}
+
+/// Runs and replaces the watcher.
+pub struct Supervisor {
+    running: Option<Running>,
+    epoch: u64,
+    updates: mpsc::UnboundedSender<FleetUpdate>,
+    stats: Arc<ControlStats>,
+}
+
+impl std::fmt::Debug for Supervisor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Supervisor")
+            .field("epoch", &self.epoch)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Supervisor {
+    /// A supervisor sending views on `updates`.
+    pub fn new(updates: mpsc::UnboundedSender<FleetUpdate>, stats: Arc<ControlStats>) -> Self {
+        Self {
+            running: None,
+            epoch: 0,
+            updates,
+            stats,
+        }
+    }
+
+    /// The epoch of the running watcher (updates with another epoch are stale).
+    pub fn epoch(&self) -> Option<u64> {
+        self.running.as_ref().map(|r| r.epoch)
+    }
+
+    /// Move to `plan`. `boot` marks the first call (a start at boot is not a restart). Returns
+    /// `true` when the registry must be cleared now.
+    pub fn reconcile(&mut self, plan: Option<DiscoveryPlan>, boot: bool) -> bool {
+        let old = self.running.as_ref().map(|r| &r.plan);
+        match classify(old, plan.as_ref()) {
+            Transition::Keep => false,
+            Transition::Stop => {
+                tracing::info!("dynamo discovery disabled: watcher stopped, registry cleared");
+                self.stop_running();
+                true
+            }
+            Transition::Restart(reason, registry) => {
+                let Some(plan) = plan else { return false };
+                let carried = match registry {
+                    Registry::KeepUntilResync => self.running.as_ref().map(|r| r.reducer.clone()),
+                    Registry::Reset => None,
+                };
+                self.stop_running();
+                if !boot {
+                    tracing::info!(
+                        reason = reason.as_str(),
+                        "dynamo discovery watcher restarting"
+                    );
+                    self.stats.discovery_events[kind_index(DiscoveryEventKind::Restart)]
+                        .fetch_add(1, Ordering::Relaxed);
+                }
+                let reducer = carried.unwrap_or_else(|| Arc::new(Mutex::new(Reducer::new())));
+                self.start(plan, reducer);
+                registry == Registry::Reset
+            }
+        }
+    }
+
+    fn start(&mut self, plan: DiscoveryPlan, reducer: Arc<Mutex<Reducer>>) {
+        self.epoch += 1;
+        let (stop, stop_rx) = watch::channel(false);
+        let task = tokio::spawn(run_watcher(
+            plan.clone(),
+            reducer.clone(),
+            self.epoch,
+            self.updates.clone(),
+            self.stats.clone(),
+            stop_rx,
+        ));
+        self.running = Some(Running {
+            plan,
+            epoch: self.epoch,
+            task,
+            stop,
+            reducer,
+        });
+    }
+
+    fn stop_running(&mut self) {
+        if let Some(r) = self.running.take() {
+            let _ = r.stop.send(true);
+            self.stats.discovery_connected.store(0, Ordering::Relaxed);
+            let mut task = r.task;
+            tokio::spawn(async move {
+                if tokio::time::timeout(STOP_GRACE, &mut task).await.is_err() {
+                    task.abort();
+                }
+            });
+        }
+    }
+
+    /// Stop the watcher (shutdown): waits at most [`STOP_GRACE`].
+    pub async fn shutdown(&mut self) {
+        if let Some(r) = self.running.take() {
+            let _ = r.stop.send(true);
+            let mut task = r.task;
+            if tokio::time::timeout(STOP_GRACE, &mut task).await.is_err() {
+                task.abort();
+            }
+        }
+    }
+}
+
+fn kind_index(kind: DiscoveryEventKind) -> usize {
+    DiscoveryEventKind::ALL
+        .iter()
+        .position(|k| *k == kind)
+        .unwrap_or(0)
+}
+
+/// Log the reducer's diagnostics and add its new counts to the metrics.
+fn report(reducer: &Mutex<Reducer>, seen: &mut EventCounts, stats: &ControlStats) {
+    let (diags, counts) = {
+        let mut r = session::lock(reducer);
+        (r.drain_diagnostics(), r.counts())
+    };
+    for d in diags {
+        match d.level() {
+            Level::Debug => tracing::debug!(kind = d.event_kind().map(|k| k.as_str()), "{d}"),
+            Level::Warn => tracing::warn!(kind = d.event_kind().map(|k| k.as_str()), "{d}"),
+        }
+    }
+    for kind in DiscoveryEventKind::ALL {
+        let delta = counts.get(kind).saturating_sub(seen.get(kind));
+        if delta > 0 {
+            stats.discovery_events[kind_index(kind)].fetch_add(delta, Ordering::Relaxed);
+        }
+    }
+    *seen = counts;
+}
+
+async fn run_watcher(
+    plan: DiscoveryPlan,
+    reducer: Arc<Mutex<Reducer>>,
+    epoch: u64,
+    updates: mpsc::UnboundedSender<FleetUpdate>,
+    stats: Arc<ControlStats>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let DiscoveryPlan::Etcd(cfg) = plan;
+    let b = cfg.watch_reconnect_backoff;
+    let mut backoff = DoublingBackoff::new(b.initial, b.max, b.max);
+    let mut seen = session::lock(&reducer).counts();
+    let mut last: Option<Arc<FleetView>> = None;
+    loop {
+        let report_fn =
+            |view: Arc<FleetView>, seen: &mut EventCounts, last: &mut Option<Arc<FleetView>>| {
+                report(&reducer, seen, &stats);
+                if last.as_ref().is_some_and(|l| Arc::ptr_eq(l, &view)) {
+                    return;
+                }
+                *last = Some(view.clone());
+                let _ = updates.send(FleetUpdate { epoch, fleet: view });
+            };
+        #[cfg(feature = "dynamo")]
+        let outcome = {
+            let mut source = etcd::EtcdSource::new(cfg.clone());
+            tokio::select! {
+                r = session::drive_session(
+                    &mut source,
+                    &reducer,
+                    |v| report_fn(v, &mut seen, &mut last),
+                    |c| stats.discovery_connected.store(u64::from(c), Ordering::Relaxed),
+                ) => Some(r),
+                _ = stop.changed() => None,
+            }
+        };
+        #[cfg(not(feature = "dynamo"))]
+        let outcome: Option<session::SessionReport> = {
+            let _ = (&report_fn, &mut seen, &mut last, &cfg);
+            let _ = stop.changed().await;
+            None
+        };
+        stats.discovery_connected.store(0, Ordering::Relaxed);
+        let Some(report_) = outcome else { return };
+        report(&reducer, &mut seen, &stats);
+        let delay = backoff.session_ended(report_.healthy_for);
+        tracing::warn!(
+            end = %report_.end,
+            healthy_for = ?report_.healthy_for,
+            retry_in = ?delay,
+            "dynamo discovery session ended; full resync after backoff"
+        );
+        tokio::select! {
+            _ = tokio::time::sleep(delay) => {}
+            _ = stop.changed() => return,
+        }
+    }
+}

@@ -1,0 +1,93 @@
+//! `GET /admin/dynamo/workers`: the operator view of the discovered fleet (ADMIN-02..10).
+//!
+//! Compiled only with the `dynamo` feature (a build without it answers 404, ADMIN-08); behind
+//! the same admin authentication as every admin route. With discovery disabled by config it
+//! answers 200 with `"enabled": false` and empty lists (ADMIN-07).
+//!
+//! Invariant: nothing internal leaves here (ADMIN-06): no worker transport address, no
+//! publisher `tcp://` endpoint (only counts), no raw card, no bootstrap host.
+
+use continuum_core::config::dynamo::DiscoverySource;
+use continuum_core::discovery::fleet::DisaggregatedEndpoint;
+use continuum_core::discovery::{Family, Worker};
+use continuum_core::snapshot::RouterSnapshot;
+use serde_json::{Value, json};
+
+use crate::metrics::ControlStats;
+
+/// The response body.
+pub(crate) fn workers_json(snap: &RouterSnapshot, control: &ControlStats) -> Value {
+    let d = &snap.config.dynamo;
+    let source = d.discovery.source;
+    let (namespace, namespaces) = match source {
+        DiscoverySource::Etcd => (
+            d.discovery.etcd.namespace.clone(),
+            d.discovery.etcd.namespaces.clone(),
+        ),
+        DiscoverySource::Kubernetes | DiscoverySource::KubernetesPods => (
+            d.discovery
+                .kubernetes
+                .dynamo_namespaces
+                .first()
+                .cloned()
+                .unwrap_or_default(),
+            d.discovery.kubernetes.dynamo_namespaces.clone(),
+        ),
+    };
+    let signals = source != DiscoverySource::KubernetesPods;
+    let enabled = d.enabled;
+    let fleet = &snap.fleet;
+    let workers: Vec<Value> = if enabled {
+        fleet.workers.iter().map(worker_json).collect()
+    } else {
+        Vec::new()
+    };
+    let count = |f: Family| {
+        if enabled {
+            fleet.publishers_of(f).count()
+        } else {
+            0
+        }
+    };
+    let connected = control
+        .discovery_connected
+        .load(std::sync::atomic::Ordering::Relaxed)
+        == 1;
+    json!({
+        "enabled": enabled,
+        "connected": enabled && connected,
+        "source": source.as_str(),
+        "signals": {"load": signals, "capacity": signals},
+        "namespace": namespace,
+        "namespaces": namespaces,
+        "generation": snap.generation,
+        "workers": workers,
+        "load_publishers": count(Family::KvMetrics),
+        "kv_event_publishers": count(Family::KvEvents),
+        "subscriptions": [],
+    })
+}
+
+fn worker_json(w: &Worker) -> Value {
+    json!({
+        "instance_id": w.instance_id.hex(),
+        "worker_id": w.instance_id.get().to_string(),
+        "namespace": w.namespace,
+        "role": w.role.as_str(),
+        "model": w.model,
+        "component": w.component,
+        "endpoint": w.endpoint,
+        "dp_start_rank": w.dp_start_rank,
+        "dp_size": w.dp_size,
+        "block_size": w.block_size,
+        "capacity": {
+            "total_kv_blocks": w.capacity.total_kv_blocks,
+            "max_num_batched_tokens": w.capacity.max_num_batched_tokens,
+            "max_num_seqs": w.capacity.max_num_seqs,
+            "context_length": w.capacity.context_length,
+        },
+        "disaggregated_endpoint": w.disaggregated_endpoint.as_ref().map(DisaggregatedEndpoint::public),
+        "first_seen": w.first_seen.rfc3339(),
+        "last_updated": w.last_updated.rfc3339(),
+    })
+}
