@@ -63,7 +63,7 @@ pub fn top_level_string(doc: &[u8], key: &[u8]) -> Result<Option<Range<usize>>, 
             return Err(ScanError::Malformed);
         }
         i = skip_ws(doc, i + 1);
-        if &doc[k.clone()] == key {
+        if key_matches(&doc[k.clone()], key) {
             if found.is_some() {
                 return Err(ScanError::DuplicateKey);
             }
@@ -86,8 +86,76 @@ pub fn top_level_string(doc: &[u8], key: &[u8]) -> Result<Option<Range<usize>>, 
     }
 }
 
-/// Resolve a string's escapes when they are only `\"`, `\\` and `\/`; returns `None` for other
-/// escapes (the caller then treats the value as unroutable) or invalid UTF-8.
+/// Whether the raw (still escaped) key `raw` decodes to `key`. Keys are compared after JSON
+/// unescaping, so `"mod\u0065l"` is `model` as every JSON parser reads it. No allocation: the
+/// escapes are decoded on the fly and compared byte by byte.
+fn key_matches(raw: &[u8], key: &[u8]) -> bool {
+    if !raw.contains(&b'\\') {
+        return raw == key;
+    }
+    let mut want = key.iter();
+    let mut i = 0;
+    while i < raw.len() {
+        let mut utf8 = [0u8; 4];
+        let decoded: &[u8] = if raw[i] == b'\\' {
+            let Some((ch, used)) = decode_escape(&raw[i..]) else {
+                return false;
+            };
+            i += used;
+            ch.encode_utf8(&mut utf8).as_bytes()
+        } else {
+            i += 1;
+            std::slice::from_ref(&raw[i - 1])
+        };
+        for b in decoded {
+            if want.next() != Some(b) {
+                return false;
+            }
+        }
+    }
+    want.next().is_none()
+}
+
+/// Decode one escape at the start of `s` (which begins with `\`): the character and the bytes
+/// used. `None` for an invalid escape or a lone surrogate.
+fn decode_escape(s: &[u8]) -> Option<(char, usize)> {
+    let c = match s.get(1)? {
+        b'"' => '"',
+        b'\\' => '\\',
+        b'/' => '/',
+        b'b' => '\u{8}',
+        b'f' => '\u{c}',
+        b'n' => '\n',
+        b'r' => '\r',
+        b't' => '\t',
+        b'u' => {
+            let hi = hex4(s.get(2..6)?)?;
+            if (0xD800..0xDC00).contains(&hi) {
+                if s.get(6) != Some(&b'\\') || s.get(7) != Some(&b'u') {
+                    return None;
+                }
+                let lo = hex4(s.get(8..12)?)?;
+                if !(0xDC00..0xE000).contains(&lo) {
+                    return None;
+                }
+                let cp = 0x10000 + ((hi - 0xD800) << 10) + (lo - 0xDC00);
+                return char::from_u32(cp).map(|c| (c, 12));
+            }
+            return char::from_u32(hi).map(|c| (c, 6));
+        }
+        _ => return None,
+    };
+    Some((c, 2))
+}
+
+fn hex4(h: &[u8]) -> Option<u32> {
+    h.iter()
+        .try_fold(0u32, |acc, b| Some(acc * 16 + (*b as char).to_digit(16)?))
+}
+
+/// Resolve a JSON string's escapes (all of them, `\uXXXX` and surrogate pairs included);
+/// `None` for an invalid escape, a lone surrogate or invalid UTF-8. Borrows when there is no
+/// escape, which is the common case for model names.
 pub fn unescape_simple(raw: &[u8]) -> Option<std::borrow::Cow<'_, str>> {
     if !raw.contains(&b'\\') {
         return std::str::from_utf8(raw)
@@ -95,15 +163,16 @@ pub fn unescape_simple(raw: &[u8]) -> Option<std::borrow::Cow<'_, str>> {
             .map(std::borrow::Cow::Borrowed);
     }
     let mut out = Vec::with_capacity(raw.len());
-    let mut it = raw.iter();
-    while let Some(&b) = it.next() {
-        if b == b'\\' {
-            match it.next() {
-                Some(&c @ (b'"' | b'\\' | b'/')) => out.push(c),
-                _ => return None,
-            }
+    let mut i = 0;
+    while i < raw.len() {
+        if raw[i] == b'\\' {
+            let (ch, used) = decode_escape(&raw[i..])?;
+            let mut utf8 = [0u8; 4];
+            out.extend_from_slice(ch.encode_utf8(&mut utf8).as_bytes());
+            i += used;
         } else {
-            out.push(b);
+            out.push(raw[i]);
+            i += 1;
         }
     }
     String::from_utf8(out).ok().map(std::borrow::Cow::Owned)
@@ -261,22 +330,37 @@ mod tests {
     }
 
     #[test]
+    fn keys_compare_after_unescaping() {
+        assert!(key_matches(b"model", b"model"));
+        assert!(key_matches(br"mod\u0065l", b"model"));
+        assert!(key_matches(br"\u006d\u006F\u0064\u0065\u006c", b"model"));
+        assert!(!key_matches(br"mod\u0065", b"model"));
+        assert!(!key_matches(br"model\n", b"model"));
+        assert!(!key_matches(br"mod\x65l", b"model"));
+        assert!(key_matches(br"\ud83d\ude00", "\u{1F600}".as_bytes()));
+        assert!(!key_matches(br"\ud83d", "\u{1F600}".as_bytes()));
+        assert_eq!(model(r#"{"mod\u0065l":"x"}"#), Ok(Some("x".into())));
+    }
+
+    #[test]
     fn unescape_simple_cases() {
         assert_eq!(unescape_simple(b"abc").as_deref(), Some("abc"));
         assert_eq!(
             unescape_simple(br#"a\"b\\c\/d"#).as_deref(),
             Some("a\"b\\c/d")
         );
-        assert_eq!(unescape_simple(br"\u0041"), None);
+        assert_eq!(unescape_simple(br"\u0041").as_deref(), Some("A"));
+        assert_eq!(unescape_simple(br"a\nb").as_deref(), Some("a\nb"));
+        assert_eq!(unescape_simple(br"\x41"), None);
+        assert_eq!(unescape_simple(br"\ud800"), None);
         assert_eq!(unescape_simple(&[0xff]), None);
     }
 
     /// Found by `fuzz/` (target `json_scan`, serde_json differential). Keys are compared as
     /// written, so an escaped spelling of the key is a second `model` that `DuplicateKey` does not
-    /// see: the router routes by "a" while serde_json, Python's `json` and so the backend read "b"
-    /// (the last one wins there). Ignored until keys are compared after unescaping.
+    /// see: the router would route by "a" while serde_json, Python's `json` and so the backend read
+    /// "b" (the last one wins there). Keys are compared after unescaping.
     #[test]
-    #[ignore = "known bug: escaped duplicate key bypasses DuplicateKey (see fuzz/README.md)"]
     fn escaped_duplicate_key_is_refused() {
         assert_eq!(
             model(r#"{"model":"a","mod\u0065l":"b"}"#),
