@@ -5,12 +5,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# System packages used by tests. (None beyond the Rust toolchain yet; later milestones add
-# etcd-server and the Dynamo fleet here.)
+# System packages used by tests: protoc builds etcd-client (feature `dynamo`), etcd-server is
+# the real etcd the discovery tests start.
 need=()
+command -v protoc >/dev/null 2>&1 || need+=(protobuf-compiler)
+command -v etcd >/dev/null 2>&1 || need+=(etcd-server)
+command -v etcdctl >/dev/null 2>&1 || need+=(etcd-client)
 if [ ${#need[@]} -gt 0 ] && command -v apt-get >/dev/null 2>&1; then
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"
 fi
 
-cargo test --workspace --all-targets "$@"
+cargo test --workspace --all-targets --all-features "$@"
