@@ -1,4 +1,5 @@
-//! Conversion of `dynamo.enabled` and `dynamo.discovery` (etcd and Kubernetes sources):
+//! Conversion of `dynamo.enabled` and `dynamo.discovery` (etcd and Kubernetes sources; the file
+//! source is in `convert_dynamo_file.rs`):
 //! CFG-02, CFG-03, CFG-05..CFG-09, CFG-11, CFG-13, CFG-14, CFG-24..CFG-28, Q-16..Q-18, Q-41.
 //!
 //! Invariants: every finding goes to the [`Ctx`] with its dotted path; secrets (the etcd
@@ -60,11 +61,12 @@ fn discovery(ctx: &mut Ctx<'_>, u: Option<&UserDiscovery>, enabled: bool) -> Dis
         Some(Scalar::Str(s)) if s == "etcd" => DiscoverySource::Etcd,
         Some(Scalar::Str(s)) if s == "kubernetes" => DiscoverySource::Kubernetes,
         Some(Scalar::Str(s)) if s == "kubernetes_pods" => DiscoverySource::KubernetesPods,
+        Some(Scalar::Str(s)) if s == "file" => DiscoverySource::File,
         Some(s) => {
             ctx.error(
                 "dynamo.discovery.source",
                 s,
-                "must be one of etcd, kubernetes, kubernetes_pods",
+                "must be one of etcd, kubernetes, kubernetes_pods, file",
             );
             DiscoverySource::Etcd
         }
@@ -74,6 +76,7 @@ fn discovery(ctx: &mut Ctx<'_>, u: Option<&UserDiscovery>, enabled: bool) -> Dis
         etcd_endpoints_required(ctx, &etcd);
     }
     let kubernetes = kubernetes(ctx, u.kubernetes.as_ref(), source, enabled);
+    let file = super::convert_dynamo_file::file(ctx, u.file.as_ref(), source, enabled);
     if source == DiscoverySource::KubernetesPods {
         ctx.warn(
             "dynamo.discovery.source",
@@ -85,6 +88,7 @@ fn discovery(ctx: &mut Ctx<'_>, u: Option<&UserDiscovery>, enabled: bool) -> Dis
         source,
         etcd,
         kubernetes,
+        file,
     }
 }
 
@@ -121,7 +125,7 @@ pub(crate) fn check_namespace(ctx: &mut Ctx<'_>, field: &str, s: &Scalar) -> Opt
 }
 
 /// A list of unique namespaces, at most 16, each checked by `check` (CFG-09 / CFG-24).
-fn namespace_list(
+pub(crate) fn namespace_list(
     ctx: &mut Ctx<'_>,
     field: &str,
     list: &[Scalar],
@@ -411,7 +415,10 @@ fn kubernetes(
     enabled: bool,
 ) -> KubernetesConfig {
     const BASE: &str = "dynamo.discovery.kubernetes";
-    let active = source != DiscoverySource::Etcd;
+    let active = matches!(
+        source,
+        DiscoverySource::Kubernetes | DiscoverySource::KubernetesPods
+    );
     let pods = source == DiscoverySource::KubernetesPods;
     let empty = UserKubernetes::default();
     let u = u.unwrap_or(&empty);

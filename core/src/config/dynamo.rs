@@ -1,10 +1,13 @@
-//! The validated `dynamo` section: discovery (etcd / Kubernetes), load signals, the direct-mode
+//! The validated `dynamo` section: discovery (etcd / Kubernetes / file store), load signals, the direct-mode
 //! shim, KV-aware selection and the event-bus listener (CFG-01, KV-PICK-16, BUS-38).
 //!
 //! Invariants (established by the conversion in `convert_dynamo*`, never re-checked by readers):
 //! - every value lies in its documented range and every cross-field rule CFG-05..CFG-29 holds;
-//! - [`EtcdConfig::namespaces`] and [`KubernetesConfig::dynamo_namespaces`] are the *effective*
-//!   lists: non-empty, unique, at most 16, each a valid Dynamo namespace;
+//! - [`EtcdConfig::namespaces`], [`FileConfig::namespaces`] and
+//!   [`KubernetesConfig::dynamo_namespaces`] are the *effective* lists: unique, at most 16, each
+//!   a valid Dynamo namespace (the etcd and file lists are never empty);
+//! - [`FileConfig::root`] is absolute and NUL-free when set, and set whenever discovery is
+//!   enabled with the file source; [`FileConfig::ttl`] lies in 1 s..=10 min;
 //! - etcd endpoints all share one scheme, and it is https whenever a `tls` block is present;
 //! - secrets ([`Secret`]) never print through `Debug`.
 
@@ -42,6 +45,7 @@ impl DynamoConfig {
     pub fn namespaces(&self) -> &[String] {
         match self.discovery.source {
             DiscoverySource::Etcd => &self.discovery.etcd.namespaces,
+            DiscoverySource::File => &self.discovery.file.namespaces,
             DiscoverySource::Kubernetes | DiscoverySource::KubernetesPods => {
                 &self.discovery.kubernetes.dynamo_namespaces
             }
@@ -59,6 +63,9 @@ pub enum DiscoverySource {
     Kubernetes,
     /// Worker Pods only (no cards, no load signals; the picker round-robins).
     KubernetesPods,
+    /// The same keys as files under a root directory, as Dynamo's FileStore writes them
+    /// (single-node fleets, DISC-SRC-05, Q-29).
+    File,
 }
 
 impl DiscoverySource {
@@ -68,6 +75,7 @@ impl DiscoverySource {
             DiscoverySource::Etcd => "etcd",
             DiscoverySource::Kubernetes => "kubernetes",
             DiscoverySource::KubernetesPods => "kubernetes_pods",
+            DiscoverySource::File => "file",
         }
     }
 }
@@ -81,6 +89,33 @@ pub struct DiscoveryConfig {
     pub etcd: EtcdConfig,
     /// `discovery.kubernetes`.
     pub kubernetes: KubernetesConfig,
+    /// `discovery.file`.
+    pub file: FileConfig,
+}
+
+/// Default liveness window of a file-store record (Dynamo's FileStore default, = the etcd lease).
+pub const DEFAULT_FILE_TTL: Duration = Duration::from_secs(10);
+
+/// `discovery.file`: Dynamo's FileStore directory, read-only.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileConfig {
+    /// The store root (Dynamo's `DYN_FILE_KV`): absolute, no NUL. `None` only when the file
+    /// source is not the enabled one.
+    pub root: Option<String>,
+    /// A file whose mtime is older than this is treated as absent (default 10 s, 1 s..=10 min).
+    pub ttl: Duration,
+    /// Effective namespace list (default `["dynamo"]`).
+    pub namespaces: Vec<String>,
+}
+
+impl Default for FileConfig {
+    fn default() -> Self {
+        FileConfig {
+            root: None,
+            ttl: DEFAULT_FILE_TTL,
+            namespaces: vec![DEFAULT_NAMESPACE.to_owned()],
+        }
+    }
 }
 
 /// `watch_reconnect_backoff`: doubling delay between failed passes, `initial <= max` (CFG-14).

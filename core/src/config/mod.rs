@@ -27,6 +27,7 @@
 mod addr;
 mod convert;
 mod convert_dynamo;
+mod convert_dynamo_file;
 mod convert_dynamo_rest;
 pub mod dynamo;
 mod error;
@@ -253,3 +254,5 @@ mod tests_bus_kv;
 mod tests_cfg_a;
 #[cfg(test)]
 mod tests_cfg_b;
+#[cfg(test)]
+mod tests_file;

@@ -12,8 +12,8 @@
 use serde_json::{Map, Value, json};
 
 use super::dynamo::{
-    Backoff, BrokerConfig, BrokerRole, DynamoConfig, EtcdConfig, EventBusConfig, KubernetesConfig,
-    KvConfig, LoadConfig, ShimConfig,
+    Backoff, BrokerConfig, BrokerRole, DynamoConfig, EtcdConfig, EventBusConfig, FileConfig,
+    KubernetesConfig, KvConfig, LoadConfig, ShimConfig,
 };
 use super::values::{MASK, fmt_duration};
 use super::{BackendConfig, BackendRole, Config, ShardCount, TokenHash};
@@ -94,6 +94,7 @@ fn dynamo(d: &DynamoConfig) -> Value {
             "source": d.discovery.source.as_str(),
             "etcd": etcd(&d.discovery.etcd),
             "kubernetes": kubernetes(&d.discovery.kubernetes),
+            "file": file(&d.discovery.file),
         },
         "load": load(&d.load),
         "shim": shim(&d.shim),
@@ -173,6 +174,14 @@ fn kubernetes(k: &KubernetesConfig) -> Value {
         backoff(&k.watch_reconnect_backoff),
     );
     Value::Object(m)
+}
+
+fn file(f: &FileConfig) -> Value {
+    json!({
+        "root": f.root,
+        "ttl": fmt_duration(f.ttl),
+        "namespaces": f.namespaces,
+    })
 }
 
 fn load(l: &LoadConfig) -> Value {

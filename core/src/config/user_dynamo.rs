@@ -30,12 +30,25 @@ pub struct UserDynamo {
 /// `dynamo.discovery`.
 #[derive(Debug, Default, Deserialize)]
 pub struct UserDiscovery {
-    /// `source` (`etcd` | `kubernetes` | `kubernetes_pods`).
+    /// `source` (`etcd` | `kubernetes` | `kubernetes_pods` | `file`).
     pub source: Option<Scalar>,
     /// `etcd`.
     pub etcd: Option<UserEtcd>,
     /// `kubernetes`.
     pub kubernetes: Option<UserKubernetes>,
+    /// `file`.
+    pub file: Option<UserFile>,
+}
+
+/// `dynamo.discovery.file`.
+#[derive(Debug, Default, Deserialize)]
+pub struct UserFile {
+    /// `root` (absolute path).
+    pub root: Option<Scalar>,
+    /// `ttl`.
+    pub ttl: Option<Scalar>,
+    /// `namespaces`.
+    pub namespaces: Option<Vec<Scalar>>,
 }
 
 /// `dynamo.discovery.etcd`.
