@@ -16,6 +16,7 @@
 pub mod backend;
 pub mod client;
 pub mod config;
+pub mod fleet;
 pub mod router;
 
 use std::net::TcpListener;

@@ -50,7 +50,10 @@ import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
-DEFAULT_MODEL_PATH = os.path.normpath(os.path.join(REPO, "..", "shared", "fixtures", "tiny-model"))
+# The shared fixtures sit beside the repo (../shared), on developer machines and in CI.
+DEFAULT_MODEL_PATH = os.environ.get("CONTINUUM_FLEET_MODEL_PATH") or os.path.normpath(
+    os.path.join(REPO, "..", "shared", "fixtures", "tiny-model")
+)
 LOOPBACK = "127.0.0.1"
 SIGNALS = {
     "SIGKILL": signal.SIGKILL,
@@ -725,7 +728,10 @@ def main():
     args = ap.parse_args()
     args.model_path = os.path.abspath(args.model_path)
     if not os.path.isfile(os.path.join(args.model_path, "tokenizer.json")):
-        log(f"no model at {args.model_path} (need tokenizer.json; see ../shared/fixtures/tiny-model)")
+        log(
+            f"no model at {args.model_path} (need tokenizer.json: ../shared/fixtures/tiny-model beside "
+            "the repo, or --model-path, or CONTINUUM_FLEET_MODEL_PATH)"
+        )
         return 1
     if not os.path.exists(args.etcd):
         log(f"no etcd binary at {args.etcd}: run tests/fleet/install.sh")
