@@ -16,4 +16,8 @@ if [ ${#need[@]} -gt 0 ] && command -v apt-get >/dev/null 2>&1; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"
 fi
 
+# The real Dynamo 1.6.1 fleet (etcd, a pinned Python venv with ai-dynamo outside the repo) for
+# tests/fleet_smoke.rs and the routing tests. Idempotent: a sub-second no-op once installed.
+tests/fleet/install.sh
+
 cargo test --workspace --all-targets --all-features "$@"
