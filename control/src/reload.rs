@@ -183,6 +183,10 @@ impl State {
                 );
                 None
             }
+            Err(NotRunnable::MissingSetting(field)) => {
+                tracing::warn!(field, "discovery needs this setting: discovery is disabled");
+                None
+            }
         };
         let clear = self.discovery.reconcile(plan, boot);
         if clear && !self.fleet.workers.is_empty() {

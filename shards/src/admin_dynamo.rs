@@ -24,6 +24,15 @@ pub(crate) fn workers_json(snap: &RouterSnapshot, control: &ControlStats) -> Val
             d.discovery.etcd.namespace.clone(),
             d.discovery.etcd.namespaces.clone(),
         ),
+        DiscoverySource::File => (
+            d.discovery
+                .file
+                .namespaces
+                .first()
+                .cloned()
+                .unwrap_or_default(),
+            d.discovery.file.namespaces.clone(),
+        ),
         DiscoverySource::Kubernetes | DiscoverySource::KubernetesPods => (
             d.discovery
                 .kubernetes
@@ -34,6 +43,7 @@ pub(crate) fn workers_json(snap: &RouterSnapshot, control: &ControlStats) -> Val
             d.discovery.kubernetes.dynamo_namespaces.clone(),
         ),
     };
+    // The file source carries the same records as etcd: capacity and load signals included.
     let signals = source != DiscoverySource::KubernetesPods;
     let enabled = d.enabled;
     let fleet = &snap.fleet;

@@ -1,8 +1,8 @@
 //! Dynamo discovery on the control thread: a supervisor that runs at most one watcher task,
 //! restarts it as reloads require, and feeds every new fleet view to the control loop.
 //!
-//! The watcher task owns a session loop (`session.rs`) over a source (`etcd.rs`), with the
-//! doubling backoff of DISC-ETCD-05/06 between sessions. It never publishes a snapshot itself:
+//! The watcher task owns a session loop (`session.rs`) over a source (`etcd.rs`, or the Dynamo
+//! file store in `file.rs`), with the doubling backoff of DISC-ETCD-05/06 between sessions. It never publishes a snapshot itself:
 //! it sends [`FleetUpdate`]s tagged with its epoch, and the control loop, the one writer of the
 //! snapshot cell, ignores updates from a replaced watcher.
 //!
@@ -14,6 +14,8 @@
 
 #[cfg(feature = "dynamo")]
 pub mod etcd;
+#[cfg(feature = "dynamo")]
+pub mod file;
 pub mod plan;
 pub mod session;
 
@@ -22,13 +24,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use continuum_core::backoff::DoublingBackoff;
+use continuum_core::config::dynamo::Backoff;
 use continuum_core::discovery::{DiscoveryEventKind, EventCounts, FleetView, Level, Reducer};
 use continuum_shards::metrics::ControlStats;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
 pub use plan::{
-    DiscoveryPlan, NotRunnable, Registry, RestartReason, Transition, classify, plan_for,
+    DiscoveryPlan, FilePlan, NotRunnable, Registry, RestartReason, Transition, classify, plan_for,
 };
 
 /// Grace a stopping watcher gets before it is aborted (RELOAD-10).
@@ -197,39 +200,25 @@ async fn run_watcher(
     stats: Arc<ControlStats>,
     mut stop: watch::Receiver<bool>,
 ) {
-    let DiscoveryPlan::Etcd(cfg) = plan;
-    let b = cfg.watch_reconnect_backoff;
+    // The file source has no backoff setting of its own: it uses the documented default.
+    let b = match &plan {
+        DiscoveryPlan::Etcd(cfg) => cfg.watch_reconnect_backoff,
+        DiscoveryPlan::File(_) => Backoff::default(),
+    };
     let mut backoff = DoublingBackoff::new(b.initial, b.max, b.max);
     let mut seen = session::lock(&reducer).counts();
     let mut last: Option<Arc<FleetView>> = None;
     loop {
-        let report_fn =
-            |view: Arc<FleetView>, seen: &mut EventCounts, last: &mut Option<Arc<FleetView>>| {
-                report(&reducer, seen, &stats);
+        let outcome = {
+            let mut publish = |view: Arc<FleetView>| {
+                report(&reducer, &mut seen, &stats);
                 if last.as_ref().is_some_and(|l| Arc::ptr_eq(l, &view)) {
                     return;
                 }
-                *last = Some(view.clone());
+                last = Some(view.clone());
                 let _ = updates.send(FleetUpdate { epoch, fleet: view });
             };
-        #[cfg(feature = "dynamo")]
-        let outcome = {
-            let mut source = etcd::EtcdSource::new(cfg.clone());
-            tokio::select! {
-                r = session::drive_session(
-                    &mut source,
-                    &reducer,
-                    |v| report_fn(v, &mut seen, &mut last),
-                    |c| stats.discovery_connected.store(u64::from(c), Ordering::Relaxed),
-                ) => Some(r),
-                _ = stop.changed() => None,
-            }
-        };
-        #[cfg(not(feature = "dynamo"))]
-        let outcome: Option<session::SessionReport> = {
-            let _ = (&report_fn, &mut seen, &mut last, &cfg);
-            let _ = stop.changed().await;
-            None
+            run_session(&plan, &reducer, &mut publish, &stats, &mut stop).await
         };
         stats.discovery_connected.store(0, Ordering::Relaxed);
         let Some(report_) = outcome else { return };
@@ -246,4 +235,58 @@ async fn run_watcher(
             _ = stop.changed() => return,
         }
     }
+}
+
+/// One session of the plan's source; `None` when the supervisor stopped it.
+#[cfg(feature = "dynamo")]
+async fn run_session(
+    plan: &DiscoveryPlan,
+    reducer: &Mutex<Reducer>,
+    publish: &mut impl FnMut(Arc<FleetView>),
+    stats: &ControlStats,
+    stop: &mut watch::Receiver<bool>,
+) -> Option<session::SessionReport> {
+    match plan {
+        DiscoveryPlan::Etcd(cfg) => {
+            let mut source = etcd::EtcdSource::new(cfg.clone());
+            until_stopped(&mut source, reducer, publish, stats, stop).await
+        }
+        DiscoveryPlan::File(cfg) => {
+            let mut source = file::FileSource::new(cfg.clone());
+            until_stopped(&mut source, reducer, publish, stats, stop).await
+        }
+    }
+}
+
+#[cfg(feature = "dynamo")]
+async fn until_stopped<S: session::WatchSource>(
+    source: &mut S,
+    reducer: &Mutex<Reducer>,
+    publish: &mut impl FnMut(Arc<FleetView>),
+    stats: &ControlStats,
+    stop: &mut watch::Receiver<bool>,
+) -> Option<session::SessionReport> {
+    tokio::select! {
+        r = session::drive_session(
+            source,
+            reducer,
+            |v| publish(v),
+            |c| stats.discovery_connected.store(u64::from(c), Ordering::Relaxed),
+        ) => Some(r),
+        _ = stop.changed() => None,
+    }
+}
+
+/// Without the `dynamo` feature no source exists: wait for the stop.
+#[cfg(not(feature = "dynamo"))]
+async fn run_session(
+    plan: &DiscoveryPlan,
+    reducer: &Mutex<Reducer>,
+    publish: &mut impl FnMut(Arc<FleetView>),
+    stats: &ControlStats,
+    stop: &mut watch::Receiver<bool>,
+) -> Option<session::SessionReport> {
+    let _ = (plan, reducer, publish, stats);
+    let _ = stop.changed().await;
+    None
 }

@@ -1,6 +1,9 @@
 //! What discovery should be running for a config, and how a reload moves from one plan to the
 //! next (RELOAD-04..07, 13; Q-08, Q-09). Pure: unit-tested without any watcher.
 
+use std::path::PathBuf;
+use std::time::Duration;
+
 use continuum_core::config::Config;
 use continuum_core::config::dynamo::{DiscoverySource, EtcdConfig};
 
@@ -9,6 +12,19 @@ use continuum_core::config::dynamo::{DiscoverySource, EtcdConfig};
 pub enum DiscoveryPlan {
     /// Watch etcd with these settings (namespaces are the effective list).
     Etcd(EtcdConfig),
+    /// Watch Dynamo's file store (Q-29).
+    File(FilePlan),
+}
+
+/// `dynamo.discovery.file` with its root resolved (the config requires it for this source).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FilePlan {
+    /// The store root (absolute).
+    pub root: PathBuf,
+    /// Files whose mtime is older than this are absent.
+    pub ttl: Duration,
+    /// The effective namespace list.
+    pub namespaces: Vec<String>,
 }
 
 /// Why a config asks for no discovery even though `dynamo.enabled` is set.
@@ -18,6 +34,8 @@ pub enum NotRunnable {
     FeatureMissing,
     /// The configured source is not implemented in this build.
     SourceUnsupported(DiscoverySource),
+    /// A setting the source needs is absent (validation rejects this; kept typed, not assumed).
+    MissingSetting(&'static str),
 }
 
 /// The plan for `config`: `Ok(None)` when discovery is disabled.
@@ -31,6 +49,17 @@ pub fn plan_for(config: &Config) -> Result<Option<DiscoveryPlan>, NotRunnable> {
     }
     match d.discovery.source {
         DiscoverySource::Etcd => Ok(Some(DiscoveryPlan::Etcd(d.discovery.etcd.clone()))),
+        DiscoverySource::File => {
+            let f = &d.discovery.file;
+            let Some(root) = &f.root else {
+                return Err(NotRunnable::MissingSetting("dynamo.discovery.file.root"));
+            };
+            Ok(Some(DiscoveryPlan::File(FilePlan {
+                root: PathBuf::from(root),
+                ttl: f.ttl,
+                namespaces: f.namespaces.clone(),
+            })))
+        }
         other => Err(NotRunnable::SourceUnsupported(other)),
     }
 }
@@ -94,7 +123,36 @@ pub fn classify(old: Option<&DiscoveryPlan>, new: Option<&DiscoveryPlan>) -> Tra
         (Some(_), None) => Transition::Stop,
         (None, Some(_)) => Transition::Restart(RestartReason::Enabled, Registry::Reset),
         (Some(DiscoveryPlan::Etcd(a)), Some(DiscoveryPlan::Etcd(b))) => classify_etcd(a, b),
+        (Some(DiscoveryPlan::File(a)), Some(DiscoveryPlan::File(b))) => classify_file(a, b),
+        // etcd <-> file: the records come from elsewhere; start over (RELOAD-13).
+        (Some(DiscoveryPlan::Etcd(_)), Some(DiscoveryPlan::File(_)))
+        | (Some(DiscoveryPlan::File(_)), Some(DiscoveryPlan::Etcd(_))) => {
+            Transition::Restart(RestartReason::Source, Registry::Reset)
+        }
     }
+}
+
+/// A namespace-list change: prune when some namespace stays (RELOAD-07), else start over.
+fn namespaces_changed(a: &[String], b: &[String]) -> Transition {
+    let kept = a.iter().any(|ns| b.contains(ns));
+    if kept {
+        // The new watcher's resync sweeps only the removed namespaces' records; the kept
+        // graphs keep routing (RELOAD-07).
+        Transition::Restart(RestartReason::Namespaces, Registry::KeepUntilResync)
+    } else {
+        Transition::Restart(RestartReason::Namespace, Registry::Reset)
+    }
+}
+
+fn classify_file(a: &FilePlan, b: &FilePlan) -> Transition {
+    if a == b {
+        return Transition::Keep;
+    }
+    // Another directory or another liveness rule: what was read no longer holds.
+    if a.root != b.root || a.ttl != b.ttl {
+        return Transition::Restart(RestartReason::Connection, Registry::Reset);
+    }
+    namespaces_changed(&a.namespaces, &b.namespaces)
 }
 
 fn classify_etcd(a: &EtcdConfig, b: &EtcdConfig) -> Transition {
@@ -105,14 +163,7 @@ fn classify_etcd(a: &EtcdConfig, b: &EtcdConfig) -> Transition {
         return Transition::Restart(RestartReason::Connection, Registry::Reset);
     }
     if a.namespaces != b.namespaces {
-        let kept = a.namespaces.iter().any(|ns| b.namespaces.contains(ns));
-        return if kept {
-            // The new watcher's resync sweeps only the removed namespaces' records; the kept
-            // graphs keep routing (RELOAD-07).
-            Transition::Restart(RestartReason::Namespaces, Registry::KeepUntilResync)
-        } else {
-            Transition::Restart(RestartReason::Namespace, Registry::Reset)
-        };
+        return namespaces_changed(&a.namespaces, &b.namespaces);
     }
     if a.watch_reconnect_backoff != b.watch_reconnect_backoff {
         return Transition::Restart(RestartReason::Backoff, Registry::KeepUntilResync);
@@ -143,9 +194,77 @@ mod tests {
     }
 
     fn with(p: &DiscoveryPlan, f: impl FnOnce(&mut EtcdConfig)) -> DiscoveryPlan {
-        let DiscoveryPlan::Etcd(mut c) = p.clone();
+        let DiscoveryPlan::Etcd(mut c) = p.clone() else {
+            panic!("not an etcd plan: {p:?}");
+        };
         f(&mut c);
         DiscoveryPlan::Etcd(c)
+    }
+
+    fn file(root: &str, ttl: u64, ns: &[&str]) -> DiscoveryPlan {
+        DiscoveryPlan::File(FilePlan {
+            root: PathBuf::from(root),
+            ttl: Duration::from_secs(ttl),
+            namespaces: ns.iter().map(|s| (*s).to_string()).collect(),
+        })
+    }
+
+    #[test]
+    fn file_root_or_ttl_change_resets() {
+        let a = file("/kv", 10, &["dynamo"]);
+        assert_eq!(classify(Some(&a), Some(&a)), Transition::Keep);
+        assert_eq!(
+            classify(None, Some(&a)),
+            Transition::Restart(RestartReason::Enabled, Registry::Reset)
+        );
+        assert_eq!(classify(Some(&a), None), Transition::Stop);
+        for b in [
+            file("/other", 10, &["dynamo"]),
+            file("/kv", 30, &["dynamo"]),
+        ] {
+            assert_eq!(
+                classify(Some(&a), Some(&b)),
+                Transition::Restart(RestartReason::Connection, Registry::Reset)
+            );
+        }
+    }
+
+    #[test]
+    fn file_namespace_changes_prune_or_reset() {
+        let a = file("/kv", 10, &["prod", "canary"]);
+        let b = file("/kv", 10, &["prod"]);
+        assert_eq!(
+            classify(Some(&a), Some(&b)),
+            Transition::Restart(RestartReason::Namespaces, Registry::KeepUntilResync)
+        );
+        let c = file("/kv", 10, &["other"]);
+        assert_eq!(
+            classify(Some(&b), Some(&c)),
+            Transition::Restart(RestartReason::Namespace, Registry::Reset)
+        );
+    }
+
+    #[test]
+    fn switching_between_etcd_and_file_is_a_source_restart_with_reset() {
+        let e = etcd(&["dynamo"]);
+        let f = file("/kv", 10, &["dynamo"]);
+        let want = Transition::Restart(RestartReason::Source, Registry::Reset);
+        assert_eq!(classify(Some(&e), Some(&f)), want, "RELOAD-13");
+        assert_eq!(classify(Some(&f), Some(&e)), want, "RELOAD-13");
+    }
+
+    #[test]
+    fn plan_for_the_file_source() {
+        let yaml = "dynamo: { enabled: true, discovery: { source: file, file: { root: /srv/kv, \
+                    ttl: 20s, namespaces: [a] } }, load: { direct_allow_cidrs: [10.0.0.0/8] } }";
+        let (config, _) = Config::from_yaml(yaml, &continuum_core::config::NoEnv)
+            .unwrap_or_else(|e| panic!("{:#?}", e.errors));
+        let plan = plan_for(&config);
+        if cfg!(feature = "dynamo") {
+            assert_eq!(plan, Ok(Some(file("/srv/kv", 20, &["a"]))));
+        } else {
+            assert_eq!(plan, Err(NotRunnable::FeatureMissing));
+        }
     }
 
     #[test]
