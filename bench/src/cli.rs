@@ -12,6 +12,8 @@ pub(crate) const USAGE: &str = "\
 usage:
   continuum-bench http-hop [options]   router hop vs nginx hop, same backend, same load
   continuum-bench backend --port N     the fast OpenAI-ish backend alone (pinning is up to you)
+  continuum-bench resync [--workers N] [--rounds N]
+                                       discovery resync time and registry memory (default 16384 workers)
   continuum-bench help
 
 http-hop options:
@@ -37,6 +39,8 @@ pub(crate) enum Command {
     },
     /// Run the router-vs-nginx comparison.
     HttpHop(HopOptions),
+    /// Measure a discovery resync.
+    Resync(crate::resync::ResyncOptions),
 }
 
 /// Options of `http-hop`.
@@ -86,8 +90,27 @@ pub(crate) fn parse(args: impl IntoIterator<Item = String>) -> Result<Command, U
         "help" | "--help" | "-h" => Ok(Command::Help),
         "backend" => parse_backend(args),
         "http-hop" => parse_hop(args).map(Command::HttpHop),
+        "resync" => parse_resync(args),
         _ => Err(UsageError::UnknownCommand(command)),
     }
+}
+
+fn parse_resync(mut args: impl Iterator<Item = String>) -> Result<Command, UsageError> {
+    let mut opts = crate::resync::ResyncOptions::default();
+    while let Some(flag) = args.next() {
+        match flag.as_str() {
+            "--workers" => {
+                let n = number(&flag, value(&flag, &mut args)?, 1, 1_000_000)?;
+                opts.workers = u32::try_from(n).unwrap_or(u32::MAX);
+            }
+            "--rounds" => {
+                let n = number(&flag, value(&flag, &mut args)?, 1, 100)?;
+                opts.rounds = u32::try_from(n).unwrap_or(1);
+            }
+            _ => return Err(UsageError::UnknownFlag(flag)),
+        }
+    }
+    Ok(Command::Resync(opts))
 }
 
 fn parse_backend(mut args: impl Iterator<Item = String>) -> Result<Command, UsageError> {

@@ -1,12 +1,14 @@
 //! `continuum-bench`: benchmarks of continuum-router, each reported as a
 //! ratio against a baseline measured in the same command.
 //!
-//! Subcommands: `http-hop` (router hop vs nginx hop, see `hop`) and
-//! `backend` (the fast canned OpenAI-ish backend the hop benchmark spawns).
+//! Subcommands: `http-hop` (router hop vs nginx hop, see `hop`), `resync`
+//! (discovery resync time and registry memory, see `resync`) and `backend`
+//! (the fast canned OpenAI-ish backend the hop benchmark spawns).
 //! Invariant: the report goes to stdout, progress and diagnostics to
 //! stderr; nothing is written outside a temp dir; exit code 0 only if the
 //! baseline was measured.
 
+mod alloc;
 mod backend;
 mod child;
 mod cli;
@@ -15,6 +17,7 @@ mod error;
 mod hop;
 mod probe;
 mod report;
+mod resync;
 mod servers;
 mod signals;
 mod tempdir;
@@ -24,6 +27,9 @@ use std::io::Write;
 use std::process::ExitCode;
 
 use error::BenchError;
+
+#[global_allocator]
+static ALLOC: alloc::Counting = alloc::Counting;
 
 fn main() -> ExitCode {
     match run() {
@@ -49,6 +55,8 @@ fn run() -> Result<(), BenchError> {
             writeln!(std::io::stdout(), "{}", cli::USAGE).map_err(BenchError::io("writing usage"))
         }
         cli::Command::Backend { port } => backend::run(port),
+        cli::Command::Resync(opts) => write!(std::io::stdout(), "{}", resync::run(opts))
+            .map_err(BenchError::io("writing report")),
         cli::Command::HttpHop(opts) => {
             signals::install();
             hop::run(&opts)

@@ -84,6 +84,46 @@ pub enum DisaggregatedEndpoint {
     },
 }
 
+/// A worker's model card as the fleet wrote it: opaque JSON text, shared by `Arc` and never
+/// deep-copied (DISC-REC-17/19). Keeping the text rather than a parsed tree is what keeps a
+/// 16,384-worker registry small; readers parse it when they need a field the typed view lacks.
+#[derive(Clone)]
+pub struct CardJson(Arc<serde_json::value::RawValue>);
+
+impl CardJson {
+    /// Wrap validated JSON text.
+    pub fn new(raw: Box<serde_json::value::RawValue>) -> Self {
+        CardJson(Arc::from(raw))
+    }
+
+    /// The JSON text.
+    pub fn as_str(&self) -> &str {
+        self.0.get()
+    }
+
+    /// The card parsed into a tree (allocates; for tools and tests, not hot paths).
+    pub fn to_value(&self) -> Option<Value> {
+        serde_json::from_str(self.0.get()).ok()
+    }
+
+    /// Whether both share one allocation.
+    pub fn ptr_eq(a: &CardJson, b: &CardJson) -> bool {
+        Arc::ptr_eq(&a.0, &b.0)
+    }
+}
+
+impl PartialEq for CardJson {
+    fn eq(&self, other: &Self) -> bool {
+        CardJson::ptr_eq(self, other) || self.0.get() == other.0.get()
+    }
+}
+
+impl fmt::Debug for CardJson {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "CardJson({} bytes)", self.0.get().len())
+    }
+}
+
 impl DisaggregatedEndpoint {
     /// What the operator view may show: the endpoint path, or just `bootstrap` for a bootstrap
     /// address (an internal host never leaves the router, ADMIN-06).
@@ -146,7 +186,7 @@ pub struct Worker {
     pub disaggregated_endpoint: Option<DisaggregatedEndpoint>,
     /// The whole base card as opaque JSON, `None` without a card, with a rejected card or above
     /// `MAX_RETAINED_CARD_BYTES` (DISC-REC-17, DISC-MEM-03).
-    pub card: Option<Arc<Value>>,
+    pub card: Option<CardJson>,
     /// When this worker was first seen by this reducer; survives resyncs (DISC-ETCD-07).
     pub first_seen: UnixMillis,
     /// When its Endpoint or card record last changed.

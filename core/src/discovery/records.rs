@@ -14,13 +14,16 @@
 //! - the namespace inside a payload is never read (DISC-MULTI-04).
 
 use std::io;
-use std::sync::Arc;
 
+use serde::Deserialize;
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 use thiserror::Error;
 
 use super::MAX_RETAINED_CARD_BYTES;
-use super::fleet::{Capacity, DisaggregatedEndpoint, Family, RequestTransport, TcpTarget};
+use super::fleet::{
+    Capacity, CardJson, DisaggregatedEndpoint, Family, RequestTransport, TcpTarget,
+};
 use super::ids::{IdError, InstanceId, PublisherId};
 use super::keys::KeyError;
 
@@ -114,6 +117,8 @@ pub struct CardFields {
     pub versions: Vec<(String, String)>,
     /// Names of typed fields present with a type or range that could not be read.
     pub bad_fields: Vec<&'static str>,
+    /// The card carries a non-empty `model_suffix` (a LoRA card, DISC-REC-07).
+    pub lora_suffix: bool,
 }
 
 impl CardFields {
@@ -137,7 +142,7 @@ pub struct CardRecord {
     /// Typed fields.
     pub fields: CardFields,
     /// The opaque card, dropped above `MAX_RETAINED_CARD_BYTES` (DISC-MEM-03).
-    pub card: Option<Arc<Value>>,
+    pub card: Option<CardJson>,
     /// Whether the opaque card was dropped for its size.
     pub card_dropped: bool,
     /// Whether the record carried a `card_json` at all; without one the worker has no card.
@@ -231,33 +236,140 @@ pub fn parse_instance(value: &[u8]) -> Result<InstanceRecord, MalformedReason> {
     })
 }
 
+/// The Model record's own fields; `card_json` is kept as raw text, everything else in the record
+/// is skipped without building a tree.
+#[derive(Deserialize)]
+struct ModelRecordFields<'a> {
+    #[serde(rename = "type", default)]
+    kind: Option<Value>,
+    #[serde(default)]
+    instance_id: Option<Value>,
+    #[serde(default)]
+    component: Option<Value>,
+    #[serde(default)]
+    endpoint: Option<Value>,
+    #[serde(default)]
+    model_suffix: Option<Value>,
+    #[serde(default, borrow)]
+    card_json: Option<&'a RawValue>,
+}
+
+/// The card fields the router reads; the rest of the card is skipped while parsing.
+#[derive(Deserialize, Default)]
+struct CardTypedFields {
+    #[serde(default)]
+    display_name: Option<Value>,
+    #[serde(default)]
+    worker_type: Option<Value>,
+    #[serde(default)]
+    kv_cache_block_size: Option<Value>,
+    #[serde(default)]
+    context_length: Option<Value>,
+    #[serde(default)]
+    runtime_config: Option<Value>,
+    #[serde(default)]
+    model_suffix: Option<Value>,
+    #[serde(default)]
+    dynamo_version: Option<Value>,
+    #[serde(default)]
+    runtime_version: Option<Value>,
+    #[serde(default)]
+    version: Option<Value>,
+    #[serde(default)]
+    release: Option<Value>,
+}
+
+impl CardTypedFields {
+    /// The present fields as a small object, for the lenient per-field readers.
+    fn into_map(self) -> Value {
+        let mut m = Map::new();
+        let pairs = [
+            ("display_name", self.display_name),
+            ("worker_type", self.worker_type),
+            ("kv_cache_block_size", self.kv_cache_block_size),
+            ("context_length", self.context_length),
+            ("runtime_config", self.runtime_config),
+            ("model_suffix", self.model_suffix),
+            ("dynamo_version", self.dynamo_version),
+            ("runtime_version", self.runtime_version),
+            ("version", self.version),
+            ("release", self.release),
+        ];
+        for (k, v) in pairs {
+            if let Some(v) = v {
+                m.insert(k.to_owned(), v);
+            }
+        }
+        Value::Object(m)
+    }
+}
+
+/// The typed fields of a card given as JSON text: only the fields the router reads are
+/// materialised. A card that is not an object, or that the typed pass cannot read (e.g. a
+/// duplicated field), falls back to the full lenient reading of a parsed tree.
+fn card_fields_of_text(text: &str) -> CardFields {
+    if !text.trim_start().starts_with('{') {
+        let mut f = CardFields::default();
+        f.bad_fields.push("card_json");
+        return f;
+    }
+    match serde_json::from_str::<CardTypedFields>(text) {
+        Ok(t) => card_fields(&t.into_map()),
+        Err(_) => serde_json::from_str::<Value>(text)
+            .map(|v| card_fields(&v))
+            .unwrap_or_else(|_| {
+                let mut f = CardFields::default();
+                f.bad_fields.push("card_json");
+                f
+            }),
+    }
+}
+
 /// Parses a Model record (DISC-REC-03/06/07/13..19). `key_suffix` is the LoRA suffix segment of
-/// the key, if any.
+/// the key, if any. The card is kept as its JSON text (a string-encoded legacy card is decoded
+/// first), sized by that text against `MAX_RETAINED_CARD_BYTES`, and wrapped in an `Arc` once.
 pub fn parse_card(value: &[u8], key_suffix: bool) -> Result<CardRecord, MalformedReason> {
-    let mut map = parse_object(value)?;
-    check_type(&map, "Model")?;
-    let instance_id = InstanceId::from_json(map.get("instance_id")).map_err(MalformedReason::Id)?;
-    let card = match map.remove("card_json") {
-        Some(Value::String(text)) => serde_json::from_str::<Value>(&text).ok(),
-        Some(Value::Null) | None => None,
-        Some(v) => Some(v),
+    let rec: ModelRecordFields<'_> = match serde_json::from_slice(value) {
+        Ok(r) => r,
+        Err(e) if e.classify() == serde_json::error::Category::Data => {
+            return Err(MalformedReason::NotObject);
+        }
+        Err(_) => return Err(MalformedReason::Json),
+    };
+    let mut head = Map::new();
+    if let Some(k) = rec.kind {
+        head.insert("type".to_owned(), k);
+    }
+    check_type(&head, "Model")?;
+    let instance_id =
+        InstanceId::from_json(rec.instance_id.as_ref()).map_err(MalformedReason::Id)?;
+    let card: Option<Box<RawValue>> = match rec.card_json {
+        None => None,
+        Some(raw) if raw.get() == "null" => None,
+        Some(raw) if raw.get().starts_with('"') => serde_json::from_str::<String>(raw.get())
+            .ok()
+            .and_then(|text| RawValue::from_string(text).ok()),
+        Some(raw) => Some(raw.to_owned()),
     };
     let has_card_json = card.is_some();
-    let fields = card.as_ref().map(card_fields).unwrap_or_default();
-    let lora = key_suffix
-        || nonempty_str(map.get("model_suffix"))
-        || card
-            .as_ref()
-            .is_some_and(|c| nonempty_str(c.get("model_suffix")));
+    let fields = card
+        .as_deref()
+        .map(|c| card_fields_of_text(c.get()))
+        .unwrap_or_default();
+    let lora = key_suffix || nonempty_str(rec.model_suffix.as_ref()) || fields.lora_suffix;
     let (card, card_dropped) = match card {
-        Some(c) if json_len(&c) > MAX_RETAINED_CARD_BYTES => (None, true),
-        Some(c) => (Some(Arc::new(c)), false),
+        Some(c) if c.get().len() > MAX_RETAINED_CARD_BYTES => (None, true),
+        Some(c) => (Some(CardJson::new(c)), false),
         None => (None, false),
+    };
+    let string_of = |v: Option<Value>| match v {
+        Some(Value::String(s)) => s,
+        _ => String::new(),
     };
     Ok(CardRecord {
         instance_id,
-        component: string_field(&map, "component"),
-        endpoint: string_field(&map, "endpoint"),
+        component: string_of(rec.component),
+        endpoint: string_of(rec.endpoint),
         lora,
         fields,
         card,
@@ -299,6 +411,7 @@ pub fn card_fields(card: &Value) -> CardFields {
         f.bad_fields.push("card_json");
         return f;
     };
+    f.lora_suffix = nonempty_str(card.get("model_suffix"));
     f.display_name = typed(card, "display_name", &mut f.bad_fields, |v| {
         v.as_str().map(str::to_owned)
     });

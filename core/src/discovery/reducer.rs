@@ -17,8 +17,6 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use sha2::{Digest as _, Sha256};
-
 use super::diag::{Diagnostic, EventCounts, Sink};
 use super::fleet::{Family, FleetView, TcpTarget};
 use super::ids::{InstanceId, PublisherId, UnixMillis};
@@ -50,7 +48,7 @@ pub enum KvEvent<'a> {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum ValueDigest {
-    Sha([u8; 32]),
+    Hash(u128),
     Oversize(usize),
 }
 
@@ -220,7 +218,7 @@ impl Reducer {
         let digest = if value.len() > MAX_RECORD_BYTES {
             ValueDigest::Oversize(value.len())
         } else {
-            ValueDigest::Sha(Sha256::digest(value).into())
+            ValueDigest::Hash(xxhash_rust::xxh3::xxh3_128(value))
         };
         let epoch = self.epoch;
         let idx = space.index();
@@ -424,7 +422,7 @@ fn malformed<T>(key: &str, reason: MalformedReason) -> Slot<T> {
 fn oversize(digest: ValueDigest) -> Option<MalformedReason> {
     match digest {
         ValueDigest::Oversize(n) => Some(MalformedReason::TooLarge(n)),
-        ValueDigest::Sha(_) => None,
+        ValueDigest::Hash(_) => None,
     }
 }
 
