@@ -270,7 +270,7 @@ async fn until_stopped<S: session::WatchSource>(
         r = session::drive_session(
             source,
             reducer,
-            |v| publish(v),
+            publish,
             |c| stats.discovery_connected.store(u64::from(c), Ordering::Relaxed),
         ) => Some(r),
         _ = stop.changed() => None,
