@@ -54,6 +54,11 @@ pub struct RouterConfig {
     pub backends: Vec<BackendSpec>,
     /// Extra environment for the router process (not part of the YAML).
     pub env: Vec<(String, String)>,
+    /// `disaggregated_serving.enabled`.
+    pub disaggregated_serving: bool,
+    /// Raw YAML appended after the rendered sections (whole top-level sections such as
+    /// `dynamo:`; must not repeat `server`, `admin`, `backends` or `disaggregated_serving`).
+    pub extra_yaml: String,
 }
 
 impl Default for RouterConfig {
@@ -72,6 +77,8 @@ impl Default for RouterConfig {
             token_hash: None,
             backends: Vec::new(),
             env: Vec::new(),
+            disaggregated_serving: false,
+            extra_yaml: String::new(),
         }
     }
 }
@@ -125,7 +132,16 @@ impl RouterConfig {
             y.push_str(&format!("    models: [{}]\n", models.join(", ")));
             y.push_str(&format!("    weight: {}\n", b.weight));
         }
-        y.push_str("disaggregated_serving: { enabled: false, fallback_to_unified: true }\n");
+        y.push_str(&format!(
+            "disaggregated_serving: {{ enabled: {}, fallback_to_unified: true }}\n",
+            self.disaggregated_serving
+        ));
+        if !self.extra_yaml.is_empty() {
+            y.push_str(&self.extra_yaml);
+            if !self.extra_yaml.ends_with('\n') {
+                y.push('\n');
+            }
+        }
         y
     }
 }

@@ -6,7 +6,9 @@
 //!   `config` subcommands;
 //! - [`backend`]: [`MockBackend`], a scripted loopback backend recording every request;
 //! - [`client`]: a raw HTTP/1.1 client (exact bytes out, framed responses in, incremental
-//!   streaming reads).
+//!   streaming reads);
+//! - [`etcd`]: [`etcd::EtcdServer`], a real etcd on loopback (restart, TLS, auth, etcdctl
+//!   helpers) for the discovery tests.
 //!
 //! Everything binds 127.0.0.1 only; every wait is bounded by a deadline.
 
@@ -16,6 +18,7 @@
 pub mod backend;
 pub mod client;
 pub mod config;
+pub mod etcd;
 pub mod fleet;
 pub mod router;
 
