@@ -285,6 +285,12 @@ impl EtcdServer {
         id
     }
 
+    /// Renews lease `id` (hex, as [`EtcdServer::put_with_lease`] returned it) once to its full
+    /// TTL.
+    pub fn keep_alive_once(&self, id: &str) {
+        self.etcdctl(&["lease", "keep-alive", "--once", id]);
+    }
+
     /// `del key`; returns how many keys were deleted.
     pub fn delete(&self, key: &str) -> u64 {
         let out = self.etcdctl(&["del", key]);
