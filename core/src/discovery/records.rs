@@ -176,30 +176,6 @@ pub enum ChannelClass {
     Malformed(MalformedReason),
 }
 
-fn parse_object(value: &[u8]) -> Result<Map<String, Value>, MalformedReason> {
-    match serde_json::from_slice::<Value>(value) {
-        Ok(Value::Object(map)) => Ok(map),
-        Ok(_) => Err(MalformedReason::NotObject),
-        Err(_) => Err(MalformedReason::Json),
-    }
-}
-
-fn check_type(map: &Map<String, Value>, expected: &str) -> Result<(), MalformedReason> {
-    match map.get("type") {
-        None | Some(Value::Null) => Ok(()),
-        Some(Value::String(t)) if t == expected => Ok(()),
-        Some(Value::String(t)) => Err(MalformedReason::ForeignType(clip(t))),
-        Some(_) => Err(MalformedReason::ForeignType(String::from("<non-string>"))),
-    }
-}
-
-fn string_field(map: &Map<String, Value>, name: &str) -> String {
-    match map.get(name) {
-        Some(Value::String(s)) => s.clone(),
-        _ => String::new(),
-    }
-}
-
 /// Shortens an untrusted string for diagnostics (at most 128 bytes, on a char boundary).
 pub fn clip(s: &str) -> String {
     const MAX: usize = 128;
@@ -213,12 +189,65 @@ pub fn clip(s: &str) -> String {
     format!("{}…", s.get(..end).unwrap_or(""))
 }
 
+/// The top-level fields of the small records (Endpoint, EventChannel) the router reads; anything
+/// else in the record is skipped without building a tree.
+#[derive(Deserialize)]
+struct RecordFields {
+    #[serde(rename = "type", default)]
+    kind: Option<Value>,
+    #[serde(default)]
+    instance_id: Option<Value>,
+    #[serde(default)]
+    component: Option<Value>,
+    #[serde(default)]
+    endpoint: Option<Value>,
+    #[serde(default)]
+    transport: Option<Value>,
+    #[serde(default)]
+    topic: Option<Value>,
+    #[serde(default)]
+    scope: Option<Value>,
+}
+
+/// Parse a record's top-level fields; a value that is not a JSON object is refused as such (a
+/// derived struct would otherwise also accept an array).
+fn record_fields(value: &[u8]) -> Result<RecordFields, MalformedReason> {
+    let first = value.iter().find(|b| !b.is_ascii_whitespace());
+    if first != Some(&b'{') {
+        return Err(
+            if serde_json::from_slice::<serde::de::IgnoredAny>(value).is_ok() {
+                MalformedReason::NotObject
+            } else {
+                MalformedReason::Json
+            },
+        );
+    }
+    serde_json::from_slice(value).map_err(|_| MalformedReason::Json)
+}
+
+fn type_is(kind: Option<&Value>, expected: &str) -> Result<(), MalformedReason> {
+    match kind {
+        None | Some(Value::Null) => Ok(()),
+        Some(Value::String(t)) if t == expected => Ok(()),
+        Some(Value::String(t)) => Err(MalformedReason::ForeignType(clip(t))),
+        Some(_) => Err(MalformedReason::ForeignType(String::from("<non-string>"))),
+    }
+}
+
+fn string_of(v: Option<Value>) -> String {
+    match v {
+        Some(Value::String(s)) => s,
+        _ => String::new(),
+    }
+}
+
 /// Parses an Endpoint record (DISC-REC-02/11).
 pub fn parse_instance(value: &[u8]) -> Result<InstanceRecord, MalformedReason> {
-    let map = parse_object(value)?;
-    check_type(&map, "Endpoint")?;
-    let instance_id = InstanceId::from_json(map.get("instance_id")).map_err(MalformedReason::Id)?;
-    let transport = match map.get("transport") {
+    let rec = record_fields(value)?;
+    type_is(rec.kind.as_ref(), "Endpoint")?;
+    let instance_id =
+        InstanceId::from_json(rec.instance_id.as_ref()).map_err(MalformedReason::Id)?;
+    let transport = match &rec.transport {
         Some(Value::Object(t)) => t.iter().next().map(|(kind, v)| match (kind.as_str(), v) {
             ("tcp", Value::String(addr)) => RequestTransport::Tcp(addr.clone()),
             _ => RequestTransport::Other {
@@ -230,8 +259,8 @@ pub fn parse_instance(value: &[u8]) -> Result<InstanceRecord, MalformedReason> {
     };
     Ok(InstanceRecord {
         instance_id,
-        component: string_field(&map, "component"),
-        endpoint: string_field(&map, "endpoint"),
+        component: string_of(rec.component),
+        endpoint: string_of(rec.endpoint),
         transport,
     })
 }
@@ -336,11 +365,7 @@ pub fn parse_card(value: &[u8], key_suffix: bool) -> Result<CardRecord, Malforme
         }
         Err(_) => return Err(MalformedReason::Json),
     };
-    let mut head = Map::new();
-    if let Some(k) = rec.kind {
-        head.insert("type".to_owned(), k);
-    }
-    check_type(&head, "Model")?;
+    type_is(rec.kind.as_ref(), "Model")?;
     let instance_id =
         InstanceId::from_json(rec.instance_id.as_ref()).map_err(MalformedReason::Id)?;
     let card: Option<Box<RawValue>> = match rec.card_json {
@@ -361,10 +386,6 @@ pub fn parse_card(value: &[u8], key_suffix: bool) -> Result<CardRecord, Malforme
         Some(c) if c.get().len() > MAX_RETAINED_CARD_BYTES => (None, true),
         Some(c) => (Some(CardJson::new(c)), false),
         None => (None, false),
-    };
-    let string_of = |v: Option<Value>| match v {
-        Some(Value::String(s)) => s,
-        _ => String::new(),
     };
     Ok(CardRecord {
         instance_id,
@@ -507,17 +528,19 @@ pub fn classify_channel(key_topic: &str, value: &[u8]) -> ChannelClass {
     let Some(family) = Family::from_topic(key_topic) else {
         return ChannelClass::Silent;
     };
-    let map = match parse_object(value).and_then(|m| check_type(&m, "EventChannel").map(|()| m)) {
-        Ok(m) => m,
+    let rec = match record_fields(value)
+        .and_then(|r| type_is(r.kind.as_ref(), "EventChannel").map(|()| r))
+    {
+        Ok(r) => r,
         Err(r) => return ChannelClass::Malformed(r),
     };
-    match map.get("topic") {
+    match &rec.topic {
         Some(Value::String(t)) if t != key_topic => {
             return ChannelClass::Malformed(MalformedReason::TopicMismatch);
         }
         _ => {}
     }
-    if let Some(kind) = map.get("scope").and_then(|s| s.get("kind")) {
+    if let Some(kind) = rec.scope.as_ref().and_then(|s| s.get("kind")) {
         let known = matches!(kind.as_str(), Some("namespace" | "component" | "endpoint"));
         if !known {
             let what = kind
@@ -526,11 +549,11 @@ pub fn classify_channel(key_topic: &str, value: &[u8]) -> ChannelClass {
             return ChannelClass::Unsupported(Unsupported::ScopeKind(what));
         }
     }
-    let publisher_id = match PublisherId::from_json(map.get("instance_id")) {
+    let publisher_id = match PublisherId::from_json(rec.instance_id.as_ref()) {
         Ok(id) => id,
         Err(e) => return ChannelClass::Malformed(MalformedReason::Id(e)),
     };
-    let Some(transport) = map.get("transport").and_then(Value::as_object) else {
+    let Some(transport) = rec.transport.as_ref().and_then(Value::as_object) else {
         return ChannelClass::Malformed(MalformedReason::NoTransport);
     };
     match transport.get("kind").and_then(Value::as_str) {

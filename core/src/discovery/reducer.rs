@@ -253,12 +253,10 @@ impl Reducer {
         if !was_live {
             self.bump_live(idx);
         }
-        let shown = String::from_utf8_lossy(key);
-        let shown = clip(&shown);
         let parsed_key = parse_key(key);
         match space {
             Keyspace::Instances => {
-                let slot = instance_slot(parsed_key, value, digest, &shown);
+                let slot = instance_slot(parsed_key, value, digest, key);
                 if let Slot::Used { namespace, rec } = &slot {
                     self.memo
                         .entry((namespace.clone(), rec.instance_id))
@@ -270,11 +268,11 @@ impl Reducer {
                 self.store(space, key, digest, now, slot);
             }
             Keyspace::Cards => {
-                let slot = card_slot(parsed_key, value, digest, &shown, &mut self.sink);
+                let slot = card_slot(parsed_key, value, digest, key, &mut self.sink);
                 self.store(space, key, digest, now, slot);
             }
             Keyspace::Channels => {
-                let slot = channel_slot(parsed_key, value, digest, &shown);
+                let slot = channel_slot(parsed_key, value, digest, key);
                 self.store(space, key, digest, now, slot);
             }
         }
@@ -410,10 +408,15 @@ fn sweep<T>(map: &mut HeldMap<T>, epoch: u64) -> bool {
     removed_used
 }
 
-fn malformed<T>(key: &str, reason: MalformedReason) -> Slot<T> {
+/// A key as diagnostics show it (lossy UTF-8, clipped); built only when a diagnostic is.
+fn shown(key: &[u8]) -> String {
+    clip(&String::from_utf8_lossy(key))
+}
+
+fn malformed<T>(key: &[u8], reason: MalformedReason) -> Slot<T> {
     Slot::Skipped {
         why: Some(Diagnostic::Malformed {
-            key: key.to_owned(),
+            key: shown(key),
             reason,
         }),
     }
@@ -430,21 +433,21 @@ fn instance_slot(
     key: Result<RecordKey, super::keys::KeyError>,
     value: &[u8],
     digest: ValueDigest,
-    shown: &str,
+    raw_key: &[u8],
 ) -> Slot<InstanceRecord> {
     let namespace = match key {
         Ok(RecordKey::Instance { namespace, .. }) => namespace,
         Ok(_) => return Slot::Skipped { why: None },
-        Err(e) => return malformed(shown, e.into()),
+        Err(e) => return malformed(raw_key, e.into()),
     };
     if let Some(r) = oversize(digest) {
-        return malformed(shown, r);
+        return malformed(raw_key, r);
     }
     match parse_instance(value) {
         // Only `generate` endpoints materialise workers (DISC-REC-08).
         Ok(rec) if rec.endpoint == "generate" => Slot::Used { namespace, rec },
         Ok(_) => Slot::Skipped { why: None },
-        Err(r) => malformed(shown, r),
+        Err(r) => malformed(raw_key, r),
     }
 }
 
@@ -452,16 +455,16 @@ fn card_slot(
     key: Result<RecordKey, super::keys::KeyError>,
     value: &[u8],
     digest: ValueDigest,
-    shown: &str,
+    raw_key: &[u8],
     sink: &mut Sink,
 ) -> Slot<CardRecord> {
     let (namespace, suffix) = match key {
         Ok(RecordKey::Card { namespace, suffix }) => (namespace, suffix),
         Ok(_) => return Slot::Skipped { why: None },
-        Err(e) => return malformed(shown, e.into()),
+        Err(e) => return malformed(raw_key, e.into()),
     };
     if let Some(r) = oversize(digest) {
-        return malformed(shown, r);
+        return malformed(raw_key, r);
     }
     match parse_card(value, suffix.is_some()) {
         // LoRA adapter cards never join (DISC-REC-07).
@@ -469,18 +472,18 @@ fn card_slot(
         Ok(rec) => {
             if !rec.fields.bad_fields.is_empty() {
                 sink.push(Diagnostic::CardFieldsIgnored {
-                    key: shown.to_owned(),
+                    key: shown(raw_key),
                     fields: rec.fields.bad_fields.clone(),
                 });
             }
             if rec.card_dropped {
                 sink.push(Diagnostic::CardDropped {
-                    key: shown.to_owned(),
+                    key: shown(raw_key),
                 });
             }
             Slot::Used { namespace, rec }
         }
-        Err(r) => malformed(shown, r),
+        Err(r) => malformed(raw_key, r),
     }
 }
 
@@ -488,7 +491,7 @@ fn channel_slot(
     key: Result<RecordKey, super::keys::KeyError>,
     value: &[u8],
     digest: ValueDigest,
-    shown: &str,
+    raw_key: &[u8],
 ) -> Slot<ChannelRec> {
     let (namespace, scope, topic) = match key {
         Ok(RecordKey::Channel {
@@ -498,13 +501,13 @@ fn channel_slot(
             ..
         }) => (namespace, scope, topic),
         Ok(_) => return Slot::Skipped { why: None },
-        Err(e) => return malformed(shown, e.into()),
+        Err(e) => return malformed(raw_key, e.into()),
     };
     if Family::from_topic(&topic).is_none() {
         return Slot::Skipped { why: None }; // LOAD-CHAN-08: silently
     }
     if let Some(r) = oversize(digest) {
-        return malformed(shown, r);
+        return malformed(raw_key, r);
     }
     match classify_channel(&topic, value) {
         ChannelClass::Subscribe {
@@ -523,11 +526,11 @@ fn channel_slot(
         ChannelClass::Silent => Slot::Skipped { why: None },
         ChannelClass::Unsupported(what) => Slot::Skipped {
             why: Some(Diagnostic::Unsupported {
-                key: shown.to_owned(),
+                key: shown(raw_key),
                 what,
             }),
         },
-        ChannelClass::Malformed(r) => malformed(shown, r),
+        ChannelClass::Malformed(r) => malformed(raw_key, r),
     }
 }
 
