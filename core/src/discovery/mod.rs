@@ -3,7 +3,7 @@
 //! Role: everything between the etcd watcher (in `control/`, which owns the I/O) and the registry
 //! snapshot: key layouts ([`keys`]), record parsing ([`records`]), the reducer ([`reducer`]) and
 //! its join rules ([`join`]), the published [`fleet::FleetView`], typed diagnostics ([`diag`]) and
-//! mixed-namespace detection ([`mixed`]). Spec-gap decisions are listed in `DECISIONS.md` here.
+//! mixed-namespace detection ([`mixed`]). Spec-gap decisions are in `docs/decisions.md` (section "The discovery reducer").
 //!
 //! Invariants:
 //! - deterministic and runtime-free: no clock (time is an argument), no I/O, no logging, no
