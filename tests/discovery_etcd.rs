@@ -67,8 +67,10 @@ struct Discovery<'a> {
     etcd: &'a EtcdServer,
     enabled: bool,
     namespaces: Vec<&'static str>,
-    /// `auth.username`; the password is always `${ETCD_PASSWORD}` from the environment.
+    /// `auth.username`; the password is `${<password_env>}` from the router's environment.
     auth_user: Option<&'static str>,
+    /// The environment variable named in `auth.password`.
+    password_env: &'static str,
     /// `watch_reconnect_backoff.initial`.
     backoff_initial: &'static str,
 }
@@ -80,6 +82,7 @@ impl<'a> Discovery<'a> {
             enabled: true,
             namespaces: vec!["agg", "disagg"],
             auth_user: None,
+            password_env: "ETCD_PASSWORD",
             backoff_initial: "100ms",
         }
     }
@@ -108,8 +111,9 @@ fn router_config(d: &Discovery<'_>) -> RouterConfig {
     ));
     if let Some(user) = d.auth_user {
         y.push_str(&format!(
-            "      auth: {{ username: {}, password: \"${{ETCD_PASSWORD}}\" }}\n",
-            q(user)
+            "      auth: {{ username: {}, password: \"${{{}}}\" }}\n",
+            q(user),
+            d.password_env
         ));
     }
     if let Some(t) = d.etcd.tls_files() {
@@ -609,6 +613,12 @@ fn read_only_etcd_user_is_enough() {
     let mut want = fixture_ids();
     want.insert(w.hex());
     wait_fleet(&r, &want);
+    // etcd restarted (its auth tokens are gone): the router authenticates again and watches.
+    etcd.stop();
+    wait_metric_eq(&r, CONNECTED, &[], 0.0);
+    etcd.restart();
+    assert_eq!(etcd.delete(&w.instance_key), 1);
+    wait_fleet(&r, &fixture_ids());
     assert!(
         !r.stderr().contains("reader-pass-e2e"),
         "the password reached the log"
@@ -626,6 +636,8 @@ fn wrong_etcd_password_stays_disconnected_without_crashing() {
     d.auth_user = Some(READER_USER);
     let mut cfg = router_config(&d);
     cfg.env.push(("ETCD_PASSWORD".into(), "wrong-pass".into()));
+    cfg.env
+        .push(("ETCD_PASSWORD_FIXED".into(), "reader-pass-e2e".into()));
     let mut r = RouterProcess::start(&cfg);
     // Two failed sessions logged: it tried, failed and tried again.
     let deadline = Instant::now() + STEP;
@@ -811,4 +823,33 @@ fn reload_to_another_etcd_replaces_the_fleet() {
         restarts + 1.0,
         "one restart for the endpoints change"
     );
+}
+
+/// A router started while etcd is down serves anyway, reports `connected: false`, and picks the
+/// fleet up once etcd comes up (DISC-ETCD-03 backoff and retry from step 1).
+#[test]
+fn router_started_before_etcd_connects_when_etcd_comes_up() {
+    let mut etcd = EtcdServer::start();
+    etcd.load_dump(Path::new(FIXTURE));
+    etcd.stop();
+    let r = RouterProcess::start(&router_config(&Discovery::new(&etcd)));
+    let deadline = Instant::now() + STEP;
+    while !r.stderr().contains("session ended") {
+        assert!(
+            Instant::now() < deadline,
+            "no failed discovery session logged; stderr:\n{}",
+            r.stderr()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let v = view(&r);
+    assert_eq!(
+        (&v["enabled"], &v["connected"]),
+        (&json!(true), &json!(false))
+    );
+    assert_eq!(v["workers"], json!([]));
+    assert_eq!(metric(&r, CONNECTED, &[]), 0.0);
+    etcd.restart();
+    wait_fleet(&r, &fixture_ids());
+    assert_eq!(metric(&r, CONNECTED, &[]), 1.0);
 }
