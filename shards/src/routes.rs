@@ -105,7 +105,23 @@ fn ok(c: &mut ClientConn, content_type: &str, body: &[u8]) -> Outcome {
     }
 }
 
+/// Check admin access and leave an audit record of the decision (target `continuum::audit`).
 fn admin_allowed(snap: &RouterSnapshot, c: &ClientConn) -> Result<(), LocalError> {
+    let decision = admin_decision(snap, c);
+    let path = String::from_utf8_lossy(&c.rbuf[c.head.path.clone()]);
+    let path = path.split('?').next().unwrap_or("");
+    match decision {
+        Ok(()) => {
+            tracing::info!(target: "continuum::audit", peer = %c.peer, path, "admin access allowed")
+        }
+        Err(e) => {
+            tracing::warn!(target: "continuum::audit", peer = %c.peer, path, status = e.status(), "admin access denied")
+        }
+    }
+    decision
+}
+
+fn admin_decision(snap: &RouterSnapshot, c: &ClientConn) -> Result<(), LocalError> {
     match &snap.config.admin.token_hash {
         Some(hash) => {
             let auth = c

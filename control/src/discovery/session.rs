@@ -17,6 +17,13 @@ use continuum_core::discovery::{FleetView, KvEvent, Reducer, UnixMillis};
 /// The seed phase's fixed timeout (DISC-ETCD-10).
 pub const SEED_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// After a batch, further batches arriving within this gap are applied before the view is
+/// rebuilt, so a burst (a fleet starting, a rolling restart) costs one materialisation instead of
+/// one per event.
+pub const COALESCE_GAP: Duration = Duration::from_millis(20);
+/// A burst is cut into views at least this often, so a steady stream of changes still publishes.
+pub const COALESCE_MAX: Duration = Duration::from_millis(200);
+
 /// One key change.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Change {
@@ -127,26 +134,53 @@ pub async fn drive_session<S: WatchSource>(
     publish(view);
     let healthy_since = Instant::now();
     connected(true);
+    // Coalesce bursts (a fleet starting, a rolling restart): batches that follow each other within
+    // `COALESCE_GAP` are applied before one view is built, and a long burst still publishes every
+    // `COALESCE_MAX`. The pending `next()` future is kept across the wait, never dropped, so a
+    // source that is not cancel-safe loses nothing.
+    let mut dirty_since: Option<Instant> = None;
     let end = loop {
-        match source.next().await {
-            Ok(batch) => {
-                let now = wall_clock_now();
-                let view = {
-                    let mut r = lock(reducer);
-                    for c in &batch {
-                        apply(&mut r, c, now);
-                    }
-                    r.materialize()
-                };
-                publish(view);
+        let mut fut = std::pin::pin!(source.next());
+        let outcome = loop {
+            let Some(since) = dirty_since else {
+                break fut.as_mut().await;
+            };
+            let wait = COALESCE_GAP.min(COALESCE_MAX.saturating_sub(since.elapsed()));
+            match tokio::time::timeout(wait, fut.as_mut()).await {
+                Ok(outcome) => break outcome,
+                Err(_) => {
+                    // The burst paused (or ran long): publish what has been applied so far and
+                    // keep waiting on the same pending `next()`.
+                    publish(lock(reducer).materialize());
+                    dirty_since = None;
+                }
             }
-            Err(end) => break end,
+        };
+        match outcome {
+            Ok(batch) => {
+                apply_batch(reducer, &batch);
+                dirty_since.get_or_insert_with(Instant::now);
+            }
+            Err(end) => {
+                if dirty_since.is_some() {
+                    publish(lock(reducer).materialize());
+                }
+                break end;
+            }
         }
     };
     connected(false);
     SessionReport {
         end,
         healthy_for: healthy_since.elapsed(),
+    }
+}
+
+fn apply_batch(reducer: &Mutex<Reducer>, batch: &[Change]) {
+    let now = wall_clock_now();
+    let mut r = lock(reducer);
+    for c in batch {
+        apply(&mut r, c, now);
     }
 }
 

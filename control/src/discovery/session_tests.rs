@@ -150,3 +150,26 @@ fn failed_seed_reports_without_connecting() {
     assert_eq!(report.healthy_for, std::time::Duration::ZERO);
     assert!(conn.is_empty());
 }
+
+#[test]
+fn a_burst_of_batches_publishes_one_view() {
+    let reducer = Mutex::new(Reducer::new());
+    let all = dump();
+    let (instances, rest): (Vec<Change>, Vec<Change>) = all
+        .into_iter()
+        .partition(|c| matches!(c, Change::Put(k, _) if k.starts_with(b"v1/instances/")));
+    let mut src = Scripted {
+        seed: rest,
+        batches: instances
+            .into_iter()
+            .map(|c| Ok(vec![c]))
+            .chain([Err(SessionEnd::Compacted)])
+            .collect(),
+    };
+    let (report, views, _) = run(&mut src, &reducer);
+    assert_eq!(report.end, SessionEnd::Compacted);
+    // The seed view (no instance records, so no workers) and one view for the whole burst.
+    assert_eq!(views.len(), 2, "a burst must be coalesced into one view");
+    assert!(views[0].workers.is_empty());
+    assert_eq!(views[1].workers.len(), 4);
+}
