@@ -151,7 +151,9 @@ pub async fn drive_session<S: WatchSource>(
                 Err(_) => {
                     // The burst paused (or ran long): publish what has been applied so far and
                     // keep waiting on the same pending `next()`.
-                    publish(lock(reducer).materialize());
+                    // Release the reducer before publishing: `publish` may lock it again.
+                    let view = lock(reducer).materialize();
+                    publish(view);
                     dirty_since = None;
                 }
             }
@@ -163,7 +165,8 @@ pub async fn drive_session<S: WatchSource>(
             }
             Err(end) => {
                 if dirty_since.is_some() {
-                    publish(lock(reducer).materialize());
+                    let view = lock(reducer).materialize();
+                    publish(view);
                 }
                 break end;
             }

@@ -49,10 +49,18 @@ fn run(
         .unwrap();
     let mut views = Vec::new();
     let mut conn = Vec::new();
+    // Like the real publisher, which drains the reducer's diagnostics: the reducer must not be
+    // locked while `publish` runs (a std mutex is not reentrant: that would deadlock the thread).
     let report = rt.block_on(drive_session(
         src,
         reducer,
-        |v| views.push(v),
+        |v| {
+            assert!(
+                reducer.try_lock().is_ok(),
+                "publish called with the reducer locked"
+            );
+            views.push(v)
+        },
         |c| conn.push(c),
     ));
     (report, views, conn)
