@@ -181,13 +181,7 @@ pub(crate) fn build_view(r: &mut Reducer) -> FleetView {
                 continue;
             }
         };
-        let memo = r
-            .memo
-            .entry((ns.to_owned(), rec.instance_id))
-            .or_insert(Memo {
-                first_seen: inst.held.changed_at,
-                version_logged: false,
-            });
+        let memo = Memo::for_worker(&mut r.memo, ns, rec.instance_id, inst.held.changed_at);
         if let Some(f) = fields
             && !f.versions.is_empty()
             && !memo.version_logged

@@ -88,11 +88,36 @@ pub(crate) struct ChannelRec {
 
 pub(crate) type HeldMap<T> = BTreeMap<Vec<u8>, Held<T>>;
 
-/// Per-worker memory that outlives resyncs.
-#[derive(Debug, Clone, Copy)]
+/// Per-worker memory that outlives resyncs, keyed by instance id (generate instance ids are
+/// unique across the whole view, Q-45); the namespace is kept to tell a worker that reappears in
+/// another namespace from the same worker.
+#[derive(Debug, Clone)]
 pub(crate) struct Memo {
+    pub(crate) namespace: String,
     pub(crate) first_seen: UnixMillis,
     pub(crate) version_logged: bool,
+}
+
+impl Memo {
+    /// The memo for `(namespace, id)`, created (or reset, when the id moved namespace) with
+    /// `first_seen = now`. Allocates only when it creates.
+    pub(crate) fn for_worker<'m>(
+        memo: &'m mut BTreeMap<InstanceId, Memo>,
+        namespace: &str,
+        id: InstanceId,
+        now: UnixMillis,
+    ) -> &'m mut Memo {
+        let fresh = || Memo {
+            namespace: namespace.to_owned(),
+            first_seen: now,
+            version_logged: false,
+        };
+        let m = memo.entry(id).or_insert_with(fresh);
+        if m.namespace != namespace {
+            *m = fresh();
+        }
+        m
+    }
 }
 
 /// The reducer. Create one per watcher and reuse it across reconnects (DISC-ETCD-07).
@@ -101,7 +126,7 @@ pub struct Reducer {
     pub(crate) instances: HeldMap<InstanceRecord>,
     pub(crate) cards: HeldMap<CardRecord>,
     pub(crate) channels: HeldMap<ChannelRec>,
-    pub(crate) memo: BTreeMap<(String, InstanceId), Memo>,
+    pub(crate) memo: BTreeMap<InstanceId, Memo>,
     epoch: u64,
     live: [usize; 3],
     cap_logged: [bool; 3],
@@ -258,12 +283,7 @@ impl Reducer {
             Keyspace::Instances => {
                 let slot = instance_slot(parsed_key, value, digest, key);
                 if let Slot::Used { namespace, rec } = &slot {
-                    self.memo
-                        .entry((namespace.clone(), rec.instance_id))
-                        .or_insert(Memo {
-                            first_seen: now,
-                            version_logged: false,
-                        });
+                    Memo::for_worker(&mut self.memo, namespace, rec.instance_id, now);
                 }
                 self.store(space, key, digest, now, slot);
             }
@@ -535,11 +555,11 @@ fn channel_slot(
 }
 
 /// Every `(namespace, instance_id)` that a held `generate` record claims.
-pub(crate) fn claimed_workers(r: &Reducer) -> BTreeSet<(String, InstanceId)> {
+pub(crate) fn claimed_workers(r: &Reducer) -> BTreeSet<InstanceId> {
     r.instances
         .values()
         .filter_map(|h| match &h.slot {
-            Slot::Used { namespace, rec } => Some((namespace.clone(), rec.instance_id)),
+            Slot::Used { rec, .. } => Some(rec.instance_id),
             Slot::Skipped { .. } => None,
         })
         .collect()
