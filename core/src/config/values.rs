@@ -159,22 +159,7 @@ impl<'e> Ctx<'e> {
         min: Duration,
         max: Duration,
     ) -> Duration {
-        let Some(s) = v else { return default };
-        match parse_duration(s) {
-            Ok(d) if d >= min && d <= max => d,
-            Ok(_) => {
-                self.error(
-                    field,
-                    s,
-                    format!("must lie in {}..={}", fmt_duration(min), fmt_duration(max)),
-                );
-                default
-            }
-            Err(reason) => {
-                self.error(field, s, reason);
-                default
-            }
-        }
+        self.ranged(field, v, default, (min, max), parse_duration, fmt_duration)
     }
 
     /// A byte size in `min..=max`, or `default`.
@@ -186,14 +171,28 @@ impl<'e> Ctx<'e> {
         min: u64,
         max: u64,
     ) -> u64 {
+        self.ranged(field, v, default, (min, max), parse_size, fmt_size)
+    }
+
+    /// A value parsed by `parse` that must lie in `range` (inclusive), or `default`; every
+    /// failure is recorded as an error on `field`.
+    fn ranged<T: PartialOrd + Copy>(
+        &mut self,
+        field: &str,
+        v: Option<&Scalar>,
+        default: T,
+        (min, max): (T, T),
+        parse: impl Fn(&Scalar) -> Result<T, String>,
+        show: impl Fn(T) -> String,
+    ) -> T {
         let Some(s) = v else { return default };
-        match parse_size(s) {
-            Ok(n) if n >= min && n <= max => n,
+        match parse(s) {
+            Ok(x) if x >= min && x <= max => x,
             Ok(_) => {
                 self.error(
                     field,
                     s,
-                    format!("must lie in {}..={}", fmt_size(min), fmt_size(max)),
+                    format!("must lie in {}..={}", show(min), show(max)),
                 );
                 default
             }
