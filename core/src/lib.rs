@@ -19,3 +19,4 @@ pub mod http1;
 pub mod json_scan;
 pub mod publish;
 pub mod snapshot;
+pub mod subscriptions;
