@@ -59,6 +59,7 @@ pub(crate) fn start(
         config.clone(),
         addrs,
         Arc::new(FleetView::default()),
+        Arc::default(),
     )));
     let stats = Arc::new(ControlStats::default());
     stats

@@ -13,8 +13,10 @@ use continuum_shards::metrics::ControlStats;
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::discovery::{self, NotRunnable, Supervisor};
-use crate::resolve::resolve_blocking;
+use crate::resolve::{resolve_blocking, resolve_publishers};
 use continuum_core::discovery::FleetView;
+use continuum_core::snapshot::PublisherAddrs;
+use continuum_core::subscriptions::ConnectPolicy;
 
 /// How often the config file's metadata is checked for a change.
 const FILE_POLL: Duration = Duration::from_secs(1);
@@ -143,6 +145,8 @@ struct State {
     addrs: Vec<Option<std::net::SocketAddr>>,
     /// The latest fleet view from discovery (empty when off).
     fleet: Arc<FleetView>,
+    /// Resolved, policy-checked addresses of the fleet's admitted publishers.
+    publisher_addrs: Arc<PublisherAddrs>,
     discovery: Supervisor,
 }
 
@@ -156,6 +160,7 @@ impl State {
             self.params.config.clone(),
             self.addrs.clone(),
             self.fleet.clone(),
+            self.publisher_addrs.clone(),
         ));
         self.params.shards.reload_all();
         self.params
@@ -163,6 +168,18 @@ impl State {
             .generation
             .store(generation, Ordering::Relaxed);
         generation
+    }
+
+    /// Resolve the fleet's publishers (new ones only, unless `policy_changed`), CFG-20.
+    async fn resolve_publishers(&mut self, policy_changed: bool) {
+        let policy = ConnectPolicy::new(self.params.config.dynamo.load.direct_allow_cidrs.clone());
+        let previous = if policy_changed {
+            PublisherAddrs::new()
+        } else {
+            (*self.publisher_addrs).clone()
+        };
+        let next = resolve_publishers(&self.fleet, &policy, &previous).await;
+        self.publisher_addrs = Arc::new(next);
     }
 
     /// Start, stop or restart discovery for the running config. Returns whether the fleet was
@@ -217,6 +234,7 @@ async fn run(params: ControlParams, signals: Signals) -> Result<ExitReason, Cont
         stamp: None,
         addrs,
         fleet: Arc::new(FleetView::default()),
+        publisher_addrs: Arc::default(),
         discovery,
     };
     st.reconcile_discovery(true);
@@ -240,6 +258,7 @@ async fn run(params: ControlParams, signals: Signals) -> Result<ExitReason, Cont
             Some(update) = updates.recv() => {
                 if st.discovery.epoch() == Some(update.epoch) && !Arc::ptr_eq(&update.fleet, &st.fleet) {
                     st.fleet = update.fleet;
+                    st.resolve_publishers(false).await;
                     let generation = st.publish();
                     tracing::debug!(generation, workers = st.fleet.workers.len(), "fleet view published");
                 }
@@ -299,10 +318,15 @@ async fn reload(st: &mut State, trigger: Trigger) {
         Ok(a) => a,
         Err(_) => vec![None; config.backends.len()],
     };
+    let policy_changed =
+        st.params.config.dynamo.load.direct_allow_cidrs != config.dynamo.load.direct_allow_cidrs;
     st.params.config = config;
     st.params.config_text = text;
     st.addrs = addrs;
     st.reconcile_discovery(false);
+    // RELOAD-03: a new connect policy re-checks every publisher; the shards restart exactly the
+    // subscriptions whose decision changed.
+    st.resolve_publishers(policy_changed).await;
     let generation = st.publish();
     st.params
         .stats

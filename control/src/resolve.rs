@@ -1,4 +1,4 @@
-//! Resolving backend host names to socket addresses, off the data plane.
+//! Resolving backend and publisher host names to socket addresses, off the data plane.
 //!
 //! Shards never resolve: a host name is looked up here, once per publication, and the first
 //! address is placed in the snapshot. A backend that does not resolve is logged and left out of
@@ -33,4 +33,49 @@ pub fn resolve_blocking(config: &Config) -> Vec<Option<SocketAddr>> {
             }
         })
         .collect()
+}
+
+/// How long resolving one publisher host may take (LOAD-ZMTP-18: `CONNECT_TIMEOUT`).
+pub(crate) const PUBLISHER_RESOLVE_TIMEOUT: std::time::Duration =
+    std::time::Duration::from_secs(10);
+
+/// Resolve the admitted publishers of every family once and check each against the connect
+/// policy (CFG-20). Results for publishers already in `previous` (same id, so same incarnation
+/// and endpoint) are reused; publishers that left are dropped. IP literals need no lookup; host
+/// names are looked up on the blocking pool, each bounded by [`PUBLISHER_RESOLVE_TIMEOUT`].
+pub(crate) async fn resolve_publishers(
+    fleet: &continuum_core::discovery::FleetView,
+    policy: &continuum_core::subscriptions::ConnectPolicy,
+    previous: &continuum_core::snapshot::PublisherAddrs,
+) -> continuum_core::snapshot::PublisherAddrs {
+    use continuum_core::discovery::Family;
+    use continuum_core::subscriptions::admitted;
+    let mut out = continuum_core::snapshot::PublisherAddrs::new();
+    for family in [Family::KvMetrics, Family::KvEvents] {
+        for p in admitted(fleet, family) {
+            if let Some(known) = previous.get(&p.publisher_id) {
+                out.insert(p.publisher_id, known.clone());
+                continue;
+            }
+            let resolved: Vec<SocketAddr> = match p.tcp.host.parse::<IpAddr>() {
+                Ok(ip) => vec![SocketAddr::new(ip, p.tcp.port)],
+                Err(_) => {
+                    let target = (p.tcp.host.clone(), p.tcp.port);
+                    let lookup = tokio::task::spawn_blocking(move || {
+                        target.to_socket_addrs().map(Iterator::collect::<Vec<_>>)
+                    });
+                    match tokio::time::timeout(PUBLISHER_RESOLVE_TIMEOUT, lookup).await {
+                        Ok(Ok(Ok(addrs))) => addrs,
+                        _ => Vec::new(),
+                    }
+                }
+            };
+            let decision = policy.choose(&resolved);
+            if let Err(why) = &decision {
+                tracing::warn!(publisher = %p.publisher_id, namespace = %p.namespace, reason = %why, "publisher not subscribed");
+            }
+            out.insert(p.publisher_id, decision);
+        }
+    }
+    out
 }

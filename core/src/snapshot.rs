@@ -17,7 +17,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use crate::config::{BackendConfig, Config};
-use crate::discovery::FleetView;
+use crate::discovery::{FleetView, PublisherId};
+use crate::subscriptions::Refusal;
 
 /// Index of a backend inside one snapshot's [`RouterSnapshot::backends`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -63,7 +64,14 @@ pub struct RouterSnapshot {
     pub backend_addrs: Vec<Option<SocketAddr>>,
     /// The discovered Dynamo fleet (empty when discovery is off or has not seeded yet).
     pub fleet: Arc<FleetView>,
+    /// Where each subscribed publisher may be connected: resolved once by the control thread and
+    /// checked against `load.direct_allow_cidrs` (CFG-20). A publisher missing here has not been
+    /// resolved yet.
+    pub publisher_addrs: Arc<PublisherAddrs>,
 }
+
+/// Resolved and policy-checked publisher addresses.
+pub type PublisherAddrs = HashMap<PublisherId, Result<SocketAddr, Refusal>>;
 
 impl RouterSnapshot {
     /// Build the snapshot for `config` with the given generation. `backend_addrs` holds the
@@ -74,6 +82,7 @@ impl RouterSnapshot {
         config: Arc<Config>,
         backend_addrs: Vec<Option<SocketAddr>>,
         fleet: Arc<FleetView>,
+        publisher_addrs: Arc<PublisherAddrs>,
     ) -> Self {
         let mut per_model: HashMap<String, Vec<(BackendIdx, u32)>> = HashMap::new();
         let mut model_ids = Vec::new();
@@ -113,6 +122,7 @@ impl RouterSnapshot {
             model_ids,
             backend_addrs,
             fleet,
+            publisher_addrs,
         }
     }
 
