@@ -79,3 +79,65 @@ pub(crate) async fn resolve_publishers(
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use continuum_core::discovery::{Family, FleetView, Publisher, PublisherId, TcpTarget};
+    use continuum_core::subscriptions::{ConnectPolicy, Refusal};
+
+    use super::*;
+
+    fn publisher(id: u64, host: &str) -> Publisher {
+        Publisher {
+            family: Family::KvMetrics,
+            publisher_id: PublisherId::new(id),
+            namespace: "ns".into(),
+            component: None,
+            endpoint: None,
+            tcp: TcpTarget {
+                host: host.into(),
+                port: 5557,
+            },
+        }
+    }
+
+    #[test]
+    fn publishers_are_resolved_once_and_checked_against_the_policy() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let fleet = FleetView {
+            workers: Vec::new(),
+            publishers: vec![
+                publisher(1, "10.1.2.3"),
+                publisher(2, "203.0.113.9"),
+                publisher(3, "localhost"),
+                publisher(4, "no-such-host.invalid"),
+            ],
+        };
+        let policy = ConnectPolicy::new(Some(vec![
+            "10.0.0.0/8".parse().unwrap(),
+            "127.0.0.0/8".parse().unwrap(),
+        ]));
+        let got = rt.block_on(resolve_publishers(&fleet, &policy, &Default::default()));
+        assert_eq!(
+            got[&PublisherId::new(1)],
+            Ok("10.1.2.3:5557".parse().unwrap())
+        );
+        assert_eq!(got[&PublisherId::new(2)], Err(Refusal::NotAllowed));
+        assert!(
+            got[&PublisherId::new(3)]
+                .as_ref()
+                .is_ok_and(|a| a.ip().is_loopback())
+        );
+        assert_eq!(got[&PublisherId::new(4)], Err(Refusal::Unresolved));
+        // A known publisher keeps its earlier decision (resolved once); a departed one is dropped.
+        let mut previous = got.clone();
+        previous.insert(PublisherId::new(1), Err(Refusal::NotAllowed));
+        previous.insert(PublisherId::new(99), Ok("10.0.0.1:1".parse().unwrap()));
+        let again = rt.block_on(resolve_publishers(&fleet, &policy, &previous));
+        assert_eq!(again[&PublisherId::new(1)], Err(Refusal::NotAllowed));
+        assert!(!again.contains_key(&PublisherId::new(99)));
+    }
+}
