@@ -121,3 +121,23 @@ fn router_config_renders_the_contract_shape() {
         assert!(y.contains(needle), "`{needle}` missing from:\n{y}");
     }
 }
+
+#[test]
+fn zmq_publisher_speaks_zmtp_and_reports_no_subscriber() {
+    use std::io::Read;
+    let mut p = common::zmq::ZmqPublisher::start();
+    assert!(p.endpoint().starts_with("tcp://127.0.0.1:"));
+    // A raw TCP peer receives the ZMTP 3 greeting's signature first.
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", p.port)).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+        .unwrap();
+    let mut sig = [0u8; 10];
+    s.read_exact(&mut sig).unwrap();
+    assert_eq!(sig[0], 0xff);
+    assert_eq!(sig[9], 0x7f);
+    // Nobody completed a subscription.
+    assert_eq!(
+        p.wait_subscribed(std::time::Duration::from_millis(200)),
+        None
+    );
+}

@@ -21,6 +21,7 @@ pub mod config;
 pub mod etcd;
 pub mod fleet;
 pub mod router;
+pub mod zmq;
 
 use std::net::TcpListener;
 use std::time::Duration;
