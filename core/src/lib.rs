@@ -20,3 +20,4 @@ pub mod json_scan;
 pub mod publish;
 pub mod snapshot;
 pub mod subscriptions;
+pub mod zmtp;
