@@ -14,6 +14,7 @@ pub mod backoff;
 pub mod clock;
 pub mod config;
 pub mod discovery;
+pub mod dynamo_event;
 pub mod headers;
 pub mod http1;
 pub mod json_scan;
