@@ -579,10 +579,10 @@ fn check_greeting(g: &[u8]) -> Result<(), ZmtpError> {
     if g.first().is_some_and(|&b| b != 0xFF) || g.get(9).is_some_and(|&b| b != 0x7F) {
         return Err(ZmtpError::BadSignature);
     }
-    if let Some(&major) = g.get(10)
+    // judged once both version bytes are in, so the error does not depend on how input splits
+    if let Some(&[major, minor]) = g.get(10..12)
         && major != 3
     {
-        let minor = g.get(11).copied().unwrap_or(0);
         return Err(ZmtpError::UnsupportedVersion { major, minor });
     }
     let mech = g.get(12..g.len().min(32)).unwrap_or(&[]);
