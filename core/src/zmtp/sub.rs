@@ -1,8 +1,9 @@
 //! The sans-IO ZMTP 3.x SUB state machine (NULL mechanism, LOAD-ZMTP-12..16).
 //!
 //! Role: [`ZmtpSub`] turns the bytes a PUB/XPUB peer sends into [`Event`]s and keeps the bytes to
-//! send back ([`ZmtpSub::outgoing`]): our greeting, the SUB `READY` command, one ZMTP 3.0
-//! subscription message (`0x01` + topic) per topic, and later a `PONG` per `PING`. It never
+//! send back ([`ZmtpSub::outgoing`]): our greeting at once, then, once the peer's greeting is in,
+//! the SUB `READY` command and one ZMTP 3.0 subscription message (`0x01` + topic) per topic, and
+//! later a `PONG` per `PING`. It never
 //! touches a socket; the I/O layer feeds what it reads and writes what is outgoing.
 //!
 //! Invariants:
@@ -248,6 +249,9 @@ pub struct ZmtpSub {
     release: bool,
     out: Vec<u8>,
     out_pos: usize,
+    /// READY and the subscriptions, queued once the peer's greeting is in (libzmq 4.3.5 fails
+    /// the handshake when READY arrives in the same segment as our greeting).
+    hello: Vec<u8>,
 }
 
 impl ZmtpSub {
@@ -256,22 +260,21 @@ impl ZmtpSub {
         if topics.is_empty() || topics.len() > MAX_TOPICS {
             return Err(SubscribeError::TopicCount(topics.len()));
         }
-        let mut out_len = GREETING_LEN + READY_SUB.len();
+        let mut hello_len = READY_SUB.len();
         for t in topics {
             if t.len() > MAX_TOPIC_BYTES {
                 return Err(SubscribeError::TopicTooLong(t.len()));
             }
-            out_len += 3 + t.len();
+            hello_len += 3 + t.len();
         }
-        let mut out = Vec::with_capacity(out_len);
-        out.extend_from_slice(&GREETING);
-        out.extend_from_slice(READY_SUB);
+        let mut hello = Vec::with_capacity(hello_len);
+        hello.extend_from_slice(READY_SUB);
         for t in topics {
             // short data frame (flags 0), body 0x01 + topic; MAX_TOPIC_BYTES + 1 < 256
-            out.push(0);
-            out.push(u8::try_from(t.len() + 1).unwrap_or(u8::MAX));
-            out.push(1);
-            out.extend_from_slice(t);
+            hello.push(0);
+            hello.push(u8::try_from(t.len() + 1).unwrap_or(u8::MAX));
+            hello.push(1);
+            hello.extend_from_slice(t);
         }
         Ok(Self {
             limits,
@@ -285,8 +288,9 @@ impl ZmtpSub {
             nframes: 0,
             dropping: None,
             release: false,
-            out,
+            out: GREETING.to_vec(),
             out_pos: 0,
+            hello,
         })
     }
 
@@ -320,7 +324,7 @@ impl ZmtpSub {
 
     /// Capacity of the buffers this state machine owns (frame buffer + write side).
     pub fn buffered_capacity(&self) -> usize {
-        self.buf.capacity() + self.out.capacity()
+        self.buf.capacity() + self.out.capacity() + self.hello.capacity()
     }
 
     /// Consumes bytes from the peer. Returns after the first event or at the end of `input`;
@@ -340,6 +344,7 @@ impl ZmtpSub {
                 self.phase = Phase::Failed;
                 self.buf = Vec::new();
                 self.out = Vec::new();
+                self.hello = Vec::new();
                 self.out_pos = 0;
                 return Err(e);
             }
@@ -381,6 +386,8 @@ impl ZmtpSub {
                     self.minor = self.buf.get(11).copied().unwrap_or(0);
                     self.buf.clear();
                     self.phase = Phase::AwaitReady;
+                    let hello = std::mem::take(&mut self.hello);
+                    self.out.extend_from_slice(&hello);
                 }
                 continue;
             }

@@ -33,6 +33,8 @@ fn ready(limits: ZmtpLimits) -> ZmtpSub {
     let (ev, err) = feed_pieces(&mut s, &peer_handshake(1, b"PUB"), []);
     assert_eq!(err, None);
     assert_eq!(ev, vec![ready_event(1, PeerSocketType::Pub)]);
+    let n = s.outgoing().len();
+    s.consume_outgoing(n);
     s
 }
 
@@ -73,13 +75,19 @@ fn rng(seed: u64) -> impl FnMut() -> u64 {
 
 #[test]
 fn handshake_bytes_are_greeting_ready_then_one_subscription_per_topic() {
-    let s = ZmtpSub::new(ZmtpLimits::KV_EVENTS, &[b"kv-events", b""]).unwrap();
+    let mut s = ZmtpSub::new(ZmtpLimits::KV_EVENTS, &[b"kv-events", b""]).unwrap();
     let mut want = vec![0xFF, 0, 0, 0, 0, 0, 0, 0, 0, 0x7F, 3, 0];
     want.extend_from_slice(b"NULL");
     want.extend_from_slice(&[0; 16]); // mechanism padding
     want.push(0); // as-server
     want.extend_from_slice(&[0; 31]); // filler
     assert_eq!(want.len(), 64);
+    // only the greeting until the peer's greeting is in (libzmq 4.3.5 refuses a READY that
+    // arrives in the same segment as the greeting)
+    assert_eq!(s.outgoing(), &want[..]);
+    assert_eq!(run(&mut s, &peer_greeting(1)[..63]), (vec![], None));
+    assert_eq!(s.outgoing(), &want[..]);
+    assert_eq!(run(&mut s, &peer_greeting(1)[63..]), (vec![], None));
     command(b"READY", &metadata(&[(b"Socket-Type", b"SUB")]), &mut want);
     frame(0, b"\x01kv-events", &mut want);
     frame(0, b"\x01", &mut want);
@@ -89,6 +97,7 @@ fn handshake_bytes_are_greeting_ready_then_one_subscription_per_topic() {
 #[test]
 fn outgoing_drains_in_pieces_and_releases_its_storage() {
     let mut s = sub(ZmtpLimits::KV_METRICS);
+    run(&mut s, &peer_greeting(1));
     let all = s.outgoing().to_vec();
     s.consume_outgoing(10);
     assert_eq!(s.outgoing(), &all[10..]);
@@ -561,25 +570,24 @@ fn idle_budget_is_2624_bytes() {
             pos += p.consumed;
             max_cap = max_cap.max(s.buffered_capacity());
         }
-        assert_eq!(max_cap, INITIAL_FRAME_BUFFER_BYTES);
+        assert!(max_cap <= idle, "{max_cap}");
     }
 }
 
 #[test]
 fn buffer_grows_by_powers_of_two_only_as_bytes_arrive() {
     let mut s = ready(ZmtpLimits::KV_EVENTS);
+    // the write side keeps at most 64 bytes; the rest is the frame buffer
+    let w = s.buffered_capacity() - INITIAL_FRAME_BUFFER_BYTES;
+    assert!(w <= WRITE_BUFFER_BYTES);
     let mut b = vec![0x02];
     b.extend_from_slice(&(1u64 << 20).to_be_bytes());
     s.feed(&b).unwrap();
-    assert_eq!(
-        s.buffered_capacity(),
-        INITIAL_FRAME_BUFFER_BYTES,
-        "declared, not yet sent"
-    );
+    assert_eq!(s.buffered_capacity() - w, 512, "declared, not yet sent");
     s.feed(&[0; 600]).unwrap();
-    assert_eq!(s.buffered_capacity(), 1024);
+    assert_eq!(s.buffered_capacity() - w, 1024);
     s.feed(&[0; 3000]).unwrap();
-    assert_eq!(s.buffered_capacity(), 4096);
+    assert_eq!(s.buffered_capacity() - w, 4096);
 }
 
 #[test]
