@@ -18,6 +18,7 @@ pub mod dynamo_event;
 pub mod headers;
 pub mod http1;
 pub mod json_scan;
+pub mod load;
 pub mod publish;
 pub mod snapshot;
 pub mod subscriptions;

@@ -1,0 +1,381 @@
+//! Unanswered-dispatch accounting (LOAD-STORE-10) and the stall judgement's input
+//! (LOAD-STORE-11/12, Q-28).
+//!
+//! Role: each shard owns one [`DispatchLedger`] (`&mut`, shard-local, exact) recording the
+//! requests it dispatched; the ledger publishes one summary per key into its own
+//! [`InflightTable`] (seqlock cells, single writer: that shard). Pickers on every shard read all
+//! shards' tables through an [`InflightReader`] and sum them, so a quiet worker is filled only up
+//! to the others' load whichever shards dispatch to it.
+//!
+//! A dispatch at `t` counts for its key until a sample of that key is received strictly after `t`
+//! or until `t + 30 s`. Per key, dispatch times are ordered (one shard clock), so both ends
+//! remove a *prefix* of the key's records; the ledger keeps per-key sums and prunes prefixes.
+//!
+//! Summary words: `[epoch, prefill_sum, decode_sum, newest_t, earliest_eligible_t,
+//! latest_eligible_t]` (times in ns, `u64::MAX` = none). A reader applies two exact corrections
+//! the writer has not yet made: every record answered (a receipt after `newest_t`) or every record
+//! expired (`newest_t + 30 s <= now`) counts zero.
+//!
+//! Invariants:
+//! - right after [`DispatchLedger::refresh`] the published summary is exact for that `now` (sums
+//!   and stall); between refreshes a reader may over-count partially answered or expired records
+//!   and may miss a stall whose record is neither the earliest nor the latest eligible one — the
+//!   shard refreshes before each pick and on its housekeeping tick, which bounds that window;
+//! - `dispatch` and `finish` allocate only when a key gets its first record on this shard or its
+//!   record queue grows; at most [`MAX_RECORDS_PER_KEY`] records are kept per key (a further
+//!   dispatch is merged into the newest record, which over-counts rather than under-counts);
+//! - a summary names its slot epoch: after a worker departs and its slot is reused, stale
+//!   summaries read as zero.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+
+use crate::clock::Instant;
+
+use super::seqcell::SeqTable;
+use super::store::{KeyRead, LoadView, SlotRef};
+use super::{DISPATCH_TTL, LoadKey, STALL_AFTER, STALL_MIN_BLOCKS, duration_nanos, nanos};
+
+/// Records kept per key per shard.
+pub const MAX_RECORDS_PER_KEY: usize = 4096;
+
+const NONE: u64 = u64::MAX;
+const WORDS: usize = 6;
+
+/// `ceil(prompt_tokens / block_size)`, the request size in blocks (PICK-01, Q-28); `None` without
+/// a usable block size.
+pub fn request_blocks(prompt_tokens: u64, block_size: Option<u32>) -> Option<u64> {
+    let bs = u64::from(block_size.filter(|b| *b > 0)?);
+    Some(prompt_tokens.div_ceil(bs))
+}
+
+/// Which side of a request a dispatch is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DispatchRole {
+    /// An aggregated worker: it prefills and decodes.
+    Aggregated,
+    /// The prefill worker of a prefill/decode pair.
+    PairPrefill,
+    /// The decode worker of a pair: reached only after prefill, so never stall-eligible
+    /// (LOAD-STORE-12).
+    PairDecode,
+}
+
+/// What one dispatch adds to its key's backlog.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DispatchLoad {
+    /// Added to the prefill backlog (prompt tokens).
+    pub prefill_tokens: u64,
+    /// Added to the decode backlog (blocks).
+    pub decode_blocks: u64,
+    /// Counts for the stall judgement (≥ 2 blocks, not the decode side of a pair).
+    pub stall_eligible: bool,
+}
+
+impl DispatchLoad {
+    /// The load of one request: prompt tokens go to a prefilling worker, blocks to a decoding
+    /// one (LOAD-STORE-10); stall-eligible when `request_blocks >= 2` and not [`DispatchRole::
+    /// PairDecode`] (LOAD-STORE-11/12, Q-28). Without a block size the request adds no blocks and
+    /// is not eligible.
+    pub fn for_role(role: DispatchRole, prompt_tokens: u64, block_size: Option<u32>) -> Self {
+        let blocks = request_blocks(prompt_tokens, block_size);
+        let eligible = blocks.is_some_and(|b| b >= STALL_MIN_BLOCKS);
+        let blocks = blocks.unwrap_or(0);
+        match role {
+            DispatchRole::Aggregated => Self {
+                prefill_tokens: prompt_tokens,
+                decode_blocks: blocks,
+                stall_eligible: eligible,
+            },
+            DispatchRole::PairPrefill => Self {
+                prefill_tokens: prompt_tokens,
+                decode_blocks: 0,
+                stall_eligible: eligible,
+            },
+            DispatchRole::PairDecode => Self {
+                prefill_tokens: 0,
+                decode_blocks: blocks,
+                stall_eligible: false,
+            },
+        }
+    }
+}
+
+/// Handle of one recorded dispatch, for [`DispatchLedger::finish`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DispatchId {
+    slot: SlotRef,
+    seq: u64,
+}
+
+/// The summed in-flight additions of one key and its stall judgement input.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Inflight {
+    /// Unanswered prompt tokens (prefill backlog addition).
+    pub prefill_tokens: u64,
+    /// Unanswered blocks (decode backlog addition).
+    pub decode_blocks: u64,
+    /// An eligible, unfinished, unanswered dispatch is between 5 s and 30 s old (LOAD-STORE-11).
+    pub stalled: bool,
+}
+
+/// One shard's published per-key summaries (single writer: that shard's ledger).
+#[derive(Debug)]
+pub struct InflightTable {
+    cells: SeqTable<WORDS>,
+}
+
+#[derive(Debug)]
+struct Record {
+    t: u64,
+    seq: u64,
+    prefill: u64,
+    decode: u64,
+    eligible: bool,
+}
+
+#[derive(Debug)]
+struct SlotLedger {
+    epoch: u64,
+    records: VecDeque<Record>,
+    prefill: u64,
+    decode: u64,
+    published: [u64; WORDS],
+}
+
+/// One shard's exact dispatch records (module docs: `super`).
+#[derive(Debug)]
+pub struct DispatchLedger {
+    table: Arc<InflightTable>,
+    slots: HashMap<u32, SlotLedger>,
+    next_seq: u64,
+}
+
+impl Default for DispatchLedger {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+fn ttl_ns() -> u64 {
+    duration_nanos(DISPATCH_TTL)
+}
+
+impl DispatchLedger {
+    /// An empty ledger with its own table.
+    pub fn new() -> Self {
+        Self {
+            table: Arc::new(InflightTable {
+                cells: SeqTable::new(),
+            }),
+            slots: HashMap::new(),
+            next_seq: 0,
+        }
+    }
+
+    /// The table pickers on other shards read; register it once with every shard.
+    pub fn table(&self) -> Arc<InflightTable> {
+        Arc::clone(&self.table)
+    }
+
+    /// Records a dispatch to `key` at `now`. `None` (nothing recorded) if the key has no cell
+    /// (not live, or over the cap).
+    pub fn dispatch(
+        &mut self,
+        view: &LoadView<'_>,
+        key: LoadKey,
+        load: DispatchLoad,
+        now: Instant,
+    ) -> Option<DispatchId> {
+        let slot = view.slot(key).ok()?;
+        let read = view.read_slot_checked(slot)?;
+        let seq = self.next_seq;
+        self.next_seq = seq.wrapping_add(1);
+        let t = nanos(now);
+        let entry = self.slots.entry(slot.slot).or_insert_with(|| SlotLedger {
+            epoch: slot.epoch,
+            records: VecDeque::new(),
+            prefill: 0,
+            decode: 0,
+            published: [0; WORDS],
+        });
+        if entry.epoch != slot.epoch {
+            entry.epoch = slot.epoch;
+            entry.records.clear();
+            entry.prefill = 0;
+            entry.decode = 0;
+        }
+        entry.prune(&read, t);
+        entry.prefill = entry.prefill.saturating_add(load.prefill_tokens);
+        entry.decode = entry.decode.saturating_add(load.decode_blocks);
+        let full = entry.records.len() >= MAX_RECORDS_PER_KEY;
+        match entry.records.back_mut() {
+            Some(last) if full => {
+                last.t = last.t.max(t);
+                last.seq = seq;
+                last.prefill = last.prefill.saturating_add(load.prefill_tokens);
+                last.decode = last.decode.saturating_add(load.decode_blocks);
+                last.eligible |= load.stall_eligible;
+            }
+            _ => entry.records.push_back(Record {
+                t,
+                seq,
+                prefill: load.prefill_tokens,
+                decode: load.decode_blocks,
+                eligible: load.stall_eligible,
+            }),
+        }
+        entry.publish(&self.table, slot.slot);
+        Some(DispatchId { slot, seq })
+    }
+
+    /// Marks a dispatch finished (completed, rejected, failed or cancelled): it leaves the stall
+    /// judgement but keeps counting as backlog until answered or expired (LOAD-STORE-10/12).
+    pub fn finish(&mut self, id: DispatchId) {
+        let Some(entry) = self.slots.get_mut(&id.slot.slot) else {
+            return;
+        };
+        if entry.epoch != id.slot.epoch {
+            return;
+        }
+        if let Ok(i) = entry.records.binary_search_by_key(&id.seq, |r| r.seq)
+            && let Some(r) = entry.records.get_mut(i)
+        {
+            r.eligible = false;
+            entry.publish(&self.table, id.slot.slot);
+        }
+    }
+
+    /// Drops answered and expired records of every key, forgets departed keys and republishes
+    /// changed summaries. Call before each pick and on the shard's housekeeping tick.
+    pub fn refresh(&mut self, view: &LoadView<'_>, now: Instant) {
+        let t = nanos(now);
+        let table = &self.table;
+        self.slots.retain(|slot, entry| {
+            let read = view.read_slot_checked(SlotRef {
+                slot: *slot,
+                epoch: entry.epoch,
+            });
+            match read {
+                Some(read) => entry.prune(&read, t),
+                None => entry.records.clear(),
+            }
+            if entry.records.is_empty() {
+                entry.prefill = 0;
+                entry.decode = 0;
+                entry.publish_words(table, *slot, [0; WORDS]);
+                false
+            } else {
+                entry.publish(table, *slot);
+                true
+            }
+        });
+    }
+
+    /// Keys with records on this shard.
+    pub fn tracked_keys(&self) -> usize {
+        self.slots.len()
+    }
+}
+
+impl SlotLedger {
+    fn prune(&mut self, read: &KeyRead, now: u64) {
+        let receipt = read.last_receipt.map(nanos);
+        while let Some(r) = self.records.front() {
+            let answered = receipt.is_some_and(|rc| rc > r.t);
+            let expired = r.t.saturating_add(ttl_ns()) <= now;
+            if !(answered || expired) {
+                break;
+            }
+            self.prefill = self.prefill.saturating_sub(r.prefill);
+            self.decode = self.decode.saturating_sub(r.decode);
+            self.records.pop_front();
+        }
+    }
+
+    fn publish(&mut self, table: &InflightTable, slot: u32) {
+        let newest = self.records.back().map_or(NONE, |r| r.t);
+        let earliest = self
+            .records
+            .iter()
+            .find(|r| r.eligible)
+            .map_or(NONE, |r| r.t);
+        let latest = self
+            .records
+            .iter()
+            .rev()
+            .find(|r| r.eligible)
+            .map_or(NONE, |r| r.t);
+        let words = [
+            self.epoch,
+            self.prefill,
+            self.decode,
+            newest,
+            earliest,
+            latest,
+        ];
+        self.publish_words(table, slot, words);
+    }
+
+    fn publish_words(&mut self, table: &InflightTable, slot: u32, words: [u64; WORDS]) {
+        if words == self.published {
+            return;
+        }
+        self.published = words;
+        table.cells.update(slot, true, |w| {
+            *w = words;
+            (true, ())
+        });
+    }
+}
+
+/// Sums every shard's summaries for a key (lock-free; one seqlock read per shard).
+#[derive(Debug, Clone, Copy)]
+pub struct InflightReader<'a> {
+    tables: &'a [Arc<InflightTable>],
+}
+
+impl<'a> InflightReader<'a> {
+    /// A reader over every shard's table (including this shard's).
+    pub fn new(tables: &'a [Arc<InflightTable>]) -> Self {
+        Self { tables }
+    }
+
+    /// The in-flight additions of `key` at `now`, given what the store holds for it. A key
+    /// without a cell has none.
+    pub fn inflight(
+        &self,
+        view: &LoadView<'_>,
+        key: LoadKey,
+        read: &KeyRead,
+        now: Instant,
+    ) -> Inflight {
+        match view.slot(key) {
+            Ok(s) => self.inflight_slot(s, read, now),
+            Err(_) => Inflight::default(),
+        }
+    }
+
+    /// [`InflightReader::inflight`] for a known cell.
+    pub fn inflight_slot(&self, slot: SlotRef, read: &KeyRead, now: Instant) -> Inflight {
+        let now = nanos(now);
+        let receipt = read.last_receipt.map(nanos);
+        let live = |t: u64| {
+            t != NONE && receipt.is_none_or(|rc| rc <= t) && t.saturating_add(ttl_ns()) > now
+        };
+        let stall_ns = duration_nanos(STALL_AFTER);
+        let mut out = Inflight::default();
+        for table in self.tables {
+            let w = table.cells.read(slot.slot);
+            if w[0] != slot.epoch || !live(w[3]) {
+                continue;
+            }
+            out.prefill_tokens = out.prefill_tokens.saturating_add(w[1]);
+            out.decode_blocks = out.decode_blocks.saturating_add(w[2]);
+            out.stalled |= [w[4], w[5]]
+                .into_iter()
+                .any(|t| live(t) && t.saturating_add(stall_ns) <= now);
+        }
+        out
+    }
+}

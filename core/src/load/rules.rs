@@ -1,0 +1,265 @@
+//! The best-effort rules pickers apply to load samples (LOAD-STORE-06..13, PICK-05..08).
+//!
+//! Role: pure functions over what the store and the in-flight tables hold for each candidate
+//! ([`KeyLoad`]): classify a `(worker, rank)` ([`Standing`]), turn it into a stage backlog
+//! ([`StageBacklog`]), build a load-only cost ([`Cost`], PICK-01, Q-47) and select
+//! ([`select`]: lowest defined cost with round-robin ties, or round-robin over all).
+//!
+//! Invariants (readings in `DECISIONS.md`):
+//! - publishers are change-based, so absence of a sample is never read as "down" (LOAD-STORE-06);
+//! - [`Standing::Stalled`] wins over every other standing while the stall judgement applies, and
+//!   the judgement applies only if some candidate has a fresh sample (LOAD-STORE-13);
+//! - a quiet candidate's backlog is 0 plus the router's own unanswered dispatches; a fresh
+//!   candidate's is its sample's stage field plus those dispatches; every other candidate has an
+//!   undefined cost and is never chosen while some candidate has a defined one;
+//! - selection never allocates and is a pure function of the costs and the cursor.
+
+use std::cmp::Ordering;
+use std::time::Duration;
+
+use crate::clock::Instant;
+
+use super::dispatch::{Inflight, InflightReader};
+use super::store::{KeyRead, LoadView};
+use super::{LoadKey, SampleView};
+
+/// A picker stage: which backlog field its cost uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    /// `active_prefill_tokens`.
+    Prefill,
+    /// `active_decode_blocks`, or `kv_used_blocks` when nil (PICK-03).
+    Decode,
+}
+
+/// Everything known about one candidate `(worker, rank)` at pick time.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KeyLoad {
+    /// What the store holds.
+    pub read: KeyRead,
+    /// Unanswered dispatches summed over shards.
+    pub inflight: Inflight,
+}
+
+impl KeyLoad {
+    /// Reads one key from the store and every shard's in-flight table.
+    pub fn assess(
+        view: &LoadView<'_>,
+        inflight: &InflightReader<'_>,
+        key: LoadKey,
+        now: Instant,
+    ) -> Self {
+        match view.slot(key) {
+            Ok(s) => {
+                let read = view.read_slot(s);
+                let inflight = inflight.inflight_slot(s, &read, now);
+                Self { read, inflight }
+            }
+            Err(_) => Self::default(),
+        }
+    }
+
+    /// The sample, if received within `max_age`.
+    pub fn fresh(&self, max_age: Duration, now: Instant) -> Option<SampleView> {
+        self.read.sample.filter(|s| s.is_fresh(max_age, now))
+    }
+}
+
+/// How a candidate stands (LOAD-STORE-07/08/11).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Standing {
+    /// A sample received within `max_age`.
+    Fresh(SampleView),
+    /// No fresh sample; never published (or discarded), or the last sample showed no backlog.
+    Quiet,
+    /// No fresh sample; the last one showed backlog: cost undefined (LOAD-STORE-08).
+    SilentWithLoad,
+    /// Possibly stalled: excluded while another candidate has a defined cost (LOAD-STORE-11).
+    Stalled,
+}
+
+/// Whether any candidate has a fresh sample; if none has, the stall judgement is ignored
+/// (LOAD-STORE-13) and selection is round-robin (LOAD-STORE-09).
+pub fn any_fresh<'a>(
+    loads: impl IntoIterator<Item = &'a KeyLoad>,
+    max_age: Duration,
+    now: Instant,
+) -> bool {
+    loads.into_iter().any(|l| l.fresh(max_age, now).is_some())
+}
+
+/// Classifies one candidate. `stall_judgement` is [`any_fresh`] over the pick's candidates.
+pub fn classify(
+    load: &KeyLoad,
+    max_age: Duration,
+    now: Instant,
+    stall_judgement: bool,
+) -> Standing {
+    if stall_judgement && load.inflight.stalled {
+        return Standing::Stalled;
+    }
+    match load.read.sample {
+        Some(s) if s.is_fresh(max_age, now) => Standing::Fresh(s),
+        Some(s) if s.shows_backlog() => Standing::SilentWithLoad,
+        _ => Standing::Quiet,
+    }
+}
+
+/// A candidate's backlog for one stage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StageBacklog {
+    /// The backlog, `None` when undefined.
+    pub backlog: Option<u64>,
+    /// A fresh sample carries this stage's field (PICK-06's "has such a sample").
+    pub fresh_field: bool,
+}
+
+/// The stage backlog of a classified candidate, in-flight additions included (PICK-05/08, Q-06).
+pub fn stage_backlog(standing: Standing, inflight: &Inflight, stage: Stage) -> StageBacklog {
+    let extra = match stage {
+        Stage::Prefill => inflight.prefill_tokens,
+        Stage::Decode => inflight.decode_blocks,
+    };
+    let (backlog, fresh_field) = match standing {
+        Standing::Fresh(s) => {
+            let field = match stage {
+                Stage::Prefill => s.prefill_tokens(),
+                Stage::Decode => s.decode_blocks(),
+            };
+            (field.map(|v| v.saturating_add(extra)), field.is_some())
+        }
+        Standing::Quiet => (Some(extra), false),
+        Standing::SilentWithLoad | Standing::Stalled => (None, false),
+    };
+    StageBacklog {
+        backlog,
+        fresh_field,
+    }
+}
+
+/// A load-only cost `num / den`, compared exactly (no floating point).
+#[derive(Debug, Clone, Copy)]
+pub struct Cost {
+    num: u64,
+    den: u64,
+}
+
+impl Cost {
+    /// `num / den`; `None` for a zero denominator (Q-47: zero capacity means undefined cost).
+    pub fn new(num: u64, den: u64) -> Option<Self> {
+        (den > 0).then_some(Self { num, den })
+    }
+
+    /// Prefill cost `backlog_tokens / max_num_batched_tokens` (PICK-01).
+    pub fn prefill(backlog_tokens: u64, max_num_batched_tokens: Option<u64>) -> Option<Self> {
+        Self::new(backlog_tokens, max_num_batched_tokens?)
+    }
+
+    /// Decode cost `(backlog_blocks + request_blocks) / total_kv_blocks` (PICK-01).
+    pub fn decode(
+        backlog_blocks: u64,
+        request_blocks: u64,
+        total_kv_blocks: Option<u64>,
+    ) -> Option<Self> {
+        Self::new(
+            backlog_blocks.saturating_add(request_blocks),
+            total_kv_blocks?,
+        )
+    }
+}
+
+impl PartialEq for Cost {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == Ordering::Equal
+    }
+}
+
+impl Eq for Cost {}
+
+impl PartialOrd for Cost {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Cost {
+    fn cmp(&self, other: &Self) -> Ordering {
+        (u128::from(self.num) * u128::from(other.den))
+            .cmp(&(u128::from(other.num) * u128::from(self.den)))
+    }
+}
+
+/// One candidate as selection sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Candidate {
+    /// Its cost, `None` when undefined (no capacity, silent with load, stalled, fresh sample
+    /// without the stage field).
+    pub cost: Option<Cost>,
+    /// A fresh sample carries the stage's field.
+    pub fresh_field: bool,
+}
+
+/// Why a candidate was selected (`continuum_dynamo_selection_total{reason}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SelectReason {
+    /// Lowest defined cost (PICK-06).
+    Load,
+    /// Round-robin over all candidates: no fresh sample with the stage's field (PICK-07,
+    /// LOAD-STORE-09), or no defined cost at all.
+    RoundRobinStale,
+}
+
+impl SelectReason {
+    /// The `reason` label.
+    pub const fn label(self) -> &'static str {
+        match self {
+            SelectReason::Load => "load",
+            SelectReason::RoundRobinStale => "round_robin_stale",
+        }
+    }
+}
+
+/// A selection: the candidate's index and why.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Selection {
+    /// Index into the candidate slice.
+    pub index: usize,
+    /// Reason.
+    pub reason: SelectReason,
+}
+
+/// Selects among `candidates` (PICK-06/07). `cursor` is the per-stage round-robin cursor; it
+/// advances by one per selection. `None` only for an empty slice.
+pub fn select(candidates: &[Candidate], cursor: &mut u64) -> Option<Selection> {
+    if candidates.is_empty() {
+        return None;
+    }
+    let turn = *cursor;
+    *cursor = cursor.wrapping_add(1);
+    let best = if candidates.iter().any(|c| c.fresh_field) {
+        candidates.iter().filter_map(|c| c.cost).min()
+    } else {
+        None
+    };
+    let Some(best) = best else {
+        let n = candidates.len() as u64;
+        let index = usize::try_from(turn % n).unwrap_or(0);
+        return Some(Selection {
+            index,
+            reason: SelectReason::RoundRobinStale,
+        });
+    };
+    let tied = |c: &&Candidate| c.cost == Some(best);
+    let ties = candidates.iter().filter(tied).count() as u64;
+    let nth = usize::try_from(turn % ties.max(1)).unwrap_or(0);
+    let index = candidates
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| c.cost == Some(best))
+        .nth(nth)
+        .map_or(0, |(i, _)| i);
+    Some(Selection {
+        index,
+        reason: SelectReason::Load,
+    })
+}

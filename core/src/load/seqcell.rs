@@ -1,0 +1,188 @@
+//! Fixed-capacity tables of seqlock cells built from atomics only (the crate forbids `unsafe`).
+//!
+//! Role: the storage under [`super::LoadStore`] and [`super::InflightTable`]. A table holds up to
+//! [`MAX_LOAD_KEYS`] cells in 64 lazily allocated chunks of 1024; a cell is a version word plus
+//! `W` data words, aligned to a 64-byte cache line so that cells written by different shards never
+//! share a line.
+//!
+//! Invariants:
+//! - the version is even when the cell is stable and odd while a writer holds it; writers take it
+//!   with one `compare_exchange` (even→odd) and release it with one `Release` store, so concurrent
+//!   writers are serialised and a reader retries any read that overlapped a write (Boehm's
+//!   fence-based seqlock: `Acquire` version load, `Relaxed` data loads, `Acquire` fence, `Relaxed`
+//!   version re-load);
+//! - a chunk, once allocated, is never freed or moved; readers find unallocated chunks as all-zero
+//!   cells and never allocate;
+//! - no operation panics: slots outside the table read as zero and refuse writes.
+
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering, fence};
+
+use super::MAX_LOAD_KEYS;
+
+/// Cells per chunk.
+const CHUNK: usize = 1024;
+/// Chunks per table.
+const CHUNKS: usize = MAX_LOAD_KEYS / CHUNK;
+/// Spins before a waiting reader or writer yields its time slice.
+const SPINS_BEFORE_YIELD: u32 = 64;
+
+#[derive(Debug)]
+#[repr(align(64))]
+struct Cell<const W: usize> {
+    version: AtomicU64,
+    words: [AtomicU64; W],
+}
+
+impl<const W: usize> Cell<W> {
+    fn new() -> Self {
+        Self {
+            version: AtomicU64::new(0),
+            words: std::array::from_fn(|_| AtomicU64::new(0)),
+        }
+    }
+}
+
+/// A table of `MAX_LOAD_KEYS` seqlock cells of `W` words.
+#[derive(Debug)]
+pub(crate) struct SeqTable<const W: usize> {
+    chunks: Box<[OnceLock<Box<[Cell<W>]>>]>,
+}
+
+fn backoff(spins: &mut u32) {
+    *spins = spins.saturating_add(1);
+    if *spins < SPINS_BEFORE_YIELD {
+        std::hint::spin_loop();
+    } else {
+        std::thread::yield_now();
+    }
+}
+
+impl<const W: usize> SeqTable<W> {
+    /// An empty table; no cell memory is allocated until a chunk is first written.
+    pub(crate) fn new() -> Self {
+        Self {
+            chunks: (0..CHUNKS).map(|_| OnceLock::new()).collect(),
+        }
+    }
+
+    fn cell(&self, slot: u32) -> Option<&Cell<W>> {
+        let slot = slot as usize;
+        self.chunks.get(slot / CHUNK)?.get()?.get(slot % CHUNK)
+    }
+
+    fn cell_or_alloc(&self, slot: u32) -> Option<&Cell<W>> {
+        let slot = slot as usize;
+        self.chunks
+            .get(slot / CHUNK)?
+            .get_or_init(|| (0..CHUNK).map(|_| Cell::new()).collect())
+            .get(slot % CHUNK)
+    }
+
+    /// A consistent copy of the cell's words; all zero for a never-written cell.
+    pub(crate) fn read(&self, slot: u32) -> [u64; W] {
+        let Some(cell) = self.cell(slot) else {
+            return [0; W];
+        };
+        let mut spins = 0;
+        loop {
+            let v1 = cell.version.load(Ordering::Acquire);
+            if v1 & 1 == 0 {
+                let data: [u64; W] = std::array::from_fn(|i| cell.words[i].load(Ordering::Relaxed));
+                fence(Ordering::Acquire);
+                if cell.version.load(Ordering::Relaxed) == v1 {
+                    return data;
+                }
+            }
+            backoff(&mut spins);
+        }
+    }
+
+    /// Runs `f` on the cell's words while holding the cell; `f` returns whether to store its
+    /// changes, plus a result. `None` if `slot` is outside the table.
+    ///
+    /// `alloc` allocates the chunk if needed (control path); the data path passes `false` and a
+    /// missing chunk then reads as "no such slot".
+    pub(crate) fn update<R>(
+        &self,
+        slot: u32,
+        alloc: bool,
+        f: impl FnOnce(&mut [u64; W]) -> (bool, R),
+    ) -> Option<R> {
+        let cell = if alloc {
+            self.cell_or_alloc(slot)?
+        } else {
+            self.cell(slot)?
+        };
+        let mut spins = 0;
+        let v = loop {
+            let v = cell.version.load(Ordering::Relaxed);
+            if v & 1 == 0
+                && cell
+                    .version
+                    .compare_exchange_weak(
+                        v,
+                        v.wrapping_add(1),
+                        Ordering::Acquire,
+                        Ordering::Relaxed,
+                    )
+                    .is_ok()
+            {
+                break v;
+            }
+            backoff(&mut spins);
+        };
+        // Orders the odd version before the data stores for any reader that sees one of them.
+        fence(Ordering::Release);
+        let mut data: [u64; W] = std::array::from_fn(|i| cell.words[i].load(Ordering::Relaxed));
+        let (write, result) = f(&mut data);
+        if write {
+            for (w, d) in cell.words.iter().zip(data) {
+                w.store(d, Ordering::Relaxed);
+            }
+            cell.version.store(v.wrapping_add(2), Ordering::Release);
+        } else {
+            // Nothing changed: restoring the even version lets overlapping readers succeed.
+            cell.version.store(v, Ordering::Release);
+        }
+        Some(result)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unwritten_cells_read_zero_and_out_of_range_refuses() {
+        let t = SeqTable::<3>::new();
+        assert_eq!(t.read(5), [0; 3]);
+        assert_eq!(
+            t.update(5, false, |_| (true, ())),
+            None,
+            "no chunk, no alloc"
+        );
+        assert_eq!(t.update(MAX_LOAD_KEYS as u32, true, |_| (true, ())), None);
+        assert_eq!(t.read(u32::MAX), [0; 3]);
+    }
+
+    #[test]
+    fn update_writes_and_reject_leaves_data() {
+        let t = SeqTable::<2>::new();
+        t.update(1500, true, |w| {
+            *w = [7, 8];
+            (true, ())
+        });
+        assert_eq!(t.read(1500), [7, 8]);
+        t.update(1500, false, |w| {
+            w[0] = 99;
+            (false, ())
+        });
+        assert_eq!(t.read(1500), [7, 8], "an aborted update stores nothing");
+        assert_eq!(
+            std::mem::size_of::<Cell<7>>(),
+            64,
+            "one cache line per store cell"
+        );
+    }
+}
