@@ -47,6 +47,8 @@ mod store;
 #[cfg(test)]
 mod concurrency_tests;
 #[cfg(test)]
+mod diff_tests;
+#[cfg(test)]
 mod store_tests;
 #[cfg(test)]
 mod test_support;
