@@ -45,6 +45,8 @@ mod seqcell;
 mod store;
 
 #[cfg(test)]
+mod bench_tests;
+#[cfg(test)]
 mod concurrency_tests;
 #[cfg(test)]
 mod diff_tests;
