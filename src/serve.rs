@@ -7,6 +7,7 @@ use std::sync::Arc;
 use continuum_control::{ControlParams, ExitReason};
 use continuum_core::config::{Config, ShardCount, report};
 use continuum_core::discovery::FleetView;
+use continuum_core::load::LoadStore;
 use continuum_core::publish::SnapshotCell;
 use continuum_core::snapshot::RouterSnapshot;
 use continuum_shards::metrics::ControlStats;
@@ -72,7 +73,12 @@ pub(crate) fn start(
         cpus: shard_cpus(&config),
         driver: DriverChoice::from_env_value(std::env::var("CONTINUUM_DRIVER").ok().as_deref()),
     };
-    let shards = spawn_shards(&spec, cell.clone(), stats.clone()).map_err(|e| e.to_string())?;
+    let load_store = Arc::new(LoadStore::new());
+    if let Err(e) = load_store.set_max_staleness(config.dynamo.load.max_staleness) {
+        tracing::warn!(error = %e, "load.max_staleness not applied");
+    }
+    let shards = spawn_shards(&spec, cell.clone(), stats.clone(), load_store.clone())
+        .map_err(|e| e.to_string())?;
     tracing::info!(
         addr = %shards.local_addr,
         shards = shards.drivers.len(),
@@ -88,6 +94,7 @@ pub(crate) fn start(
         cell,
         shards,
         stats,
+        load_store,
     };
     let handle =
         continuum_control::spawn(prepared, params, control_cpu).map_err(|e| e.to_string())?;

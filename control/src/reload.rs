@@ -15,6 +15,7 @@ use tokio::signal::unix::{SignalKind, signal};
 use crate::discovery::{self, NotRunnable, Supervisor};
 use crate::resolve::{resolve_blocking, resolve_publishers};
 use continuum_core::discovery::FleetView;
+use continuum_core::load::{LiveSet, LoadStore};
 use continuum_core::snapshot::PublisherAddrs;
 use continuum_core::subscriptions::ConnectPolicy;
 
@@ -36,6 +37,9 @@ pub struct ControlParams {
     pub shards: ShardSet,
     /// Counters the control thread writes.
     pub stats: Arc<ControlStats>,
+    /// The load store: the control thread sets its live set on every new fleet
+    /// (`set_live_and_retain`, LOAD-STORE-15) and its staleness on reload (RELOAD-02).
+    pub load_store: Arc<LoadStore>,
 }
 
 /// Why the control thread returned.
@@ -170,6 +174,16 @@ impl State {
         generation
     }
 
+    /// Admit exactly the fleet's live (worker, rank) keys to the load store and drop departed
+    /// workers' samples and gauge series in the same step (LOAD-STORE-15).
+    fn retain_live(&self) {
+        let report = self
+            .params
+            .load_store
+            .set_live_and_retain(&LiveSet::from_fleet(&self.fleet));
+        tracing::debug!(?report, "load store live set updated");
+    }
+
     /// Resolve the fleet's publishers (new ones only, unless `policy_changed`), CFG-20.
     async fn resolve_publishers(&mut self, policy_changed: bool) {
         let policy = ConnectPolicy::new(self.params.config.dynamo.load.direct_allow_cidrs.clone());
@@ -258,6 +272,7 @@ async fn run(params: ControlParams, signals: Signals) -> Result<ExitReason, Cont
             Some(update) = updates.recv() => {
                 if st.discovery.epoch() == Some(update.epoch) && !Arc::ptr_eq(&update.fleet, &st.fleet) {
                     st.fleet = update.fleet;
+                    st.retain_live();
                     st.resolve_publishers(false).await;
                     let generation = st.publish();
                     tracing::debug!(generation, workers = st.fleet.workers.len(), "fleet view published");
@@ -323,7 +338,16 @@ async fn reload(st: &mut State, trigger: Trigger) {
     st.params.config = config;
     st.params.config_text = text;
     st.addrs = addrs;
-    st.reconcile_discovery(false);
+    if st.reconcile_discovery(false) {
+        st.retain_live();
+    }
+    if let Err(e) = st
+        .params
+        .load_store
+        .set_max_staleness(st.params.config.dynamo.load.max_staleness)
+    {
+        tracing::warn!(error = %e, "load.max_staleness not applied");
+    }
     // RELOAD-03: a new connect policy re-checks every publisher; the shards restart exactly the
     // subscriptions whose decision changed.
     st.resolve_publishers(policy_changed).await;

@@ -14,9 +14,14 @@ use continuum_core::snapshot::RouterSnapshot;
 use serde_json::{Value, json};
 
 use crate::metrics::ControlStats;
+use crate::subscribe::LoadShared;
 
 /// The response body.
-pub(crate) fn workers_json(snap: &RouterSnapshot, control: &ControlStats) -> Value {
+pub(crate) fn workers_json(
+    snap: &RouterSnapshot,
+    control: &ControlStats,
+    load: &LoadShared,
+) -> Value {
     let d = &snap.config.dynamo;
     let source = d.discovery.source;
     let (namespace, namespaces) = match source {
@@ -74,8 +79,26 @@ pub(crate) fn workers_json(snap: &RouterSnapshot, control: &ControlStats) -> Val
         "workers": workers,
         "load_publishers": count(Family::KvMetrics),
         "kv_event_publishers": count(Family::KvEvents),
-        "subscriptions": [],
+        "subscriptions": subscriptions(load),
     })
+}
+
+/// ADMIN-04 rows: every running subscription, never an address.
+fn subscriptions(load: &LoadShared) -> Vec<Value> {
+    load.tables
+        .iter()
+        .flat_map(|t| t.rows())
+        .map(|r| {
+            json!({
+                "family": r.family.topic(),
+                "publisher_id": r.publisher_id.get().to_string(),
+                "namespace": r.namespace,
+                "component": r.component,
+                "state": r.state.as_str(),
+                "transport": "direct",
+            })
+        })
+        .collect()
 }
 
 fn worker_json(w: &Worker) -> Value {

@@ -15,6 +15,7 @@
 
 #[cfg(feature = "dynamo")]
 mod admin_dynamo;
+mod clock;
 mod conn;
 mod inbox;
 pub mod mailbox;
@@ -26,5 +27,6 @@ pub mod runtime;
 mod shard;
 mod signal;
 mod spawn;
+pub mod subscribe;
 
 pub use spawn::{ShardSet, ShardSetError, ShardSpec, pin_current_thread, spawn_shards};

@@ -64,7 +64,8 @@ pub(crate) async fn dispatch(
             ok(c, "application/json", body.as_bytes())
         }
         Route::Metrics if read_only => {
-            let text = metrics::render(&shard.all_metrics, &shard.control);
+            let mut text = metrics::render(&shard.all_metrics, &shard.control);
+            crate::subscribe::render_metrics(&shard.load, &mut text);
             ok(c, "text/plain; version=0.0.4", text.as_bytes())
         }
         Route::AdminConfig if read_only => match admin_allowed(snap, c) {
@@ -77,7 +78,8 @@ pub(crate) async fn dispatch(
         Route::AdminDynamoWorkers if read_only => match admin_allowed(snap, c) {
             Ok(()) => {
                 #[cfg(feature = "dynamo")]
-                let body = crate::admin_dynamo::workers_json(snap, &shard.control).to_string();
+                let body = crate::admin_dynamo::workers_json(snap, &shard.control, &shard.load)
+                    .to_string();
                 #[cfg(not(feature = "dynamo"))]
                 let body = String::new();
                 ok(c, "application/json", body.as_bytes())

@@ -20,6 +20,9 @@ use crate::mailbox::{MailboxReceiver, ShardCommand};
 use crate::metrics::{ControlStats, ShardMetrics};
 use crate::proxy::Pool;
 use crate::signal::LocalSignal;
+use crate::subscribe::status::SubTable;
+use crate::subscribe::{LoadShared, Subscriptions};
+use continuum_core::load::metrics::LoadEventCounters;
 
 /// A snapshot as a shard holds it: requests clone the `Rc` around it (non-atomic), never the
 /// `Arc` inside (whose counter every core would contend on).
@@ -47,6 +50,14 @@ pub(crate) struct Shard {
     pub(crate) control: Arc<ControlStats>,
     drain: LocalSignal,
     drain_deadline: Cell<Option<Instant>>,
+    /// Load-signal state shared with every shard.
+    pub(crate) load: Arc<LoadShared>,
+    /// This shard's subscription table (a row per owned publisher).
+    pub(crate) subs_table: Arc<SubTable>,
+    /// The subscription tasks this shard runs.
+    subs: RefCell<Subscriptions>,
+    /// xorshift state for backoff jitter (seeded per shard).
+    rng: Cell<u64>,
 }
 
 impl Shard {
@@ -55,6 +66,7 @@ impl Shard {
         cell: Arc<SnapshotCell>,
         all_metrics: Arc<[Arc<ShardMetrics>]>,
         control: Arc<ControlStats>,
+        load: Arc<LoadShared>,
     ) -> Self {
         let snapshot = RefCell::new(Rc::new(LocalSnapshot(cell.load())));
         let metrics = all_metrics
@@ -72,6 +84,12 @@ impl Shard {
             control,
             drain: LocalSignal::default(),
             drain_deadline: Cell::new(None),
+            subs_table: load.tables.get(id).cloned().unwrap_or_default(),
+            load,
+            subs: RefCell::new(Subscriptions::default()),
+            rng: Cell::new(
+                0x9E37_79B9_7F4A_7C15 ^ (id as u64 + 1).wrapping_mul(0xBF58_476D_1CE4_E5B9),
+            ),
         }
     }
 
@@ -80,10 +98,29 @@ impl Shard {
         self.snapshot.borrow().clone()
     }
 
-    /// Load the published snapshot if it is newer than ours.
-    fn reload(&self) {
+    /// This shard's `continuum_dynamo_load_events_total` counters.
+    pub(crate) fn load_events(&self) -> &LoadEventCounters {
+        // `spawn_shards` creates one counter set per shard, so the index is in range; a
+        // mismatch would only misattribute counts, never fail.
+        let n = self.load.events.len().max(1);
+        &self.load.events[self.id % n]
+    }
+
+    /// A uniform random number in `[0, 1)` for backoff jitter (xorshift64*, shard-local).
+    pub(crate) fn random_unit(&self) -> f64 {
+        let mut x = self.rng.get();
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.rng.set(x);
+        (x.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// Load the published snapshot if it is newer than ours, and reconcile subscriptions.
+    fn reload(self: &Rc<Self>) {
         let next = self.cell.load();
         if next.generation != self.snapshot.borrow().generation {
+            self.subs.borrow_mut().reconcile(self, &next);
             tracing::debug!(
                 shard = self.id,
                 generation = next.generation,
@@ -114,6 +151,7 @@ impl Shard {
     fn start_drain(&self, deadline: Instant) {
         self.drain_deadline.set(Some(deadline));
         self.drain.fire();
+        self.subs.borrow_mut().stop_all();
     }
 }
 
@@ -125,6 +163,9 @@ pub(crate) async fn run(shard: Rc<Shard>, listener: TcpListener, mailbox: Mailbo
         }
         Err(e) => tracing::error!(shard = shard.id, error = %e, "mailbox doorbell unusable"),
     }
+    // Subscriptions for the fleet already in the first snapshot.
+    let first = shard.cell.load();
+    shard.subs.borrow_mut().reconcile(&shard, &first);
     loop {
         monoio::select! {
             _ = shard.drain.wait() => break,

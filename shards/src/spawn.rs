@@ -20,6 +20,8 @@ use crate::mailbox::{self, MailboxReceiver, MailboxSender, ShardCommand};
 use crate::metrics::{ControlStats, ShardMetrics};
 use crate::runtime::{self, DriverChoice, DriverKind};
 use crate::shard::{self, Shard};
+use crate::subscribe::LoadShared;
+use continuum_core::load::LoadStore;
 
 /// What to start.
 #[derive(Debug, Clone)]
@@ -130,8 +132,10 @@ pub fn spawn_shards(
     spec: &ShardSpec,
     cell: Arc<SnapshotCell>,
     control: Arc<ControlStats>,
+    store: Arc<LoadStore>,
 ) -> Result<ShardSet, ShardSetError> {
     let count = spec.cpus.len().max(1);
+    let load = Arc::new(LoadShared::new(store, count));
     let metrics: Arc<[Arc<ShardMetrics>]> =
         (0..count).map(|i| Arc::new(ShardMetrics::new(i))).collect();
     let (exit_tx, exits) = crossbeam_channel::unbounded();
@@ -154,6 +158,7 @@ pub fn spawn_shards(
             cell: cell.clone(),
             metrics: metrics.clone(),
             control: control.clone(),
+            load: load.clone(),
             mailbox: rx,
             ready: ready_tx,
             exit: exit_tx.clone(),
@@ -184,6 +189,7 @@ struct ShardStart {
     cell: Arc<SnapshotCell>,
     metrics: Arc<[Arc<ShardMetrics>]>,
     control: Arc<ControlStats>,
+    load: Arc<LoadShared>,
     mailbox: MailboxReceiver,
     ready: mpsc::Sender<Result<(SocketAddr, DriverKind), ShardSetError>>,
     exit: crossbeam_channel::Sender<usize>,
@@ -230,7 +236,13 @@ fn shard_main(start: ShardStart) {
         };
         let addr = listener.local_addr().unwrap_or(start.bind);
         let _ = start.ready.send(Ok((addr, driver)));
-        let shard = Rc::new(Shard::new(id, start.cell, start.metrics, start.control));
+        let shard = Rc::new(Shard::new(
+            id,
+            start.cell,
+            start.metrics,
+            start.control,
+            start.load,
+        ));
         shard::run(shard, listener, start.mailbox).await;
     });
     tracing::info!(shard = id, "shard exited");

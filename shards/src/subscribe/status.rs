@@ -1,0 +1,112 @@
+//! The state of every load subscription, for `/admin/dynamo/workers` and the
+//! `continuum_dynamo_load_subscriptions{state,transport}` gauge (OBS-06, ADMIN-04).
+//!
+//! Each shard writes only its own table, and only when a subscription changes state (connect,
+//! disconnect, backoff), never per message; readers (a scrape or an admin request on any shard)
+//! take the table's mutex for the time of a copy. Nothing here is on the request path.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+use continuum_core::discovery::{Family, PublisherId};
+
+/// Lifecycle of one subscription (OBS-06).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SubState {
+    /// Known but not started (no usable address yet, or over the socket cap).
+    Pending,
+    /// TCP connect and ZMTP handshake under way.
+    Connecting,
+    /// Handshake done; messages flowing.
+    Connected,
+    /// Waiting before the next attempt.
+    Backoff,
+}
+
+impl SubState {
+    /// Every state, in label order.
+    pub const ALL: [SubState; 4] = [
+        SubState::Pending,
+        SubState::Connecting,
+        SubState::Connected,
+        SubState::Backoff,
+    ];
+
+    /// The label / admin value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SubState::Pending => "pending",
+            SubState::Connecting => "connecting",
+            SubState::Connected => "connected",
+            SubState::Backoff => "backoff",
+        }
+    }
+}
+
+/// One row of the admin `subscriptions[]` list. Never holds an address.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SubRow {
+    /// `kv_metrics` or `kv-events`.
+    pub family: Family,
+    /// The publisher incarnation.
+    pub publisher_id: PublisherId,
+    /// Its Dynamo namespace.
+    pub namespace: String,
+    /// Its component, when the channel is component- or endpoint-scoped.
+    pub component: Option<String>,
+    /// Current state.
+    pub state: SubState,
+}
+
+/// One shard's subscription table.
+#[derive(Debug, Default)]
+pub struct SubTable {
+    rows: Mutex<BTreeMap<PublisherId, SubRow>>,
+}
+
+impl SubTable {
+    fn with<R>(&self, f: impl FnOnce(&mut BTreeMap<PublisherId, SubRow>) -> R) -> R {
+        let mut rows = self
+            .rows
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        f(&mut rows)
+    }
+
+    /// Insert or replace a row.
+    pub fn upsert(&self, row: SubRow) {
+        self.with(|rows| rows.insert(row.publisher_id, row));
+    }
+
+    /// Change a row's state.
+    pub fn set_state(&self, id: PublisherId, state: SubState) {
+        self.with(|rows| {
+            if let Some(r) = rows.get_mut(&id) {
+                r.state = state;
+            }
+        });
+    }
+
+    /// Remove a row.
+    pub fn remove(&self, id: PublisherId) {
+        self.with(|rows| rows.remove(&id));
+    }
+
+    /// A copy of every row.
+    pub fn rows(&self) -> Vec<SubRow> {
+        self.with(|rows| rows.values().cloned().collect())
+    }
+}
+
+/// Count rows per state over every shard's table.
+pub fn counts(tables: &[std::sync::Arc<SubTable>]) -> [u64; 4] {
+    let mut out = [0u64; 4];
+    for t in tables {
+        for r in t.rows() {
+            if let Some(i) = SubState::ALL.iter().position(|s| *s == r.state) {
+                out[i] += 1;
+            }
+        }
+    }
+    out
+}

@@ -1,0 +1,169 @@
+//! Load signals end to end: discovery (a real etcd) names a `kv_metrics` publisher, the router's
+//! own bounded ZMTP client subscribes to a REAL libzmq PUB socket (pyzmq) on the shard the
+//! publisher's hash names, and the captured Dynamo 1.6.1 frames land in the load store: the
+//! worker gauge follows them, a replay is counted `duplicate`, and the admin view lists the
+//! subscription (ADMIN-04) without its address.
+
+#![cfg(feature = "dynamo")]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::etcd::{EtcdServer, read_dump};
+use common::zmq::ZmqPublisher;
+use common::{RouterConfig, RouterProcess, metric_value};
+
+const FIXTURES: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../shared/fixtures/dynamo-1.6.1"
+);
+const WORKER: &str = "6a6ca22d4998ac0b";
+const PUBLISHER_HEX: &str = "a3d9516d245b1";
+const CHANNEL: &str = "v1/event_channels/namespace/agg/component/backend/endpoint/generate/topic/kv_metrics/a3d9516d245b1";
+
+fn frames(n: u32) -> Vec<Vec<u8>> {
+    (0..4)
+        .map(|k| {
+            let p = format!("{FIXTURES}/frames/agg.backend.kv_metrics-{n:03}.f{k}.bin");
+            std::fs::read(&p).unwrap_or_else(|e| panic!("{p}: {e}"))
+        })
+        .collect()
+}
+
+fn send(p: &mut ZmqPublisher, n: u32) {
+    let f = frames(n);
+    let refs: Vec<&[u8]> = f.iter().map(Vec::as_slice).collect();
+    p.send(&refs);
+}
+
+/// The agg worker's records, with its kv_metrics channel pointing at `endpoint`.
+fn seed(etcd: &EtcdServer, endpoint: &str) {
+    let dump = read_dump(Path::new(&format!("{FIXTURES}/etcd-dump.txt")));
+    for (k, v) in dump {
+        let wanted = k == format!("v1/instances/agg/backend/generate/{WORKER}")
+            || k == format!("v1/mdc/agg/backend/generate/{WORKER}");
+        if wanted {
+            etcd.put(&k, &v);
+        } else if k == CHANNEL {
+            let mut rec: serde_json::Value = serde_json::from_str(&v).unwrap();
+            rec["transport"]["config"]["endpoint"] = endpoint.into();
+            etcd.put(&k, &rec.to_string());
+        }
+    }
+}
+
+fn router(etcd: &EtcdServer) -> RouterProcess {
+    let mut cfg = RouterConfig::default().backend("fe-agg", "http://127.0.0.1:9", &["tiny-agg"]);
+    cfg.extra_yaml = format!(
+        "dynamo:\n  enabled: true\n  discovery:\n    source: etcd\n    etcd:\n      endpoints: [\"{}\"]\n      \
+         namespaces: [agg]\n  load:\n    direct_allow_cidrs: [\"127.0.0.0/8\"]\n  shim:\n    backends: [fe-agg]\n",
+        etcd.endpoint()
+    );
+    RouterProcess::start(&cfg)
+}
+
+fn wait<T>(what: &str, r: &RouterProcess, mut probe: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        if let Some(v) = probe() {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what} not reached; router stderr:\n{}",
+            r.stderr()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn gauge(text: &str) -> Option<f64> {
+    metric_value(
+        text,
+        "continuum_dynamo_worker_kv_used_blocks",
+        &[("namespace", "agg"), ("worker", WORKER), ("dp_rank", "0")],
+    )
+}
+
+fn events(text: &str, result: &str) -> f64 {
+    metric_value(
+        text,
+        "continuum_dynamo_load_events_total",
+        &[("result", result)],
+    )
+    .unwrap_or(0.0)
+}
+
+#[test]
+fn captured_samples_from_a_real_libzmq_publisher_reach_the_load_store() {
+    let etcd = EtcdServer::start();
+    let mut publisher = ZmqPublisher::start();
+    seed(&etcd, &publisher.endpoint());
+    let r = router(&etcd);
+
+    // The router subscribes with the bare topic (LOAD-ZMTP-01).
+    let topic = publisher.wait_subscribed(Duration::from_secs(15));
+    assert_eq!(
+        topic.as_deref(),
+        Some("kv_metrics"),
+        "no subscription; stderr:\n{}",
+        r.stderr()
+    );
+    let row = wait("subscription connected", &r, || {
+        let v = r.get("/admin/dynamo/workers").json();
+        let rows = v["subscriptions"].as_array()?.clone();
+        rows.into_iter().find(|s| s["state"] == "connected")
+    });
+    assert_eq!(row["family"], "kv_metrics");
+    assert_eq!(
+        row["publisher_id"],
+        u64::from_str_radix(PUBLISHER_HEX, 16).unwrap().to_string()
+    );
+    assert_eq!(row["namespace"], "agg");
+    assert_eq!(row["transport"], "direct");
+    let admin = r.get("/admin/dynamo/workers").text();
+    assert!(
+        !admin.contains("tcp://") && !admin.contains(&publisher.port.to_string()),
+        "{admin}"
+    );
+
+    // Message 1: kv_used_blocks = 3 (decoded.jsonl).
+    send(&mut publisher, 1);
+    let text = wait("sample applied", &r, || {
+        let t = r.metrics();
+        (gauge(&t) == Some(3.0)).then_some(t)
+    });
+    assert_eq!(events(&text, "applied"), 1.0, "{text}");
+    // Nil fields make no series (LOAD-MET-02).
+    assert!(
+        !text.contains("continuum_dynamo_worker_active_decode_blocks{"),
+        "{text}"
+    );
+
+    // The same message again is a duplicate (LOAD-STORE-01) and changes nothing.
+    send(&mut publisher, 1);
+    wait("duplicate counted", &r, || {
+        (events(&r.metrics(), "duplicate") == 1.0).then_some(())
+    });
+    assert_eq!(gauge(&r.metrics()), Some(3.0));
+
+    // Message 2 (next sequence): back to 0 blocks.
+    send(&mut publisher, 2);
+    wait("second sample applied", &r, || {
+        (gauge(&r.metrics()) == Some(0.0)).then_some(())
+    });
+    let text = r.metrics();
+    assert_eq!(events(&text, "applied"), 2.0, "{text}");
+    assert_eq!(
+        metric_value(
+            &text,
+            "continuum_dynamo_load_subscriptions",
+            &[("state", "connected"), ("transport", "direct")]
+        ),
+        Some(1.0),
+        "{text}"
+    );
+}
