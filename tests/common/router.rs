@@ -118,6 +118,11 @@ impl RouterProcess {
         ))
     }
 
+    /// The router's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// The client-facing address.
     pub fn addr(&self) -> SocketAddr {
         self.addr

@@ -27,6 +27,10 @@ use crate::shard::Shard;
 
 /// The topic of the load family (LOAD-ZMTP-01).
 const TOPIC: &[u8] = b"kv_metrics";
+/// Time a peer gets to complete the ZMTP handshake (greeting and READY) after the TCP connect: a
+/// peer that never sends READY, or drips it byte by byte, is refused (LOAD-ZMTP-16) rather than
+/// holding the subscription.
+pub(crate) const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Run the protocol on a connected stream until it ends.
 pub(super) async fn run(
@@ -44,6 +48,7 @@ pub(super) async fn run(
     store.discard_publisher(publisher);
     let mut buf: Vec<u8> = Vec::with_capacity(READ_BUFFER_BYTES);
     let mut out: Vec<u8> = Vec::with_capacity(64);
+    let handshake_deadline = std::time::Instant::now() + HANDSHAKE_TIMEOUT;
     loop {
         // Send whatever the state machine queued (greeting, READY, subscription, PONG).
         if !zmtp.outgoing().is_empty() {
@@ -56,7 +61,18 @@ pub(super) async fn run(
             zmtp.consume_outgoing(n);
         }
         buf.clear();
-        let (res, back) = stream.read(buf).await;
+        let (res, back) = if zmtp.is_ready() {
+            stream.read(buf).await
+        } else {
+            let left = handshake_deadline.saturating_duration_since(std::time::Instant::now());
+            match monoio::time::timeout(left, stream.read(buf)).await {
+                Ok(r) => r,
+                Err(_) => {
+                    events.record(LoadEventResult::TransportRefused);
+                    return Err(SessionEnd::Refused("handshake timed out".into()));
+                }
+            }
+        };
         buf = back;
         match res {
             Ok(0) => return Err(SessionEnd::Closed),
