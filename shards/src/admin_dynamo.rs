@@ -96,6 +96,7 @@ fn subscriptions(load: &LoadShared) -> Vec<Value> {
                 "component": r.component,
                 "state": r.state.as_str(),
                 "transport": "direct",
+                "shard": r.shard,
             })
         })
         .collect()

@@ -127,6 +127,7 @@ impl Subscriptions {
                         } else {
                             SubState::Pending
                         },
+                        shard: shard.id,
                     });
                 }
             }

@@ -56,6 +56,8 @@ pub struct SubRow {
     pub component: Option<String>,
     /// Current state.
     pub state: SubState,
+    /// The shard that owns it (operators tuning core pinning want to see the spread).
+    pub shard: usize,
 }
 
 /// One shard's subscription table.
