@@ -65,7 +65,10 @@ fn every_publisher_is_subscribed_on_its_shard_and_gauges_follow_real_load() {
         let rows = v["subscriptions"].as_array().cloned().unwrap_or_default();
         let done = publishers.iter().all(|id| {
             rows.iter().any(|row| {
-                row["publisher_id"] == id.to_string()
+                row["publisher_id"]
+                    .as_str()
+                    .and_then(|s| s.parse::<u64>().ok())
+                    == Some(*id)
                     && row["state"] == "connected"
                     && row["shard"] == shard_of(PublisherId::new(*id), SHARDS)
             })
