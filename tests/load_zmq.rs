@@ -167,3 +167,83 @@ fn captured_samples_from_a_real_libzmq_publisher_reach_the_load_store() {
         "{text}"
     );
 }
+
+/// A generated kv_metrics message from `publisher`, in the array encoding (N-2 peers).
+fn generated(publisher: u64, sequence: u64, kv_used_blocks: u64) -> [Vec<u8>; 4] {
+    use continuum_core::discovery::{InstanceId, PublisherId, UnixMillis};
+    use continuum_core::dynamo_event::{
+        ActiveLoad, Encoding, EventEnvelope, Sequence, encode_active_load, encode_message,
+    };
+    let load = ActiveLoad {
+        worker_id: InstanceId::new(u64::from_str_radix(WORKER, 16).unwrap()),
+        dp_rank: 0,
+        active_decode_blocks: None,
+        active_prefill_tokens: None,
+        kv_used_blocks: Some(kv_used_blocks),
+    };
+    let mut payload = Vec::new();
+    encode_active_load(&load, Encoding::Array, &mut payload);
+    let env = EventEnvelope {
+        publisher_id: PublisherId::new(publisher),
+        sequence: Sequence(sequence),
+        published_at: UnixMillis(1_796_056_139_389),
+        topic: b"kv_metrics",
+        payload: &payload,
+    };
+    encode_message(&env, Encoding::Array).unwrap()
+}
+
+#[test]
+fn a_restarted_publisher_replaces_samples_whatever_its_sequence() {
+    let etcd = EtcdServer::start();
+    let mut first = ZmqPublisher::start();
+    seed(&etcd, &first.endpoint());
+    let r = router(&etcd);
+    assert_eq!(
+        first.wait_subscribed(Duration::from_secs(15)).as_deref(),
+        Some("kv_metrics")
+    );
+    send(&mut first, 1); // sequence 9, kv_used_blocks 3
+    wait("first sample", &r, || {
+        (gauge(&r.metrics()) == Some(3.0)).then_some(())
+    });
+
+    // The worker's publisher restarts: a new incarnation id and socket, sequence back to 1.
+    let new_id: u64 = 0x0bad_cafe_0001;
+    let mut second = ZmqPublisher::start();
+    let dump = read_dump(Path::new(&format!("{FIXTURES}/etcd-dump.txt")));
+    let (_, v) = dump.iter().find(|(k, _)| k == CHANNEL).unwrap();
+    let mut rec: serde_json::Value = serde_json::from_str(v).unwrap();
+    rec["instance_id"] = new_id.into();
+    rec["transport"]["config"]["endpoint"] = second.endpoint().into();
+    etcd.put(
+        &CHANNEL.replace(PUBLISHER_HEX, &format!("{new_id:x}")),
+        &rec.to_string(),
+    );
+    etcd.delete(CHANNEL);
+    assert_eq!(
+        second.wait_subscribed(Duration::from_secs(15)).as_deref(),
+        Some("kv_metrics")
+    );
+    let msg = generated(new_id, 1, 5);
+    let refs: Vec<&[u8]> = msg.iter().map(Vec::as_slice).collect();
+    second.send(&refs);
+    wait(
+        "restarted publisher's sample replaces the old one",
+        &r,
+        || (gauge(&r.metrics()) == Some(5.0)).then_some(()),
+    );
+    // A message claiming the old publisher id over the new socket is an identity mismatch.
+    let forged = generated(u64::from_str_radix(PUBLISHER_HEX, 16).unwrap(), 100, 9);
+    let refs: Vec<&[u8]> = forged.iter().map(Vec::as_slice).collect();
+    second.send(&refs);
+    wait("forged id counted", &r, || {
+        (metric_value(
+            &r.metrics(),
+            "continuum_dynamo_load_events_total",
+            &[("result", "identity_mismatch")],
+        ) >= Some(1.0))
+        .then_some(())
+    });
+    assert_eq!(gauge(&r.metrics()), Some(5.0));
+}
