@@ -1,4 +1,4 @@
-//! Micro-measurements of the data-path costs quoted in `DECISIONS.md`. Ignored by default; run
+//! Micro-measurements of the data-path costs quoted in `docs/decisions.md`. Ignored by default; run
 //! `cargo test --release -p continuum-core --lib load::bench_tests -- --ignored --nocapture`.
 
 use std::hint::black_box;

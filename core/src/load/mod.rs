@@ -6,9 +6,9 @@
 //! ([`LoadStore`], LOAD-STORE-02..05/15/18/19, LOAD-ZMTP-10/11), the live-worker admission gate
 //! ([`LiveSet`]), unanswered-dispatch accounting ([`DispatchLedger`], LOAD-STORE-10..12), the
 //! classification and selection rules ([`rules`], LOAD-STORE-06..13, PICK-05..08) and the
-//! metrics hooks ([`metrics`], LOAD-MET-01..03, OBS-04/Q-21). Decisions: `DECISIONS.md` here.
+//! metrics hooks ([`metrics`], LOAD-MET-01..03, OBS-04/Q-21). Decisions: `docs/decisions.md` ("The load store").
 //!
-//! Design (measured numbers in `DECISIONS.md`):
+//! Design (measured numbers in `docs/decisions.md`):
 //! - one logical store: a fixed table of at most [`MAX_LOAD_KEYS`] cells, each 64 bytes (one cache
 //!   line) of `AtomicU64` words guarded by an even/odd version (a seqlock built from atomics only;
 //!   the crate forbids `unsafe`). The control thread assigns each live `(worker, dp_rank)` a slot

@@ -5,7 +5,7 @@
 //! ([`StageBacklog`]), build a load-only cost ([`Cost`], PICK-01, Q-47) and select
 //! ([`select`]: lowest defined cost with round-robin ties, or round-robin over all).
 //!
-//! Invariants (readings in `DECISIONS.md`):
+//! Invariants (readings in `docs/decisions.md`):
 //! - publishers are change-based, so absence of a sample is never read as "down" (LOAD-STORE-06);
 //! - [`Standing::Stalled`] wins over every other standing while the stall judgement applies, and
 //!   the judgement applies only if some candidate has a fresh sample (LOAD-STORE-13);

@@ -9,7 +9,7 @@
 //! - no input panics and no buffer exceeds [`limits::ZmtpLimits::buffer_limit`];
 //! - every session error is `transport_refused` except a data frame over the cap, `oversized`.
 //!
-//! Decisions (cap values, greeting version, error classes): `DECISIONS.md` next to this file.
+//! Decisions (cap values, greeting version, error classes): `docs/decisions.md` ("The ZMTP client and the Dynamo message codecs").
 
 pub mod limits;
 pub mod sub;
