@@ -55,14 +55,20 @@ fn seed(etcd: &EtcdServer, endpoint: &str) {
     }
 }
 
-fn router(etcd: &EtcdServer) -> RouterProcess {
+fn config(etcd: &EtcdServer, load: &str) -> RouterConfig {
     let mut cfg = RouterConfig::default().backend("fe-agg", "http://127.0.0.1:9", &["tiny-agg"]);
     cfg.extra_yaml = format!(
         "dynamo:\n  enabled: true\n  discovery:\n    source: etcd\n    etcd:\n      endpoints: [\"{}\"]\n      \
-         namespaces: [agg]\n  load:\n    direct_allow_cidrs: [\"127.0.0.0/8\"]\n  shim:\n    backends: [fe-agg]\n",
+         namespaces: [agg]\n  load:\n{load}  shim:\n    backends: [fe-agg]\n",
         etcd.endpoint()
     );
-    RouterProcess::start(&cfg)
+    cfg
+}
+
+const LOOPBACK_ONLY: &str = "    direct_allow_cidrs: [\"127.0.0.0/8\"]\n";
+
+fn router(etcd: &EtcdServer) -> RouterProcess {
+    RouterProcess::start(&config(etcd, LOOPBACK_ONLY))
 }
 
 fn wait<T>(what: &str, r: &RouterProcess, mut probe: impl FnMut() -> Option<T>) -> T {
@@ -246,4 +252,70 @@ fn a_restarted_publisher_replaces_samples_whatever_its_sequence() {
         .then_some(())
     });
     assert_eq!(gauge(&r.metrics()), Some(5.0));
+}
+
+fn subscription_state(r: &RouterProcess) -> Option<String> {
+    let v = r.get("/admin/dynamo/workers").json();
+    v["subscriptions"].as_array()?.first()?["state"]
+        .as_str()
+        .map(str::to_owned)
+}
+
+fn restarts(r: &RouterProcess) -> f64 {
+    metric_value(
+        &r.metrics(),
+        "continuum_dynamo_discovery_events_total",
+        &[("kind", "restart")],
+    )
+    .unwrap_or(0.0)
+}
+
+#[test]
+fn allow_list_and_transport_reloads_restart_only_the_subscriptions() {
+    let etcd = EtcdServer::start();
+    let mut publisher = ZmqPublisher::start();
+    seed(&etcd, &publisher.endpoint());
+    let r = router(&etcd);
+    assert_eq!(
+        publisher
+            .wait_subscribed(Duration::from_secs(15))
+            .as_deref(),
+        Some("kv_metrics")
+    );
+    wait("connected", &r, || {
+        (subscription_state(&r).as_deref() == Some("connected")).then_some(())
+    });
+    let restarts_before = restarts(&r);
+
+    // The publisher's address leaves the allow list: the subscription stops and waits (RELOAD-03).
+    r.write_config(&config(&etcd, "    direct_allow_cidrs: [\"10.0.0.0/8\"]\n"));
+    wait("pending outside the allow list", &r, || {
+        (subscription_state(&r).as_deref() == Some("pending")).then_some(())
+    });
+    // Back inside: a new subscription arrives at the publisher.
+    r.write_config(&config(&etcd, LOOPBACK_ONLY));
+    assert_eq!(
+        publisher
+            .wait_subscribed(Duration::from_secs(15))
+            .as_deref(),
+        Some("kv_metrics")
+    );
+    wait("connected again", &r, || {
+        (subscription_state(&r).as_deref() == Some("connected")).then_some(())
+    });
+    // transport: broker without an event bus: pending, never a silent direct connection (BROKER-12).
+    r.write_config(&config(
+        &etcd,
+        "    transport: broker\n    direct_allow_cidrs: [\"127.0.0.0/8\"]\n",
+    ));
+    wait("pending under broker transport", &r, || {
+        (subscription_state(&r).as_deref() == Some("pending")).then_some(())
+    });
+    // Discovery itself never restarted.
+    assert_eq!(
+        restarts(&r),
+        restarts_before,
+        "a load-only reload restarted discovery"
+    );
+    assert_eq!(r.get("/admin/dynamo/workers").json()["connected"], true);
 }

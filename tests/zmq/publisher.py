@@ -15,6 +15,7 @@ closes.
 """
 import json
 import sys
+import time
 
 import zmq
 
@@ -39,12 +40,20 @@ def main() -> None:
         if cmd == "port":
             answer({"port": port})
         elif cmd == "wait_subscribed":
-            timeout = int(msg.get("timeout_ms", 10000))
-            if sock.poll(timeout, zmq.POLLIN):
+            # Skip unsubscriptions (a subscriber that went away) until a subscription arrives.
+            deadline = time.monotonic() + int(msg.get("timeout_ms", 10000)) / 1000.0
+            found = None
+            while found is None:
+                left_ms = int((deadline - time.monotonic()) * 1000)
+                if left_ms <= 0 or not sock.poll(left_ms, zmq.POLLIN):
+                    break
                 sub = sock.recv()
-                answer({"subscribed": sub[:1] == b"\x01", "topic": sub[1:].decode("utf-8", "replace")})
-            else:
+                if sub[:1] == b"\x01":
+                    found = sub[1:].decode("utf-8", "replace")
+            if found is None:
                 answer({"subscribed": False})
+            else:
+                answer({"subscribed": True, "topic": found})
         elif cmd == "send":
             frames = [bytes.fromhex(h) for h in msg["frames"]]
             sock.send_multipart(frames)

@@ -21,6 +21,7 @@ use std::net::SocketAddr;
 use std::rc::Rc;
 use std::sync::Arc;
 
+use continuum_core::config::dynamo::LoadTransport;
 use continuum_core::discovery::{Family, PublisherId};
 use continuum_core::load::LoadStore;
 use continuum_core::load::metrics::LoadEventCounters;
@@ -99,6 +100,9 @@ impl Subscriptions {
         let table: &SubTable = &shard.subs_table;
         let shards = shard.all_metrics.len();
         let enabled = snap.config.dynamo.enabled;
+        // `transport: broker` needs the event-bus tunnel, which this build does not have: such
+        // subscriptions stay pending and never fall back to direct connections (BROKER-12).
+        let direct = snap.config.dynamo.load.transport == LoadTransport::Direct;
         let mut wanted: HashMap<PublisherId, Option<SocketAddr>> = HashMap::new();
         if enabled {
             for p in admitted(&snap.fleet, Family::KvMetrics) {
@@ -109,7 +113,8 @@ impl Subscriptions {
                     .publisher_addrs
                     .get(&p.publisher_id)
                     .and_then(|r| r.as_ref().ok())
-                    .copied();
+                    .copied()
+                    .filter(|_| direct);
                 wanted.insert(p.publisher_id, addr);
                 // A running task keeps its row (and state); a new or re-addressed one starts over.
                 let unchanged = self
