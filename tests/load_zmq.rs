@@ -319,3 +319,43 @@ fn allow_list_and_transport_reloads_restart_only_the_subscriptions() {
     );
     assert_eq!(r.get("/admin/dynamo/workers").json()["connected"], true);
 }
+
+fn worker_load(r: &RouterProcess) -> serde_json::Value {
+    let v = r.get("/admin/dynamo/workers").json();
+    v["workers"]
+        .as_array()
+        .and_then(|w| w.first())
+        .map(|w| w["load"][0].clone())
+        .unwrap_or_default()
+}
+
+#[test]
+fn samples_go_stale_by_receipt_time() {
+    let etcd = EtcdServer::start();
+    let mut publisher = ZmqPublisher::start();
+    seed(&etcd, &publisher.endpoint());
+    let r = RouterProcess::start(&config(
+        &etcd,
+        "    max_staleness: \"1s\"\n    direct_allow_cidrs: [\"127.0.0.0/8\"]\n",
+    ));
+    assert_eq!(
+        publisher
+            .wait_subscribed(Duration::from_secs(15))
+            .as_deref(),
+        Some("kv_metrics")
+    );
+    assert_eq!(worker_load(&r)["fresh"], false, "nothing received yet");
+    // The capture's published_at is a year old: freshness must come from the receipt time.
+    send(&mut publisher, 1);
+    let fresh = wait("fresh sample", &r, || {
+        let l = worker_load(&r);
+        (l["fresh"] == true).then_some(l)
+    });
+    assert_eq!(fresh["kv_used_blocks"], 3, "{fresh}");
+    assert!(fresh["active_decode_blocks"].is_null(), "{fresh}");
+    let stale = wait("sample stale after max_staleness", &r, || {
+        let l = worker_load(&r);
+        (l["fresh"] == false && l["kv_used_blocks"] == 3).then_some(l)
+    });
+    assert!(stale["age_ms"].as_u64().unwrap() >= 1000, "{stale}");
+}

@@ -13,6 +13,8 @@ use continuum_core::discovery::{Family, Worker};
 use continuum_core::snapshot::RouterSnapshot;
 use serde_json::{Value, json};
 
+use continuum_core::load::{LoadKey, LoadStore};
+
 use crate::metrics::ControlStats;
 use crate::subscribe::LoadShared;
 
@@ -52,8 +54,9 @@ pub(crate) fn workers_json(
     let signals = source != DiscoverySource::KubernetesPods;
     let enabled = d.enabled;
     let fleet = &snap.fleet;
+    let now = crate::clock::now();
     let workers: Vec<Value> = if enabled {
-        fleet.workers.iter().map(worker_json).collect()
+        fleet.workers.iter().map(|w| worker_json(w, &load.store, now)).collect()
     } else {
         Vec::new()
     };
@@ -102,8 +105,32 @@ fn subscriptions(load: &LoadShared) -> Vec<Value> {
         .collect()
 }
 
-fn worker_json(w: &Worker) -> Value {
+/// The load samples of each of the worker's dp ranks: the last sample's fields (nil fields as
+/// null), its age, and whether it is fresh under `load.max_staleness` (LOAD-STORE-03..05).
+fn load_json(w: &Worker, store: &LoadStore, now: continuum_core::clock::Instant) -> Vec<Value> {
+    let start = w.dp_start_rank.unwrap_or(0);
+    let size = w.dp_size.unwrap_or(1).clamp(1, 64);
+    (start..start.saturating_add(size))
+        .map(|rank| {
+            let key = LoadKey { worker_id: w.instance_id, dp_rank: rank };
+            match store.last(key) {
+                Some(s) => json!({
+                    "dp_rank": rank,
+                    "fresh": store.fresh_default(key, now).is_some(),
+                    "age_ms": u64::try_from(now.saturating_since(s.received_at).as_millis()).unwrap_or(u64::MAX),
+                    "active_decode_blocks": s.sample.active_decode_blocks,
+                    "active_prefill_tokens": s.sample.active_prefill_tokens,
+                    "kv_used_blocks": s.sample.kv_used_blocks,
+                }),
+                None => json!({"dp_rank": rank, "fresh": false}),
+            }
+        })
+        .collect()
+}
+
+fn worker_json(w: &Worker, store: &LoadStore, now: continuum_core::clock::Instant) -> Value {
     json!({
+        "load": load_json(w, store, now),
         "instance_id": w.instance_id.hex(),
         "worker_id": w.instance_id.get().to_string(),
         "namespace": w.namespace,
