@@ -172,6 +172,12 @@ fn captured_samples_from_a_real_libzmq_publisher_reach_the_load_store() {
         Some(1.0),
         "{text}"
     );
+
+    // The worker leaves the registry: its samples and gauge series go at once (LOAD-MET-03).
+    etcd.delete(&format!("v1/instances/agg/backend/generate/{WORKER}"));
+    wait("departed worker's series removed", &r, || {
+        gauge(&r.metrics()).is_none().then_some(())
+    });
 }
 
 /// A generated kv_metrics message from `publisher`, in the array encoding (N-2 peers).
