@@ -14,6 +14,8 @@ usage:
   continuum-bench backend --port N     the fast OpenAI-ish backend alone (pinning is up to you)
   continuum-bench resync [--workers N] [--rounds N]
                                        discovery resync time and registry memory (default 16384 workers)
+  continuum-bench zmtp-ingest [--messages N] [--batch N] [--timeout SECS]
+                                       router kv_metrics SUB path vs the zeromq crate's SubSocket
   continuum-bench help
 
 http-hop options:
@@ -25,7 +27,12 @@ http-hop options:
   --router-bin PATH    router binary (default: continuum-router next to this binary)
   --nginx-bin PATH     nginx binary (default: nginx on PATH)
   --wrk-bin PATH       wrk binary (default: wrk on PATH)
-  --ready-timeout SECS how long a server may take to pass its probe (default 15)";
+  --ready-timeout SECS how long a server may take to pass its probe (default 15)
+
+zmtp-ingest options:
+  --messages N         messages per subscriber (default 2000000, min 1000)
+  --batch N            messages per publisher write (default 1024)
+  --timeout SECS       how long each subscriber may take (default 60, max 600)";
 
 /// A parsed command line.
 #[derive(Debug)]
@@ -41,6 +48,8 @@ pub(crate) enum Command {
     HttpHop(HopOptions),
     /// Measure a discovery resync.
     Resync(crate::resync::ResyncOptions),
+    /// Compare the router's kv_metrics SUB path with the zeromq crate's.
+    ZmtpIngest(crate::zmtp_ingest::IngestOptions),
 }
 
 /// Options of `http-hop`.
@@ -91,6 +100,7 @@ pub(crate) fn parse(args: impl IntoIterator<Item = String>) -> Result<Command, U
         "backend" => parse_backend(args),
         "http-hop" => parse_hop(args).map(Command::HttpHop),
         "resync" => parse_resync(args),
+        "zmtp-ingest" => parse_ingest(args).map(Command::ZmtpIngest),
         _ => Err(UsageError::UnknownCommand(command)),
     }
 }
@@ -111,6 +121,24 @@ fn parse_resync(mut args: impl Iterator<Item = String>) -> Result<Command, Usage
         }
     }
     Ok(Command::Resync(opts))
+}
+
+fn parse_ingest(
+    mut args: impl Iterator<Item = String>,
+) -> Result<crate::zmtp_ingest::IngestOptions, UsageError> {
+    let mut opts = crate::zmtp_ingest::IngestOptions::default();
+    while let Some(flag) = args.next() {
+        let v = value(&flag, &mut args);
+        match flag.as_str() {
+            "--messages" => {
+                opts.messages = number(&flag, v?, 1000, crate::zmtp_ingest::MAX_MESSAGES)?;
+            }
+            "--batch" => opts.batch = small(&flag, v?, 1, 65_536)? as usize,
+            "--timeout" => opts.timeout_secs = number(&flag, v?, 1, 600)?,
+            _ => return Err(UsageError::UnknownFlag(flag)),
+        }
+    }
+    Ok(opts)
 }
 
 fn parse_backend(mut args: impl Iterator<Item = String>) -> Result<Command, UsageError> {
@@ -226,6 +254,18 @@ mod tests {
         assert!(parse(args("http-hop --duration")).is_err());
         assert!(parse(args("backend")).is_err());
         assert!(parse(args("nope")).is_err());
+    }
+
+    #[test]
+    fn zmtp_ingest_options() {
+        let Ok(Command::ZmtpIngest(o)) = parse(args("zmtp-ingest --messages 5000 --batch 64"))
+        else {
+            panic!("expected zmtp-ingest");
+        };
+        assert_eq!((o.messages, o.batch, o.timeout_secs), (5000, 64, 60));
+        assert!(parse(args("zmtp-ingest --messages 10")).is_err());
+        assert!(parse(args("zmtp-ingest --batch 0")).is_err());
+        assert!(parse(args("zmtp-ingest --timeout 601")).is_err());
     }
 
     #[test]

@@ -79,6 +79,9 @@ pub(crate) enum BenchError {
     /// SIGINT or SIGTERM arrived; the run was abandoned and cleaned up.
     #[error("interrupted")]
     Interrupted,
+    /// `zmtp-ingest` could not measure its baseline.
+    #[error("zmtp-ingest: {0}")]
+    Ingest(#[from] crate::zmtp_ingest::IngestError),
     /// The backend's runtime could not be built or its socket bound.
     #[error("backend: {0}")]
     Backend(io::Error),

@@ -2,8 +2,10 @@
 //! ratio against a baseline measured in the same command.
 //!
 //! Subcommands: `http-hop` (router hop vs nginx hop, see `hop`), `resync`
-//! (discovery resync time and registry memory, see `resync`) and `backend`
-//! (the fast canned OpenAI-ish backend the hop benchmark spawns).
+//! (discovery resync time and registry memory, see `resync`), `zmtp-ingest`
+//! (the router's kv_metrics SUB path vs the zeromq crate, see `zmtp_ingest`)
+//! and `backend` (the fast canned OpenAI-ish backend the hop benchmark
+//! spawns).
 //! Invariant: the report goes to stdout, progress and diagnostics to
 //! stderr; nothing is written outside a temp dir; exit code 0 only if the
 //! baseline was measured.
@@ -22,6 +24,7 @@ mod servers;
 mod signals;
 mod tempdir;
 mod wrk;
+mod zmtp_ingest;
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -57,6 +60,10 @@ fn run() -> Result<(), BenchError> {
         cli::Command::Backend { port } => backend::run(port),
         cli::Command::Resync(opts) => write!(std::io::stdout(), "{}", resync::run(opts))
             .map_err(BenchError::io("writing report")),
+        cli::Command::ZmtpIngest(opts) => {
+            let report = zmtp_ingest::run(opts)?;
+            write!(std::io::stdout(), "{report}").map_err(BenchError::io("writing report"))
+        }
         cli::Command::HttpHop(opts) => {
             signals::install();
             hop::run(&opts)
