@@ -173,6 +173,15 @@ fn captured_samples_from_a_real_libzmq_publisher_reach_the_load_store() {
         "{text}"
     );
 
+    // A sequence gap (10 -> 13): the publisher's held samples are discarded, then the message
+    // that revealed the gap is applied (LOAD-STORE-14, Q-22), not dropped.
+    let gap = generated(u64::from_str_radix(PUBLISHER_HEX, 16).unwrap(), 13, 7);
+    let refs: Vec<&[u8]> = gap.iter().map(Vec::as_slice).collect();
+    publisher.send(&refs);
+    wait("sample after a gap applied", &r, || {
+        (gauge(&r.metrics()) == Some(7.0)).then_some(())
+    });
+
     // The worker leaves the registry: its samples and gauge series go at once (LOAD-MET-03).
     etcd.delete(&format!("v1/instances/agg/backend/generate/{WORKER}"));
     wait("departed worker's series removed", &r, || {
