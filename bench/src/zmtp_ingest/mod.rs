@@ -317,8 +317,15 @@ impl Measured {
         self.allocs as f64 / self.messages as f64
     }
 
-    fn sys_share(&self) -> f64 {
-        100.0 * self.sys_us as f64 / (self.user_us + self.sys_us).max(1) as f64
+    /// The part of [`Measured::cpu_per_msg_ns`] spent in the kernel (split as `RUSAGE_THREAD`
+    /// splits it).
+    fn sys_per_msg_ns(&self) -> f64 {
+        self.cpu_per_msg_ns() * self.sys_us as f64 / (self.user_us + self.sys_us).max(1) as f64
+    }
+
+    /// The part of [`Measured::cpu_per_msg_ns`] spent in user space.
+    fn user_per_msg_ns(&self) -> f64 {
+        self.cpu_per_msg_ns() - self.sys_per_msg_ns()
     }
 }
 
@@ -336,6 +343,8 @@ enum Subscriber {
     Zeromq,
     RouterMonoio,
     RouterBlocking,
+    /// The blocking loop with a larger read buffer: a diagnostic, not the router's path.
+    BlockingLargeReads,
 }
 
 fn run_side(
@@ -354,6 +363,10 @@ fn run_side(
         Subscriber::Zeromq => "zeromq 0.7 SubSocket (tokio current_thread)".to_owned(),
         Subscriber::RouterMonoio => "router ZmtpSub, monoio".to_owned(),
         Subscriber::RouterBlocking => "router ZmtpSub, blocking std read".to_owned(),
+        Subscriber::BlockingLargeReads => format!(
+            "diagnostic: blocking, {} KiB reads",
+            router::DIAGNOSTIC_READ_BYTES / 1024
+        ),
     };
     let listener = match TcpListener::bind("127.0.0.1:0") {
         Ok(l) => l,
@@ -388,8 +401,13 @@ fn run_side(
                 Subscriber::RouterMonoio => router::run_monoio(addr, total, deadline, recv_cpu)
                     .map(|(t, driver)| (t, Some(driver))),
                 Subscriber::RouterBlocking => {
-                    router::run_blocking(addr, total, deadline, recv_cpu).map(|t| (t, None))
+                    router::run_blocking::<READ_BUFFER_BYTES>(addr, total, deadline, recv_cpu)
+                        .map(|t| (t, None))
                 }
+                Subscriber::BlockingLargeReads => router::run_blocking::<
+                    { router::DIAGNOSTIC_READ_BYTES },
+                >(addr, total, deadline, recv_cpu)
+                .map(|t| (t, None)),
             };
             received.map(|(t, driver)| (t, driver, clock.elapsed_ns()))
         });
@@ -434,6 +452,7 @@ pub(crate) fn run(opts: IngestOptions) -> Result<String, IngestError> {
         Subscriber::Zeromq,
         Subscriber::RouterMonoio,
         Subscriber::RouterBlocking,
+        Subscriber::BlockingLargeReads,
     ]
     .into_iter()
     .map(|w| {
@@ -490,12 +509,13 @@ fn render(
     );
     let _ = writeln!(
         r,
-        "{:<48} {:>10} {:>11} {:>13} {:>6} {:>11} {:>10} {:>9}",
+        "{:<48} {:>10} {:>11} {:>8} {:>8} {:>11} {:>11} {:>10} {:>11}",
         "subscriber (+ decode_kv_metrics per message)",
         "msgs/s",
         "cpu ns/msg",
+        "usr ns",
+        "sys ns",
         "msgs/cpu-s",
-        "sys %",
         "allocs/msg",
         "pub ns/msg",
         "other cpu-s"
@@ -510,12 +530,13 @@ fn render(
                     .unwrap_or(f64::NAN);
                 let _ = writeln!(
                     r,
-                    "{:<48} {:>10.0} {:>11.1} {:>13.0} {:>6.1} {:>11.4} {:>10.1} {:>9.2}",
+                    "{:<48} {:>10.0} {:>11.1} {:>8.1} {:>8.1} {:>11.0} {:>11.4} {:>10.1} {:>11.2}",
                     side.name,
                     m.rate(),
                     m.cpu_per_msg_ns(),
+                    m.user_per_msg_ns(),
+                    m.sys_per_msg_ns(),
                     m.per_core(),
-                    m.sys_share(),
                     m.allocs_per_msg(),
                     pub_ns,
                     side.other_cpu_s,
@@ -546,12 +567,17 @@ fn render(
     };
     let base = measured(0);
     let _ = writeln!(r);
-    for (i, label) in [(1, "router (monoio)"), (2, "router (blocking)")] {
+    for (i, label) in [
+        (1, "router (monoio)"),
+        (2, "router (blocking)"),
+        (3, "diagnostic (16 KiB reads)"),
+    ] {
         if let (Some(b), Some(m)) = (base, measured(i)) {
             let _ = writeln!(
                 r,
                 "{label}/zeromq: throughput {t:.2}x (goal >= 2x), CPU per message {c:.2}x \
-                 (lower is better; {e:.2}x the messages per CPU-second)",
+                 (lower is better; {e:.2}x the messages per CPU-second; user-space CPU {u:.2}x)",
+                u = m.user_per_msg_ns() / b.user_per_msg_ns().max(1e-9),
                 t = m.rate() / b.rate().max(1e-9),
                 c = m.cpu_per_msg_ns() / b.cpu_per_msg_ns().max(1e-9),
                 e = m.per_core() / b.per_core().max(1e-9),
