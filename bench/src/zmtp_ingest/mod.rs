@@ -442,7 +442,18 @@ fn run_side(
     }
 }
 
-/// Runs the three subscribers against the same stream and renders the report. Fails only if
+/// CPU nanoseconds per `decode_kv_metrics` of the template message, alone (no transport): the
+/// part of every subscriber's per-message cost that is the same on both sides.
+fn decode_only_ns(template: &publisher::Template, rounds: u64) -> f64 {
+    let frames: Vec<&[u8]> = template.frames.iter().map(Vec::as_slice).collect();
+    let clock = ThreadClock::now();
+    for _ in 0..rounds {
+        let _ = std::hint::black_box(decode_kv_metrics(std::hint::black_box(&frames)));
+    }
+    clock.elapsed_ns() as f64 / rounds.max(1) as f64
+}
+
+/// Runs the subscribers against the same stream and renders the report. Fails only if
 /// the baseline could not be measured.
 pub(crate) fn run(opts: IngestOptions) -> Result<String, IngestError> {
     let template = publisher::Template::new()?;
@@ -460,7 +471,11 @@ pub(crate) fn run(opts: IngestOptions) -> Result<String, IngestError> {
         run_side(w, opts, &template, cpus)
     })
     .collect();
-    let report = render(opts, &template, cpus, &sides);
+    if let Some((cpu, _)) = cpus {
+        pin_to_cpu(cpu);
+    }
+    let decode_ns = decode_only_ns(&template, opts.messages.min(1_000_000));
+    let report = render(opts, &template, cpus, &sides, decode_ns);
     match sides.first().map(|s| &s.tally) {
         Some(Ok(t)) if t.measured().is_some() => Ok(report),
         _ => {
@@ -477,6 +492,7 @@ fn render(
     template: &publisher::Template,
     cpus: Option<(usize, usize)>,
     sides: &[Side],
+    decode_ns: f64,
 ) -> String {
     let mut r = String::new();
     let msg_len = template.wire.len();
@@ -582,6 +598,23 @@ fn render(
                 c = m.cpu_per_msg_ns() / b.cpu_per_msg_ns().max(1e-9),
                 e = m.per_core() / b.per_core().max(1e-9),
             );
+        }
+    }
+    let _ = writeln!(
+        r,
+        "decode_kv_metrics alone (same message, hot loop): {decode_ns:.1} ns; CPU per message \
+         without it, i.e. the transport's own cost:"
+    );
+    for (i, side) in sides.iter().enumerate() {
+        if let Some(m) = measured(i) {
+            let own = m.cpu_per_msg_ns() - decode_ns;
+            let vs = base.map_or(String::new(), |b| {
+                format!(
+                    "  ({:.2}x zeromq's)",
+                    own / (b.cpu_per_msg_ns() - decode_ns).max(1e-9)
+                )
+            });
+            let _ = writeln!(r, "  {:<46} {own:8.1} ns{vs}", side.name);
         }
     }
     if let Some(m) = measured(1) {

@@ -47,6 +47,8 @@ const LOAD: ActiveLoad = ActiveLoad {
 pub(super) struct Template {
     /// The ZMTP frames of one message (flags, length, body, four times).
     pub(super) wire: Vec<u8>,
+    /// The four frame bodies of that message.
+    pub(super) frames: [Vec<u8>; 4],
     /// Offset of frame 2's 8-byte big-endian sequence.
     frame_seq: usize,
     /// Offset of the envelope's 4-byte big-endian sequence (after its `0xce` marker).
@@ -78,6 +80,7 @@ impl Template {
         let envelope_seq = find_once(&wire, &marker)? + 1;
         Ok(Self {
             wire,
+            frames,
             frame_seq,
             envelope_seq,
         })
