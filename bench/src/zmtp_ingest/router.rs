@@ -15,7 +15,7 @@ use std::io::Read;
 use std::net::SocketAddr;
 use std::time::Instant;
 
-use continuum_core::zmtp::limits::READ_BUFFER_BYTES;
+use continuum_core::zmtp::limits::{READ_BUFFER_BYTES, read_buffer_after};
 use continuum_core::zmtp::{Event, ZmtpLimits, ZmtpSub};
 use monoio::io::{AsyncReadRent, AsyncWriteRentExt};
 
@@ -104,7 +104,15 @@ pub(super) fn run_monoio(
             buf = back;
             match res {
                 Ok(0) => return Err(tally.eof("router (monoio)")),
-                Ok(_) => feed_all(&mut zmtp, &buf, &mut tally)?,
+                Ok(n) => {
+                    feed_all(&mut zmtp, &buf, &mut tally)?;
+                    // The production policy (shards/src/subscribe/protocol.rs): 2 KiB when
+                    // quiet, growing under a backlog.
+                    let next = read_buffer_after(buf.capacity(), n);
+                    if next != buf.capacity() {
+                        buf = Vec::with_capacity(next);
+                    }
+                }
                 Err(source) => {
                     return Err(IngestError::Io {
                         what: "reading (monoio)",

@@ -13,7 +13,7 @@
 //! - bytes after the value are `malformed`; nothing allocates; no input panics.
 
 use super::frame::{DynamoFrame, Sequence};
-use super::msgpack::{Container, MsgpackError, Reader};
+use super::msgpack::{Container, MsgpackError, Reader, short_eq};
 use super::reject::{DynamoReject, IdentityMismatch, Malformed};
 use crate::discovery::ids::{InstanceId, PublisherId, UnixMillis};
 
@@ -109,8 +109,9 @@ fn read_struct<'a>(
             }
         }
         Container::Map(n) => {
-            for _ in 0..n {
-                let idx = map_key(r, names).map_err(broken)?;
+            for pos in 0..n {
+                // Publishers write fields in declaration order: try that name first.
+                let idx = map_key(r, names, pos).map_err(broken)?;
                 match idx {
                     Some(i) => {
                         if seen & (1 << i) != 0 {
@@ -131,12 +132,20 @@ fn read_struct<'a>(
     Ok(seen)
 }
 
-/// A map key: a field name, or a field index as serde accepts.
-fn map_key(r: &mut Reader<'_>, names: &[&'static str; 5]) -> Result<Option<usize>, MsgpackError> {
+/// A map key: a field name, or a field index as serde accepts. `hint` is the key's position in
+/// the map, checked first: a field written in declaration order costs one comparison.
+fn map_key(
+    r: &mut Reader<'_>,
+    names: &[&'static str; 5],
+    hint: usize,
+) -> Result<Option<usize>, MsgpackError> {
     let mut probe = r.clone();
     if let Ok(k) = probe.str() {
         *r = probe;
-        return Ok(names.iter().position(|n| n.as_bytes() == k));
+        if names.get(hint).is_some_and(|n| short_eq(n.as_bytes(), k)) {
+            return Ok(Some(hint));
+        }
+        return Ok(names.iter().position(|n| short_eq(n.as_bytes(), k)));
     }
     let mut probe = r.clone();
     if let Ok(i) = probe.u64() {

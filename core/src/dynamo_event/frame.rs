@@ -11,6 +11,7 @@
 //! - nothing here allocates: frames and payloads are borrowed from the caller's buffer.
 
 use super::envelope::{ActiveLoad, EventEnvelope, decode_active_load, decode_envelope};
+use super::msgpack::short_eq;
 use super::reject::{DynamoReject, IdentityMismatch, Malformed, TopicSource};
 use crate::discovery::ids::{InstanceId, PublisherId, UnixMillis};
 use crate::zmtp::limits::{
@@ -75,7 +76,7 @@ pub fn parse_frames<'a>(
     let &[topic, f1, f2, f3] = frames else {
         return Err(Malformed::FrameCount(frames.len()).into());
     };
-    if topic != family.topic {
+    if !short_eq(topic, family.topic) {
         return Err(DynamoReject::TopicMismatch(TopicSource::Frame));
     }
     let publisher_id = PublisherId::new(u64_frame(f1, 1)?);
@@ -129,7 +130,7 @@ pub fn decode_event<'a>(
 ) -> Result<DynamoEvent<'a>, DynamoReject> {
     let frame = parse_frames(frames, family)?;
     let envelope = decode_envelope(frame.payload)?;
-    if envelope.topic != family.topic {
+    if !short_eq(envelope.topic, family.topic) {
         return Err(DynamoReject::TopicMismatch(TopicSource::Envelope));
     }
     envelope.check_frame(&frame)?;

@@ -316,3 +316,18 @@ pub fn write_map_len(out: &mut Vec<u8>, n: usize) {
 pub fn write_array_len(out: &mut Vec<u8>, n: usize) {
     write_len(out, n, Some((0x90, 15)), [0, 0xdc, 0xdd]);
 }
+
+/// Equality of two short byte strings (field names, topics) without a call into `memcmp`: the
+/// names compared on the per-message path are under 32 bytes, where the call costs more than the
+/// comparison.
+#[inline]
+pub fn short_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    let mut diff = 0u8;
+    for (x, y) in a.iter().zip(b) {
+        diff |= x ^ y;
+    }
+    diff == 0
+}

@@ -17,6 +17,29 @@ pub const GREETING_LEN: usize = 64;
 pub const INITIAL_FRAME_BUFFER_BYTES: usize = 512;
 /// Read buffer the I/O layer owns per subscription (LOAD-ZMTP-15); not held by the state machine.
 pub const READ_BUFFER_BYTES: usize = 2048;
+/// Largest read buffer a busy subscription grows to (see [`read_buffer_after`]).
+pub const BUSY_READ_BUFFER_BYTES: usize = 16 * 1024;
+
+/// The read-buffer capacity to use after a read of `read` bytes into a buffer of `capacity`: a
+/// read that filled the buffer means a backlog, so it doubles (up to [`BUSY_READ_BUFFER_BYTES`];
+/// at ~9 messages per 2 KiB read the kernel cost per read dominates); a read that fit in the idle
+/// size returns to [`READ_BUFFER_BYTES`], so a quiet subscription holds the 2 KiB of
+/// LOAD-ZMTP-15. Changes only at a change of traffic regime.
+pub const fn read_buffer_after(capacity: usize, read: usize) -> usize {
+    if read >= capacity && capacity < BUSY_READ_BUFFER_BYTES {
+        let doubled = capacity.saturating_mul(2);
+        if doubled < BUSY_READ_BUFFER_BYTES {
+            doubled
+        } else {
+            BUSY_READ_BUFFER_BYTES
+        }
+    } else if read <= READ_BUFFER_BYTES && capacity > READ_BUFFER_BYTES {
+        READ_BUFFER_BYTES
+    } else {
+        capacity
+    }
+}
+
 /// Idle write-side capacity: room for a PONG (LOAD-ZMTP-15).
 pub const WRITE_BUFFER_BYTES: usize = 64;
 /// Idle memory per subscription: frame buffer + read buffer + write buffer (LOAD-ZMTP-15).
@@ -106,5 +129,21 @@ impl ZmtpLimits {
         } else {
             INITIAL_FRAME_BUFFER_BYTES
         }
+    }
+}
+
+#[cfg(test)]
+mod read_buffer_tests {
+    use super::*;
+
+    #[test]
+    fn read_buffer_grows_under_backlog_and_returns_to_idle_size() {
+        assert_eq!(read_buffer_after(2048, 100), 2048);
+        assert_eq!(read_buffer_after(2048, 2048), 4096);
+        assert_eq!(read_buffer_after(8192, 8192), 16384);
+        assert_eq!(read_buffer_after(16384, 16384), 16384);
+        assert_eq!(read_buffer_after(16384, 5000), 16384);
+        assert_eq!(read_buffer_after(16384, 2048), 2048);
+        assert_eq!(read_buffer_after(4096, 10), 2048);
     }
 }

@@ -16,7 +16,7 @@ use continuum_core::discovery::PublisherId;
 use continuum_core::dynamo_event::{DynamoReject, decode_kv_metrics};
 use continuum_core::load::metrics::LoadEventResult;
 use continuum_core::load::{CursorVerdict, LoadKey, Sample, SubscriptionCursor};
-use continuum_core::zmtp::limits::READ_BUFFER_BYTES;
+use continuum_core::zmtp::limits::{READ_BUFFER_BYTES, read_buffer_after};
 use continuum_core::zmtp::{DropReason, Event, ZmtpLimits, ZmtpSub};
 use monoio::io::{AsyncReadRent, AsyncWriteRentExt};
 use monoio::net::TcpStream;
@@ -74,11 +74,11 @@ pub(super) async fn run(
             }
         };
         buf = back;
-        match res {
+        let read = match res {
             Ok(0) => return Err(SessionEnd::Closed),
-            Ok(_) => {}
+            Ok(n) => n,
             Err(e) => return Err(SessionEnd::Io(e)),
-        }
+        };
         let mut input: &[u8] = &buf;
         while !input.is_empty() {
             let progress = match zmtp.feed(input) {
@@ -106,6 +106,16 @@ pub(super) async fn run(
             }
             input = input.get(consumed..).unwrap_or(&[]);
         }
+        resize_for_traffic(&mut buf, read);
+    }
+}
+
+/// Resize the read buffer to the traffic (`read_buffer_after`): reallocates only on a change of
+/// regime, so a quiet subscription holds the 2 KiB of LOAD-ZMTP-15.
+fn resize_for_traffic(buf: &mut Vec<u8>, read: usize) {
+    let next = read_buffer_after(buf.capacity(), read);
+    if next != buf.capacity() {
+        *buf = Vec::with_capacity(next);
     }
 }
 
