@@ -56,7 +56,11 @@ pub(crate) fn workers_json(
     let fleet = &snap.fleet;
     let now = crate::clock::now();
     let workers: Vec<Value> = if enabled {
-        fleet.workers.iter().map(|w| worker_json(w, &load.store, now)).collect()
+        fleet
+            .workers
+            .iter()
+            .map(|w| worker_json(w, &load.store, now))
+            .collect()
     } else {
         Vec::new()
     };
