@@ -9,7 +9,7 @@
 //! - backend identity is disclosed only when the client sent `x-backend`, even empty (SHIM-15).
 //!
 //! All functions take raw header names as bytes and compare ASCII case-insensitively; none
-//! allocates.
+//! allocates. [`PinHeaders`] writes the router's own pins (decimal ids, ranks when declared).
 
 /// Prefix of every Dynamo pin header.
 pub const DYNAMO_PREFIX: &[u8] = b"x-dynamo-";
@@ -132,6 +132,63 @@ pub fn response_header_relayable(name: &[u8], connection: &[u8]) -> bool {
         || connection_lists(connection, name))
 }
 
+/// Pin header carrying the decode (or aggregated) worker (SHIM-09/11).
+pub const WORKER_INSTANCE_ID: &str = "x-dynamo-worker-instance-id";
+/// Pin header carrying the prefill worker of a disaggregated pair (SHIM-11).
+pub const PREFILL_INSTANCE_ID: &str = "x-dynamo-prefill-instance-id";
+/// Pin header carrying the decode worker's data-parallel rank (SHIM-12).
+pub const DP_RANK: &str = "x-dynamo-dp-rank";
+/// Pin header carrying the prefill worker's data-parallel rank (SHIM-12, Q-38; upstream's name).
+pub const PREFILL_DP_RANK: &str = "x-dynamo-prefill-dp-rank";
+
+/// The pins the router writes on a shim request, decided by the picker. Instance ids are written
+/// in decimal (SHIM-11): the frontend rejects hex. A rank is written whenever the worker's card
+/// declares `data_parallel_size`, rank 0 included (SHIM-12).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PinHeaders {
+    /// The decode (or aggregated) worker's id, as the decimal `worker_id`.
+    pub worker: u64,
+    /// Its rank, when its card declares a data-parallel size.
+    pub worker_rank: Option<u32>,
+    /// The prefill worker, for a disaggregated pair.
+    pub prefill: Option<u64>,
+    /// The prefill worker's rank, when its card declares a data-parallel size.
+    pub prefill_rank: Option<u32>,
+}
+
+impl PinHeaders {
+    /// Append the header lines (`name: value\r\n`) to `out`. Never allocates beyond `out`.
+    pub fn write_to(&self, out: &mut Vec<u8>) {
+        fn line(out: &mut Vec<u8>, name: &str, value: u64) {
+            out.extend_from_slice(name.as_bytes());
+            out.extend_from_slice(b": ");
+            let mut digits = [0u8; 20];
+            let mut i = digits.len();
+            let mut v = value;
+            loop {
+                i -= 1;
+                digits[i] = b'0' + (v % 10) as u8;
+                v /= 10;
+                if v == 0 {
+                    break;
+                }
+            }
+            out.extend_from_slice(&digits[i..]);
+            out.extend_from_slice(b"\r\n");
+        }
+        line(out, WORKER_INSTANCE_ID, self.worker);
+        if let Some(r) = self.worker_rank {
+            line(out, DP_RANK, u64::from(r));
+        }
+        if let Some(p) = self.prefill {
+            line(out, PREFILL_INSTANCE_ID, p);
+            if let Some(r) = self.prefill_rank {
+                line(out, PREFILL_DP_RANK, u64::from(r));
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -187,6 +244,43 @@ mod tests {
         assert!(connection_has_close(b"Keep-Alive , CLOSE"));
         assert!(!connection_has_close(b"closed"));
         assert!(connection_has_keep_alive(b" keep-alive"));
+    }
+
+    #[test]
+    fn pin_headers_are_decimal_with_ranks_only_when_declared() {
+        let mut out = Vec::new();
+        PinHeaders {
+            worker: 7668682580897082379,
+            worker_rank: Some(0),
+            prefill: None,
+            prefill_rank: None,
+        }
+        .write_to(&mut out);
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "x-dynamo-worker-instance-id: 7668682580897082379\r\nx-dynamo-dp-rank: 0\r\n"
+        );
+        let mut out = Vec::new();
+        PinHeaders {
+            worker: 1,
+            worker_rank: None,
+            prefill: Some(u64::MAX),
+            prefill_rank: Some(3),
+        }
+        .write_to(&mut out);
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "x-dynamo-worker-instance-id: 1\r\nx-dynamo-prefill-instance-id: 18446744073709551615\r\nx-dynamo-prefill-dp-rank: 3\r\n"
+        );
+        // Every header written is one a client could never send through (SHIM-13).
+        for name in [
+            WORKER_INSTANCE_ID,
+            PREFILL_INSTANCE_ID,
+            DP_RANK,
+            PREFILL_DP_RANK,
+        ] {
+            assert!(is_pin_header(name.as_bytes()));
+        }
     }
 
     #[test]
