@@ -18,6 +18,7 @@
 pub mod backend;
 pub mod client;
 pub mod config;
+pub mod discovery;
 pub mod etcd;
 pub mod fleet;
 pub mod router;
