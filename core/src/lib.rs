@@ -19,6 +19,7 @@ pub mod headers;
 pub mod http1;
 pub mod json_scan;
 pub mod load;
+pub mod picker;
 pub mod publish;
 pub mod snapshot;
 pub mod subscriptions;

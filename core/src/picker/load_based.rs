@@ -1,0 +1,269 @@
+//! The default load-only picker (PICK-01..14, DISC-MULTI-05..07, SHIM-06/07).
+//!
+//! Role: builds the decode candidates across every candidate namespace, selects one with the
+//! shared best-effort rules ([`crate::load::rules`]), then, when the chosen worker is a decode
+//! worker, builds and selects the prefill candidates of that worker's namespace.
+//!
+//! Rules, per candidate `(worker, dp_rank)` (one per declared rank, PICK-04):
+//! - decode cost `(backlog_blocks + ceil(prompt_tokens / block_size)) / total_kv_blocks`, prefill
+//!   cost `backlog_tokens / max_num_batched_tokens` (PICK-01); the backlog is the fresh sample's
+//!   stage field (`active_decode_blocks`, else `kv_used_blocks`, PICK-03) or 0 for a quiet
+//!   candidate, plus the router's unanswered dispatches (LOAD-STORE-10, Q-06); a missing
+//!   capacity or block size, a zero capacity, a silent-with-load or stalled candidate, or
+//!   a fresh sample without the stage field leaves the cost undefined (PICK-05, LOAD-STORE-08/11);
+//! - the stall judgement applies only when some candidate **of the stage** has a fresh sample
+//!   (LOAD-STORE-13);
+//! - [`select`]: lowest defined cost with cursor-rotated ties when some candidate has a fresh
+//!   sample with the stage's field (PICK-06), else the cursor rotates over all (PICK-07/10).
+//!
+//! Candidate order (what the cursors index): `fleet.workers` order, i.e. `(namespace,
+//! instance_id)`, then ascending rank. Mixed namespaces (PICK-11..14): where a namespace has both
+//! prefill and decode workers for the model, its aggregated workers are not decode candidates;
+//! elsewhere decode and aggregated workers compete. A pick whose decode side is aggregated, or a
+//! decode worker whose namespace has no prefill worker for the model, carries no prefill and
+//! yields the `{role="prefill", reason="no_prefill_pool"}` event.
+//!
+//! Bounds: at most [`MAX_CANDIDATES`] candidates per stage (the load store's key cap); ranks
+//! beyond it, and ranks whose number would overflow `u32`, are not candidates.
+
+use crate::discovery::{Role, Worker};
+use crate::load::rules::{
+    Candidate, Cost, KeyLoad, Stage, any_fresh, classify, select, stage_backlog,
+};
+use crate::load::{LoadKey, MAX_LOAD_KEYS, request_blocks};
+
+use super::{
+    Chosen, DpRankHeaders, NoWorker, Pick, PickInput, PickerCursors, SelectionReason, WorkerPicker,
+};
+
+/// The most candidates one stage considers (the load store holds at most this many keys).
+pub const MAX_CANDIDATES: usize = MAX_LOAD_KEYS;
+
+/// One candidate rank: an index into `fleet.workers` and the rank.
+#[derive(Debug, Clone, Copy)]
+struct Slot {
+    worker: usize,
+    rank: u32,
+}
+
+/// Caller-owned scratch buffers, reused across picks (one per shard). After warm-up a pick
+/// allocates nothing.
+#[derive(Debug, Default)]
+pub struct PickScratch {
+    slots: Vec<Slot>,
+    loads: Vec<KeyLoad>,
+    candidates: Vec<Candidate>,
+}
+
+impl PickScratch {
+    /// Empty scratch space.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Scratch space pre-sized for `n` candidates per stage.
+    pub fn with_capacity(n: usize) -> Self {
+        Self {
+            slots: Vec::with_capacity(n),
+            loads: Vec::with_capacity(n),
+            candidates: Vec::with_capacity(n),
+        }
+    }
+
+    fn clear(&mut self) {
+        self.slots.clear();
+        self.loads.clear();
+        self.candidates.clear();
+    }
+
+    /// Pushes one slot per declared rank of `workers[index]` (PICK-04).
+    fn push_ranks(&mut self, index: usize, w: &Worker) {
+        let start = w.dp_start_rank.unwrap_or(0);
+        let size = w.dp_size.unwrap_or(1).max(1);
+        for k in 0..size {
+            if self.slots.len() >= MAX_CANDIDATES {
+                return;
+            }
+            let Some(rank) = start.checked_add(k) else {
+                return;
+            };
+            self.slots.push(Slot {
+                worker: index,
+                rank,
+            });
+        }
+    }
+}
+
+/// The default load-only [`WorkerPicker`] (PICK-01). Stateless: cursors and scratch belong to
+/// the caller.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LoadBasedPicker;
+
+impl LoadBasedPicker {
+    /// The picker.
+    pub const fn new() -> Self {
+        Self
+    }
+}
+
+/// Whether `w` serves `model` and may be routed.
+fn serves(w: &Worker, model: &str) -> bool {
+    w.role.is_routable() && w.model.as_deref() == Some(model)
+}
+
+/// The end (exclusive) of the run of workers sharing `workers[start]`'s namespace.
+fn run_end(workers: &[Worker], start: usize) -> usize {
+    let Some(first) = workers.get(start) else {
+        return start;
+    };
+    workers
+        .get(start..)
+        .and_then(|rest| rest.iter().position(|w| w.namespace != first.namespace))
+        .map_or(workers.len(), |n| start + n)
+}
+
+/// Which roles serve the model in a namespace run: `(has_prefill, has_decode)`.
+fn roles_in(run: &[Worker], model: &str) -> (bool, bool) {
+    let mut prefill = false;
+    let mut decode = false;
+    for w in run.iter().filter(|w| serves(w, model)) {
+        prefill |= w.role == Role::Prefill;
+        decode |= w.role == Role::Decode;
+    }
+    (prefill, decode)
+}
+
+/// Reads the loads of `scratch.slots`, costs them for `stage` and selects one. Returns the
+/// chosen slot and reason.
+fn select_stage(
+    input: &PickInput<'_>,
+    scratch: &mut PickScratch,
+    stage: Stage,
+    cursor: &mut u64,
+) -> Option<(Slot, SelectionReason)> {
+    let workers = &input.fleet.workers;
+    let now = input.now;
+    let max_age = input.max_staleness;
+    scratch.loads.clear();
+    scratch.candidates.clear();
+    for s in &scratch.slots {
+        let id = workers.get(s.worker)?.instance_id;
+        let load = input.loads.key_load(LoadKey::new(id, s.rank), now);
+        scratch.loads.push(load);
+    }
+    let judge = any_fresh(&scratch.loads, max_age, now);
+    for (s, load) in scratch.slots.iter().zip(&scratch.loads) {
+        let w = workers.get(s.worker)?;
+        let standing = classify(load, max_age, now, judge);
+        let b = stage_backlog(standing, &load.inflight, stage);
+        let cost = b.backlog.and_then(|backlog| match stage {
+            Stage::Prefill => Cost::prefill(backlog, w.capacity.max_num_batched_tokens),
+            Stage::Decode => Cost::decode(
+                backlog,
+                request_blocks(input.prompt_tokens.get(), w.block_size)?,
+                w.capacity.total_kv_blocks,
+            ),
+        });
+        scratch.candidates.push(Candidate {
+            cost,
+            fresh_field: b.fresh_field,
+        });
+    }
+    let sel = select(&scratch.candidates, cursor)?;
+    let slot = *scratch.slots.get(sel.index)?;
+    Some((slot, sel.reason.into()))
+}
+
+/// The rank header for `w`'s chosen rank (SHIM-12).
+fn rank_header(w: &Worker, rank: u32) -> Option<u32> {
+    w.dp_size.map(|_| rank)
+}
+
+impl WorkerPicker for LoadBasedPicker {
+    fn pick<'f>(
+        &self,
+        input: &PickInput<'f>,
+        cursors: &mut PickerCursors,
+        scratch: &mut PickScratch,
+    ) -> Result<Pick<'f>, NoWorker> {
+        let fleet = input.fleet;
+        let workers = fleet.workers.as_slice();
+        let model = input.model;
+        scratch.clear();
+
+        // Decode candidates across every candidate namespace (DISC-MULTI-05/07, PICK-12/13).
+        let mut start = 0;
+        while start < workers.len() {
+            let end = run_end(workers, start);
+            let run = workers.get(start..end).unwrap_or(&[]);
+            let in_set = run
+                .first()
+                .is_some_and(|w| input.namespaces.contains_namespace(&w.namespace));
+            if in_set {
+                let (has_prefill, has_decode) = roles_in(run, model);
+                let aggregated_allowed = !(has_prefill && has_decode);
+                for (offset, w) in run.iter().enumerate() {
+                    let candidate = serves(w, model)
+                        && match w.role {
+                            Role::Decode => true,
+                            Role::Aggregated => aggregated_allowed,
+                            Role::Prefill | Role::Unknown => false,
+                        };
+                    if candidate {
+                        scratch.push_ranks(start + offset, w);
+                    }
+                }
+            }
+            start = end.max(start + 1);
+        }
+        let (dslot, dreason) =
+            select_stage(input, scratch, Stage::Decode, &mut cursors.decode).ok_or(NoWorker)?;
+        let dw = workers.get(dslot.worker).ok_or(NoWorker)?;
+        let decode = Chosen {
+            instance_id: dw.instance_id,
+            dp_rank: dslot.rank,
+            reason: dreason,
+        };
+        let mut pick = Pick {
+            namespace: dw.namespace.as_str(),
+            decode,
+            prefill: None,
+            dp_rank_headers: DpRankHeaders {
+                decode_rank: rank_header(dw, dslot.rank),
+                prefill_rank: None,
+            },
+        };
+        if dw.role != Role::Decode {
+            // An aggregated pick never carries a prefill (PICK-11/14).
+            return Ok(pick);
+        }
+
+        // Prefill candidates inside the chosen namespace only (DISC-MULTI-06/07, SHIM-06).
+        scratch.clear();
+        let ns_start = workers.partition_point(|w| w.namespace < dw.namespace);
+        let ns_end = run_end(workers, ns_start);
+        for (offset, w) in workers
+            .get(ns_start..ns_end)
+            .unwrap_or(&[])
+            .iter()
+            .enumerate()
+        {
+            if serves(w, model) && w.role == Role::Prefill {
+                scratch.push_ranks(ns_start + offset, w);
+            }
+        }
+        if let Some((pslot, preason)) =
+            select_stage(input, scratch, Stage::Prefill, &mut cursors.prefill)
+            && let Some(pw) = workers.get(pslot.worker)
+        {
+            pick.prefill = Some(Chosen {
+                instance_id: pw.instance_id,
+                dp_rank: pslot.rank,
+                reason: preason,
+            });
+            pick.dp_rank_headers.prefill_rank = rank_header(pw, pslot.rank);
+        }
+        Ok(pick)
+    }
+}

@@ -1,0 +1,623 @@
+//! Unit tests of the load-only picker, one or more per rule (PICK-01..14/17, DISC-MULTI-05..07,
+//! SHIM-07/12).
+
+use std::sync::Arc;
+
+use crate::discovery::{FleetView, InstanceId, Role};
+use crate::headers::PinHeaders;
+use crate::load::{
+    DispatchLedger, DispatchLoad, DispatchRole, Inflight, InflightReader, LiveSet, LoadStore,
+};
+
+use super::test_support::{MAX_AGE, MapLoads, at_ms, fleet, worker};
+use super::{
+    Chosen, LoadBasedPicker, NamespaceSet, NoWorker, Pick, PickInput, PickScratch, PickerCursors,
+    PromptTokens, SelectionEvent, SelectionReason, SelectionRole, WorkerPicker,
+    estimate_prompt_tokens,
+};
+
+const NOW: u64 = 10_000;
+const FRESH: u64 = 9_000;
+const STALE: u64 = 1_000;
+
+fn pick<'f>(
+    f: &'f FleetView,
+    loads: &'f MapLoads,
+    ns: &'f dyn NamespaceSet,
+    prompt: u64,
+    cursors: &mut PickerCursors,
+) -> Result<Pick<'f>, NoWorker> {
+    let input = PickInput {
+        fleet: f,
+        loads,
+        model: "m",
+        namespaces: ns,
+        prompt_tokens: PromptTokens(prompt),
+        now: at_ms(NOW),
+        max_staleness: MAX_AGE,
+    };
+    LoadBasedPicker::new().pick(&input, cursors, &mut PickScratch::new())
+}
+
+fn ids(f: &FleetView, loads: &MapLoads, ns: &dyn NamespaceSet, n: usize) -> Vec<u64> {
+    let mut c = PickerCursors::default();
+    (0..n)
+        .map(|_| pick(f, loads, ns, 64, &mut c).map_or(0, |p| p.decode.instance_id.get()))
+        .collect()
+}
+
+fn fresh_decode(l: &mut MapLoads, id: u64, blocks: u64) {
+    l.sample(id, 0, at_ms(FRESH), Some(blocks), Some(0), None);
+}
+
+fn prefill_id(p: &Pick<'_>) -> Option<u64> {
+    p.prefill.map(|c| c.instance_id.get())
+}
+
+#[test]
+fn pick_01_decode_cost_counts_request_blocks_over_capacity() {
+    let mut a = worker("ns", 1, Role::Decode, "m");
+    a.capacity.total_kv_blocks = Some(100);
+    let mut b = worker("ns", 2, Role::Decode, "m");
+    b.capacity.total_kv_blocks = Some(10);
+    let f = fleet(vec![a, b]);
+    let mut l = MapLoads::default();
+    fresh_decode(&mut l, 1, 10);
+    fresh_decode(&mut l, 2, 0);
+    let mut c = PickerCursors::default();
+    // 64 tokens / 16 = 4 blocks: (10+4)/100 < (0+4)/10.
+    let p = pick(&f, &l, &["ns"], 64, &mut c).unwrap();
+    assert_eq!(p.decode.instance_id.get(), 1);
+    assert_eq!(p.decode.reason, SelectionReason::Load);
+    // An empty prompt: 10/100 > 0/10.
+    let p = pick(&f, &l, &["ns"], 0, &mut c).unwrap();
+    assert_eq!(p.decode.instance_id.get(), 2);
+    // ceil: 17 tokens are 2 blocks: (10+2)/100 = 0.12 < (0+2)/10 = 0.2.
+    let p = pick(&f, &l, &["ns"], 17, &mut c).unwrap();
+    assert_eq!(p.decode.instance_id.get(), 1);
+}
+
+#[test]
+fn pick_01_prefill_cost_is_tokens_over_batched_tokens() {
+    let mut p1 = worker("ns", 1, Role::Prefill, "m");
+    p1.capacity.max_num_batched_tokens = Some(1000);
+    let mut p2 = worker("ns", 2, Role::Prefill, "m");
+    p2.capacity.max_num_batched_tokens = Some(8000);
+    let f = fleet(vec![p1, p2, worker("ns", 3, Role::Decode, "m")]);
+    let mut l = MapLoads::default();
+    l.sample(1, 0, at_ms(FRESH), None, Some(500), None);
+    l.sample(2, 0, at_ms(FRESH), None, Some(1000), None);
+    let mut c = PickerCursors::default();
+    let p = pick(&f, &l, &["ns"], 64, &mut c).unwrap();
+    assert_eq!(p.decode.instance_id.get(), 3);
+    assert_eq!(prefill_id(&p), Some(2));
+    assert_eq!(p.prefill.map(|c| c.reason), Some(SelectionReason::Load));
+}
+
+#[test]
+fn pick_02_estimate_is_a_character_word_heuristic() {
+    assert_eq!(estimate_prompt_tokens(b""), PromptTokens(0));
+    // 11 characters -> 3; 2 words -> 3.
+    assert_eq!(estimate_prompt_tokens(b"hello world"), PromptTokens(3));
+    // 11 characters -> 3; 6 words -> 8.
+    assert_eq!(estimate_prompt_tokens(b"a b c d e f"), PromptTokens(8));
+    // Five Hangul syllables count one each.
+    assert_eq!(
+        estimate_prompt_tokens("안녕하세요".as_bytes()),
+        PromptTokens(5)
+    );
+    // Invalid UTF-8 never fails.
+    assert_eq!(estimate_prompt_tokens(&[0xff, 0x80]), PromptTokens(2));
+    let long = "the quick brown fox ".repeat(100);
+    let (a, b) = (long.as_bytes(), &long.as_bytes()[..1000]);
+    assert!(estimate_prompt_tokens(a) >= estimate_prompt_tokens(b));
+    assert_eq!(estimate_prompt_tokens(a), PromptTokens(534));
+}
+
+#[test]
+fn pick_03_kv_used_blocks_replaces_nil_active_decode_blocks() {
+    let f = fleet(vec![
+        worker("ns", 1, Role::Decode, "m"),
+        worker("ns", 2, Role::Decode, "m"),
+    ]);
+    let mut l = MapLoads::default();
+    l.sample(1, 0, at_ms(FRESH), None, None, Some(500));
+    l.sample(2, 0, at_ms(FRESH), None, None, Some(100));
+    assert_eq!(ids(&f, &l, &["ns"], 3), vec![2, 2, 2]);
+    // A present active_decode_blocks wins over kv_used_blocks.
+    l.sample(2, 0, at_ms(FRESH), Some(900), None, Some(100));
+    assert_eq!(ids(&f, &l, &["ns"], 2), vec![1, 1]);
+}
+
+#[test]
+fn pick_04_one_candidate_per_dp_rank() {
+    let mut w = worker("ns", 1, Role::Decode, "m");
+    w.dp_start_rank = Some(2);
+    w.dp_size = Some(3);
+    let f = fleet(vec![w]);
+    let mut l = MapLoads::default();
+    for (rank, blocks) in [(2, 50), (3, 10), (4, 30)] {
+        l.sample(1, rank, at_ms(FRESH), Some(blocks), None, None);
+    }
+    let mut c = PickerCursors::default();
+    let p = pick(&f, &l, &["ns"], 64, &mut c).unwrap();
+    assert_eq!(
+        (p.decode.dp_rank, p.dp_rank_headers.decode_rank),
+        (3, Some(3))
+    );
+    // Without fresh samples every rank takes its turn.
+    let stale = MapLoads::default();
+    let ranks: Vec<u32> = (0..4)
+        .map(|_| {
+            pick(&f, &stale, &["ns"], 64, &mut c)
+                .unwrap()
+                .decode
+                .dp_rank
+        })
+        .collect();
+    assert_eq!(ranks, vec![3, 4, 2, 3]);
+}
+
+#[test]
+fn pick_05_undefined_costs_are_never_chosen() {
+    // Prefill: a fresh sample without the field, and a zero capacity, are undefined.
+    let mut zero = worker("ns", 3, Role::Prefill, "m");
+    zero.capacity.max_num_batched_tokens = Some(0);
+    let f = fleet(vec![
+        worker("ns", 1, Role::Prefill, "m"),
+        worker("ns", 2, Role::Prefill, "m"),
+        zero,
+        worker("ns", 9, Role::Decode, "m"),
+    ]);
+    let mut l = MapLoads::default();
+    l.sample(1, 0, at_ms(FRESH), None, Some(4000), None);
+    l.sample(2, 0, at_ms(FRESH), Some(0), None, None);
+    l.sample(3, 0, at_ms(FRESH), None, Some(0), None);
+    let mut c = PickerCursors::default();
+    for _ in 0..4 {
+        let p = pick(&f, &l, &["ns"], 64, &mut c).unwrap();
+        assert_eq!(prefill_id(&p), Some(1));
+    }
+}
+
+#[test]
+fn pick_05_silent_with_load_is_undefined_and_quiet_competes_at_zero() {
+    let f = fleet(vec![
+        worker("ns", 1, Role::Decode, "m"),
+        worker("ns", 2, Role::Decode, "m"),
+    ]);
+    let mut l = MapLoads::default();
+    l.sample(1, 0, at_ms(STALE), Some(5), None, None);
+    fresh_decode(&mut l, 2, 900);
+    assert_eq!(ids(&f, &l, &["ns"], 3), vec![2, 2, 2]);
+    // The last sample showed no backlog: quiet, backlog 0, so it wins against 900.
+    l.sample(1, 0, at_ms(STALE), Some(0), Some(0), None);
+    assert_eq!(ids(&f, &l, &["ns"], 2), vec![1, 1]);
+    // Never published: quiet as well.
+    l.0.remove(&MapLoads::key(1, 0));
+    assert_eq!(ids(&f, &l, &["ns"], 2), vec![1, 1]);
+}
+
+#[test]
+fn pick_06_lowest_defined_cost_with_rotating_ties() {
+    let f = fleet(vec![
+        worker("ns", 1, Role::Decode, "m"),
+        worker("ns", 2, Role::Decode, "m"),
+        worker("ns", 3, Role::Decode, "m"),
+    ]);
+    let mut l = MapLoads::default();
+    fresh_decode(&mut l, 1, 10);
+    fresh_decode(&mut l, 2, 50);
+    fresh_decode(&mut l, 3, 10);
+    assert_eq!(ids(&f, &l, &["ns"], 4), vec![1, 3, 1, 3]);
+}
+
+#[test]
+fn pick_07_round_robin_over_all_when_nothing_is_fresh() {
+    let f = fleet(vec![
+        worker("ns", 1, Role::Decode, "m"),
+        worker("ns", 2, Role::Decode, "m"),
+        worker("ns", 3, Role::Decode, "m"),
+    ]);
+    let mut l = MapLoads::default();
+    l.sample(1, 0, at_ms(STALE), Some(7), None, None); // silent with load: still in the rotation
+    l.sample(2, 0, at_ms(STALE), Some(0), None, None);
+    let mut c = PickerCursors::default();
+    let got: Vec<(u64, SelectionReason)> = (0..4)
+        .map(|_| {
+            let p = pick(&f, &l, &["ns"], 64, &mut c).unwrap();
+            (p.decode.instance_id.get(), p.decode.reason)
+        })
+        .collect();
+    let rr = SelectionReason::RoundRobinStale;
+    assert_eq!(got, vec![(1, rr), (2, rr), (3, rr), (1, rr)]);
+}
+
+#[test]
+fn pick_07_vllm_prefill_pool_rotates() {
+    let f = fleet(vec![
+        worker("ns", 1, Role::Prefill, "m"),
+        worker("ns", 2, Role::Prefill, "m"),
+        worker("ns", 3, Role::Decode, "m"),
+    ]);
+    let mut l = MapLoads::default();
+    // dynamo.vllm: nil active_prefill_tokens on fresh samples.
+    l.sample(1, 0, at_ms(FRESH), None, None, Some(3));
+    l.sample(2, 0, at_ms(FRESH), None, None, Some(300));
+    fresh_decode(&mut l, 3, 0);
+    let mut c = PickerCursors::default();
+    let got: Vec<Option<u64>> = (0..3)
+        .map(|_| prefill_id(&pick(&f, &l, &["ns"], 64, &mut c).unwrap()))
+        .collect();
+    assert_eq!(got, vec![Some(1), Some(2), Some(1)]);
+    let p = pick(&f, &l, &["ns"], 64, &mut c).unwrap();
+    assert_eq!(
+        p.prefill.map(|c| c.reason),
+        Some(SelectionReason::RoundRobinStale)
+    );
+    assert_eq!(p.decode.reason, SelectionReason::Load);
+}
+
+#[test]
+fn pick_08_unanswered_dispatches_and_stalls_feed_costs() {
+    let f = fleet(vec![
+        worker("ns", 1, Role::Decode, "m"),
+        worker("ns", 2, Role::Decode, "m"),
+    ]);
+    let mut l = MapLoads::default();
+    fresh_decode(&mut l, 1, 0);
+    fresh_decode(&mut l, 2, 5);
+    assert_eq!(ids(&f, &l, &["ns"], 1), vec![1]);
+    let backlog = Inflight {
+        decode_blocks: 20,
+        ..Inflight::default()
+    };
+    l.inflight(1, 0, backlog);
+    assert_eq!(ids(&f, &l, &["ns"], 2), vec![2, 2]);
+    // A quiet worker is filled by its in-flight additions too.
+    l.0.remove(&MapLoads::key(1, 0));
+    l.inflight(1, 0, backlog);
+    assert_eq!(ids(&f, &l, &["ns"], 1), vec![2]);
+    // Stalled: excluded while another has a defined cost.
+    let stalled = Inflight {
+        stalled: true,
+        ..Inflight::default()
+    };
+    l.inflight(1, 0, stalled);
+    fresh_decode(&mut l, 2, 900);
+    assert_eq!(ids(&f, &l, &["ns"], 2), vec![2, 2]);
+    // Nothing fresh: the stall judgement is ignored and the rotation includes it (LOAD-STORE-13).
+    l.sample(2, 0, at_ms(STALE), Some(0), None, None);
+    assert_eq!(ids(&f, &l, &["ns"], 2), vec![1, 2]);
+}
+
+#[test]
+fn pick_09_events_cover_both_roles_with_closed_labels() {
+    let f = fleet(vec![
+        worker("ns", 1, Role::Prefill, "m"),
+        worker("ns", 2, Role::Decode, "m"),
+        worker("agg", 3, Role::Aggregated, "m"),
+    ]);
+    let mut l = MapLoads::default();
+    l.sample(1, 0, at_ms(FRESH), None, Some(0), None);
+    fresh_decode(&mut l, 2, 0);
+    let mut c = PickerCursors::default();
+    let p = pick(&f, &l, &["ns"], 64, &mut c).unwrap();
+    let ev = |role, reason| SelectionEvent { role, reason };
+    assert_eq!(
+        p.events(),
+        [
+            ev(SelectionRole::Decode, SelectionReason::Load),
+            ev(SelectionRole::Prefill, SelectionReason::Load)
+        ]
+    );
+    let p = pick(&f, &l, &["agg"], 64, &mut c).unwrap();
+    assert_eq!(
+        p.events(),
+        [
+            ev(SelectionRole::Decode, SelectionReason::RoundRobinStale),
+            ev(SelectionRole::Prefill, SelectionReason::NoPrefillPool)
+        ]
+    );
+    let labels: Vec<_> = p
+        .events()
+        .iter()
+        .map(|e| (e.role.label(), e.reason.label()))
+        .collect();
+    assert_eq!(
+        labels,
+        vec![
+            ("decode", "round_robin_stale"),
+            ("prefill", "no_prefill_pool")
+        ]
+    );
+    assert_eq!(SelectionReason::Load.label(), "load");
+}
+
+#[test]
+fn pick_10_no_capacity_fleet_round_robins() {
+    let bare = |id| {
+        let mut w = worker("ns", id, Role::Aggregated, "m");
+        w.capacity = Default::default();
+        w.block_size = None;
+        w
+    };
+    let f = fleet(vec![bare(1), bare(2)]);
+    let mut l = MapLoads::default();
+    fresh_decode(&mut l, 1, 900);
+    fresh_decode(&mut l, 2, 0);
+    let mut c = PickerCursors::default();
+    let got: Vec<(u64, SelectionReason)> = (0..3)
+        .map(|_| {
+            let p = pick(&f, &l, &["ns"], 64, &mut c).unwrap();
+            (p.decode.instance_id.get(), p.decode.reason)
+        })
+        .collect();
+    let rr = SelectionReason::RoundRobinStale;
+    assert_eq!(got, vec![(1, rr), (2, rr), (1, rr)]);
+}
+
+#[test]
+fn pick_11_12_aggregated_excluded_next_to_a_prefill_decode_pool() {
+    let f = fleet(vec![
+        worker("ns", 1, Role::Prefill, "m"),
+        worker("ns", 2, Role::Decode, "m"),
+        worker("ns", 3, Role::Aggregated, "m"),
+    ]);
+    let mut l = MapLoads::default();
+    fresh_decode(&mut l, 2, 999);
+    fresh_decode(&mut l, 3, 0);
+    let mut c = PickerCursors::default();
+    for _ in 0..5 {
+        let p = pick(&f, &l, &["ns"], 64, &mut c).unwrap();
+        assert_eq!(p.decode.instance_id.get(), 2);
+        assert_eq!(prefill_id(&p), Some(1));
+    }
+}
+
+#[test]
+fn pick_13_decode_and_aggregated_compete_elsewhere() {
+    let f = fleet(vec![
+        worker("ns", 2, Role::Decode, "m"),
+        worker("ns", 3, Role::Aggregated, "m"),
+    ]);
+    let mut l = MapLoads::default();
+    fresh_decode(&mut l, 2, 999);
+    fresh_decode(&mut l, 3, 0);
+    assert_eq!(ids(&f, &l, &["ns"], 2), vec![3, 3]);
+    fresh_decode(&mut l, 3, 999);
+    fresh_decode(&mut l, 2, 0);
+    assert_eq!(ids(&f, &l, &["ns"], 2), vec![2, 2]);
+}
+
+#[test]
+fn pick_14_aggregated_pick_never_gets_a_prefill() {
+    // A namespace with prefill and aggregated workers but no decode worker.
+    let f = fleet(vec![
+        worker("ns", 1, Role::Prefill, "m"),
+        worker("ns", 3, Role::Aggregated, "m"),
+        worker("pd", 4, Role::Prefill, "m"),
+        worker("pd", 5, Role::Decode, "m"),
+    ]);
+    let mut l = MapLoads::default();
+    fresh_decode(&mut l, 3, 0);
+    fresh_decode(&mut l, 5, 500);
+    let mut c = PickerCursors::default();
+    for _ in 0..3 {
+        let p = pick(&f, &l, &["ns", "pd"], 64, &mut c).unwrap();
+        assert_eq!((p.namespace, p.decode.instance_id.get()), ("ns", 3));
+        assert_eq!(p.prefill, None);
+        assert_eq!(p.pin_headers().prefill, None);
+        assert_eq!(p.events()[1].reason, SelectionReason::NoPrefillPool);
+    }
+    assert_eq!(c.prefill, 0, "no prefill selection ran");
+}
+
+#[test]
+fn shim_07_decode_without_prefill_pool_is_pinned_alone() {
+    let f = fleet(vec![
+        worker("ns", 2, Role::Decode, "m"),
+        worker("other", 1, Role::Prefill, "m"),
+    ]);
+    let l = MapLoads::default();
+    let mut c = PickerCursors::default();
+    let p = pick(&f, &l, &["ns", "other"], 64, &mut c).unwrap();
+    assert_eq!((p.decode.instance_id.get(), p.prefill), (2, None));
+    assert_eq!(p.events()[1].reason, SelectionReason::NoPrefillPool);
+}
+
+#[test]
+fn disc_multi_05_only_candidate_namespaces() {
+    let f = fleet(vec![
+        worker("a", 1, Role::Decode, "m"),
+        worker("b", 2, Role::Decode, "m"),
+    ]);
+    let mut l = MapLoads::default();
+    fresh_decode(&mut l, 1, 0);
+    fresh_decode(&mut l, 2, 900);
+    assert_eq!(ids(&f, &l, &["b"], 2), vec![2, 2]);
+    let owned: Vec<String> = vec!["a".into()];
+    assert_eq!(ids(&f, &l, &owned, 1), vec![1]);
+    let arcs: Vec<Arc<str>> = vec![Arc::from("c")];
+    let mut c = PickerCursors::default();
+    assert_eq!(pick(&f, &l, &arcs, 64, &mut c), Err(NoWorker));
+    assert_eq!(c, PickerCursors::default());
+}
+
+#[test]
+fn disc_multi_06_07_decode_across_namespaces_then_prefill_inside() {
+    let f = fleet(vec![
+        worker("a", 1, Role::Prefill, "m"),
+        worker("a", 2, Role::Decode, "m"),
+        worker("b", 3, Role::Prefill, "m"),
+        worker("b", 4, Role::Decode, "m"),
+    ]);
+    let mut l = MapLoads::default();
+    l.sample(1, 0, at_ms(FRESH), None, Some(0), None);
+    fresh_decode(&mut l, 2, 900);
+    l.sample(3, 0, at_ms(FRESH), None, Some(8000), None);
+    fresh_decode(&mut l, 4, 0);
+    let mut c = PickerCursors::default();
+    let p = pick(&f, &l, &["a", "b"], 64, &mut c).unwrap();
+    assert_eq!(p.namespace, "b");
+    assert_eq!(p.decode.instance_id.get(), 4);
+    assert_eq!(
+        prefill_id(&p),
+        Some(3),
+        "the idler prefill of `a` is not eligible"
+    );
+}
+
+#[test]
+fn unknown_workers_and_other_models_are_never_candidates() {
+    let mut none = worker("ns", 4, Role::Decode, "m");
+    none.model = None;
+    let f = fleet(vec![
+        worker("ns", 1, Role::Unknown, "m"),
+        worker("ns", 2, Role::Decode, "other"),
+        worker("ns", 3, Role::Prefill, "m"),
+        none,
+    ]);
+    let l = MapLoads::default();
+    let mut c = PickerCursors::default();
+    assert_eq!(pick(&f, &l, &["ns"], 64, &mut c), Err(NoWorker));
+    let f = fleet(vec![
+        worker("ns", 1, Role::Unknown, "m"),
+        worker("ns", 5, Role::Decode, "m"),
+    ]);
+    assert_eq!(ids(&f, &l, &["ns"], 3), vec![5, 5, 5]);
+}
+
+#[test]
+fn shim_12_rank_headers_exactly_when_dp_size_is_declared() {
+    let mut p = worker("ns", 1, Role::Prefill, "m");
+    p.dp_size = Some(1);
+    let d = worker("ns", 2, Role::Decode, "m");
+    let f = fleet(vec![p, d]);
+    let l = MapLoads::default();
+    let mut c = PickerCursors::default();
+    let got = pick(&f, &l, &["ns"], 64, &mut c).unwrap();
+    assert_eq!(got.dp_rank_headers.decode_rank, None);
+    assert_eq!(got.dp_rank_headers.prefill_rank, Some(0));
+    assert_eq!(
+        got.pin_headers(),
+        PinHeaders {
+            worker: 2,
+            worker_rank: None,
+            prefill: Some(1),
+            prefill_rank: Some(0),
+        }
+    );
+    assert_eq!(
+        got.prefill,
+        Some(Chosen {
+            instance_id: InstanceId::new(1),
+            dp_rank: 0,
+            reason: SelectionReason::RoundRobinStale,
+        })
+    );
+}
+
+#[test]
+fn pick_17_picker_is_replaceable_behind_the_trait() {
+    struct First;
+    impl WorkerPicker for First {
+        fn pick<'f>(
+            &self,
+            input: &PickInput<'f>,
+            _: &mut PickerCursors,
+            _: &mut PickScratch,
+        ) -> Result<Pick<'f>, NoWorker> {
+            let w = input.fleet.workers.first().ok_or(NoWorker)?;
+            Ok(Pick {
+                namespace: &w.namespace,
+                decode: Chosen {
+                    instance_id: w.instance_id,
+                    dp_rank: 0,
+                    reason: SelectionReason::Load,
+                },
+                prefill: None,
+                dp_rank_headers: Default::default(),
+            })
+        }
+    }
+    let f = fleet(vec![
+        worker("ns", 1, Role::Decode, "m"),
+        worker("ns", 2, Role::Decode, "m"),
+    ]);
+    let mut l = MapLoads::default();
+    fresh_decode(&mut l, 1, 900);
+    let input = PickInput {
+        fleet: &f,
+        loads: &l,
+        model: "m",
+        namespaces: &["ns"],
+        prompt_tokens: PromptTokens(64),
+        now: at_ms(NOW),
+        max_staleness: MAX_AGE,
+    };
+    let pickers: [Box<dyn WorkerPicker>; 2] = [Box::new(LoadBasedPicker), Box::new(First)];
+    let got: Vec<u64> = pickers
+        .iter()
+        .map(|p| {
+            let mut c = PickerCursors::default();
+            let mut s = PickScratch::with_capacity(4);
+            p.pick(&input, &mut c, &mut s)
+                .unwrap()
+                .decode
+                .instance_id
+                .get()
+        })
+        .collect();
+    assert_eq!(got, vec![2, 1]);
+}
+
+#[test]
+fn store_loads_reads_the_real_store_and_ledgers() {
+    let f = fleet(vec![
+        worker("ns", 1, Role::Aggregated, "m"),
+        worker("ns", 2, Role::Aggregated, "m"),
+    ]);
+    let store = LoadStore::new();
+    store.set_live_and_retain(&LiveSet::from_fleet(&f));
+    let now = at_ms(NOW);
+    for id in [1, 2] {
+        let s = crate::load::Sample {
+            publisher_id: crate::discovery::PublisherId::new(id),
+            sequence: 1,
+            active_decode_blocks: Some(10),
+            active_prefill_tokens: Some(0),
+            kv_used_blocks: None,
+        };
+        store.apply(MapLoads::key(id, 0), &s, at_ms(FRESH));
+    }
+    let mut ledger = DispatchLedger::new();
+    let tables = vec![ledger.table()];
+    let load = DispatchLoad::for_role(DispatchRole::Aggregated, 640, Some(16));
+    {
+        let view = store.view();
+        ledger.dispatch(&view, MapLoads::key(1, 0), load, now);
+    }
+    let view = store.view();
+    let reader = InflightReader::new(&tables);
+    let loads = super::StoreLoads::new(&view, &reader);
+    let input = PickInput {
+        fleet: &f,
+        loads: &loads,
+        model: "m",
+        namespaces: &["ns"],
+        prompt_tokens: PromptTokens(64),
+        now,
+        max_staleness: MAX_AGE,
+    };
+    let mut c = PickerCursors::default();
+    let mut s = PickScratch::new();
+    for _ in 0..3 {
+        let p = LoadBasedPicker.pick(&input, &mut c, &mut s).unwrap();
+        assert_eq!(
+            p.decode.instance_id.get(),
+            2,
+            "worker 1 carries 40 unanswered blocks"
+        );
+    }
+}
