@@ -17,6 +17,7 @@ pub mod discovery;
 pub mod dynamo_event;
 pub mod headers;
 pub mod http1;
+pub mod ingress;
 pub mod json_scan;
 pub mod load;
 pub mod picker;
