@@ -403,7 +403,7 @@ pub fn chat_to_responses(body: &[u8], ctx: &ResponsesContext) -> Result<Value, I
     if let Some(Value::String(t)) = message.get("content")
         && !t.is_empty()
     {
-        output.push(message_item(&id, t, "completed"));
+        output.push(message_item(&id, 0, t, "completed"));
     }
     if let Some(Value::Array(calls)) = message.get("tool_calls") {
         for (k, c) in calls.iter().enumerate() {
@@ -431,11 +431,21 @@ pub fn chat_to_responses(body: &[u8], ctx: &ResponsesContext) -> Result<Value, I
     ))
 }
 
-/// An assistant `message` output item with one `output_text` part.
-pub fn message_item(resp_id: &str, text: &str, status: &str) -> Value {
+/// The id of the `k`-th message item of a response: `msg_<id>`, then `msg_<id>_<k>`.
+pub fn message_item_id(resp_id: &str, k: usize) -> String {
+    let base = resp_id.strip_prefix("resp_").unwrap_or(resp_id);
+    if k == 0 {
+        format!("msg_{base}")
+    } else {
+        format!("msg_{base}_{k}")
+    }
+}
+
+/// An assistant `message` output item (the `k`-th of its response) with one `output_text` part.
+pub fn message_item(resp_id: &str, k: usize, text: &str, status: &str) -> Value {
     json!({
         "type": "message",
-        "id": format!("msg_{}", resp_id.strip_prefix("resp_").unwrap_or(resp_id)),
+        "id": message_item_id(resp_id, k),
         "status": status,
         "role": "assistant",
         "content": [{"type": "output_text", "text": text, "annotations": []}],

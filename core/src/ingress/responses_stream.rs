@@ -18,8 +18,8 @@ use super::IngressError;
 use super::anthropic_stream::upstream_error_of;
 use super::errors::{ClassifiedError, ErrorClass};
 use super::responses::{
-    ResponsesContext, function_call_item, map_usage, message_item, response_id, response_object,
-    status_of,
+    ResponsesContext, function_call_item, map_usage, message_item, message_item_id, response_id,
+    response_object, status_of,
 };
 use super::sse::{SseEvent, SseFramer, event_bytes};
 
@@ -48,6 +48,7 @@ pub struct ResponsesStream {
     open: Option<Item>,
     closed_tools: Vec<u64>,
     tool_count: usize,
+    text_count: usize,
     finish_reason: Option<String>,
     usage: Option<Value>,
 }
@@ -72,6 +73,7 @@ impl ResponsesStream {
             open: None,
             closed_tools: Vec::new(),
             tool_count: 0,
+            text_count: 0,
             finish_reason: None,
             usage: None,
         }
@@ -221,7 +223,7 @@ impl ResponsesStream {
     fn text(&mut self, t: &str, out: &mut Vec<u8>) {
         if !matches!(self.open, Some(Item::Text(_))) {
             self.close_item(out);
-            let item = message_item(&self.id, "", "in_progress");
+            let item = message_item(&self.id, self.text_count, "", "in_progress");
             let mut added = item.clone();
             added["content"] = json!([]);
             let oi = self.output_index();
@@ -242,10 +244,7 @@ impl ResponsesStream {
             acc.push_str(t);
         }
         let oi = self.output_index();
-        let item_id = message_item(&self.id, "", "")
-            .get("id")
-            .cloned()
-            .unwrap_or(Value::Null);
+        let item_id = message_item_id(&self.id, self.text_count);
         self.emit(
             "response.output_text.delta",
             json!({"item_id": item_id, "output_index": oi, "content_index": 0, "delta": t,
@@ -320,7 +319,7 @@ impl ResponsesStream {
         match self.open.take() {
             None => {}
             Some(Item::Text(text)) => {
-                let item = message_item(&self.id, &text, "completed");
+                let item = message_item(&self.id, self.text_count, &text, "completed");
                 let part = json!({"type": "output_text", "text": text, "annotations": []});
                 self.emit(
                     "response.output_text.done",
@@ -340,6 +339,7 @@ impl ResponsesStream {
                     out,
                 );
                 self.items.push(item);
+                self.text_count += 1;
             }
             Some(Item::Tool {
                 upstream,

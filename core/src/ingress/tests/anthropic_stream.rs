@@ -259,3 +259,28 @@ fn malformed_chunk() {
         Err(IngressError::MalformedUpstream(_))
     ));
 }
+
+#[test]
+fn text_after_tool_opens_a_new_block() {
+    let mut s = chunk(
+        json!({"tool_calls":[{"index":0,"id":"t","function":{"name":"f","arguments":"{}"}}]}),
+        Value::Null,
+    );
+    s += &chunk(json!({"content":"after"}), json!("stop"));
+    s += "data: [DONE]\n\n";
+    let ev = parse_events(&run_whole(s.as_bytes()));
+    let starts: Vec<(u64, &str)> = ev
+        .iter()
+        .filter(|(n, _)| n == "content_block_start")
+        .map(|(_, d)| {
+            (
+                d["index"].as_u64().unwrap(),
+                d["content_block"]["type"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(starts, [(0, "tool_use"), (1, "text")]);
+    let stops = ev.iter().filter(|(n, _)| n == "content_block_stop").count();
+    assert_eq!(stops, 2);
+    assert_eq!(ev[ev.len() - 2].1["delta"]["stop_reason"], "tool_use");
+}

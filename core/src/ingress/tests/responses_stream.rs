@@ -116,3 +116,26 @@ fn length_is_incomplete_and_error_fails() {
     assert_eq!(ev[n - 1].0, "response.failed");
     assert_eq!(ev[n - 1].1["response"]["status"], "failed");
 }
+
+#[test]
+fn message_items_have_distinct_ids() {
+    let mut s = chunk(json!({"content":"a"}), Value::Null);
+    s += &chunk(
+        json!({"tool_calls":[{"index":0,"id":"c","function":{"name":"f","arguments":"{}"}}]}),
+        Value::Null,
+    );
+    s += &chunk(json!({"content":"b"}), json!("stop"));
+    s += "data: [DONE]\n\n";
+    let ev = parse_events(&run(s.as_bytes()));
+    let done = &ev.last().unwrap().1["response"]["output"];
+    assert_eq!(done[0]["id"], "msg_z");
+    assert_eq!(done[1]["id"], "fc_z_0");
+    assert_eq!(done[2]["id"], "msg_z_1");
+    assert_eq!(done[2]["content"][0]["text"], "b");
+    let deltas: Vec<&Value> = ev
+        .iter()
+        .filter(|(n, _)| n == "response.output_text.delta")
+        .map(|(_, d)| &d["item_id"])
+        .collect();
+    assert_eq!(deltas, [&json!("msg_z"), &json!("msg_z_1")]);
+}
