@@ -202,3 +202,19 @@ impl From<&super::IngressError> for ClassifiedError {
         Self::new(e.class(), e.to_string())
     }
 }
+
+/// The frontend's direct-mode rejection text (`DIRECT_MODE_PREFILL_ID_ERROR`, SHIM-18).
+pub const DIRECT_MODE_PREFILL_ID_ERROR: &str = "Prefill worker ID required in Direct routing mode";
+
+/// Whether a non-2xx upstream answer (buffered body, or the body of a non-2xx streaming
+/// response before the stream starts, Q-40) is the direct-mode prefill rejection that
+/// INGRESS-06 / SHIM-18 turn into 503 `disaggregated_prefill_decode_unavailable`.
+///
+/// A 500 is never one, even if it contains the text: SHIM-19 sends a rejection wrapped in a
+/// generic 500 body down the decode-failure path. A 2xx is never one either: a rejection inside
+/// an open 200 stream is relayed as is (INGRESS-07).
+pub fn is_direct_mode_rejection(status: u16, body: &[u8]) -> bool {
+    !(200..300).contains(&status)
+        && status != 500
+        && memchr::memmem::find(body, DIRECT_MODE_PREFILL_ID_ERROR.as_bytes()).is_some()
+}

@@ -169,3 +169,23 @@ fn responses_passthrough_keeps_bytes_when_clean() {
         Err(IngressError::InvalidJson(_))
     ));
 }
+
+#[test]
+fn direct_mode_rejection_classification() {
+    use crate::ingress::errors::is_direct_mode_rejection;
+    let body = br#"{"error":{"message":"Prefill worker ID required in Direct routing mode","type":"invalid_request_error"}}"#;
+    assert!(is_direct_mode_rejection(400, body));
+    assert!(is_direct_mode_rejection(503, body));
+    assert!(
+        !is_direct_mode_rejection(500, body),
+        "SHIM-19: generic 500 goes to decode failure"
+    );
+    assert!(
+        !is_direct_mode_rejection(200, body),
+        "INGRESS-07: in-stream is relayed"
+    );
+    assert!(!is_direct_mode_rejection(
+        400,
+        br#"{"error":{"message":"bad"}}"#
+    ));
+}
