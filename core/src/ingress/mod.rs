@@ -16,7 +16,7 @@
 //! - streaming output is a function of the concatenated input only: the same bytes split
 //!   anywhere produce the same output bytes.
 //!
-//! Choices not dictated by the spec are listed in `DECISIONS.md` next to this file.
+//! Choices not dictated by the spec are recorded in `docs/decisions.md` (section "Ingress conversion").
 
 pub mod anthropic_req;
 pub mod anthropic_resp;
