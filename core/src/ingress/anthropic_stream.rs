@@ -20,8 +20,9 @@ use serde_json::{Value, json};
 use super::IngressError;
 use super::anthropic_req::AnthropicContext;
 use super::anthropic_resp::{map_stop_reason, map_usage, message_id};
-use super::errors::{ClassifiedError, ErrorClass};
-use super::sse::{SseEvent, SseFramer, event_bytes};
+use super::chunk_walk::{self, ChunkSink};
+use super::errors::ClassifiedError;
+use super::sse::{SseFramer, event_bytes};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Open {
@@ -79,35 +80,12 @@ impl AnthropicStream {
     ///
     /// On `Err`, the caller should send [`AnthropicStream::fail`] output and close.
     pub fn feed(&mut self, bytes: &[u8]) -> Result<Vec<u8>, IngressError> {
-        let mut events = Vec::new();
-        self.framer.push(bytes, &mut events)?;
-        let mut out = Vec::new();
-        for e in events {
-            self.on_event(e, &mut out)?;
-        }
-        Ok(out)
+        chunk_walk::feed(self, bytes)
     }
 
     /// Upstream EOF: completes the stream if it has not ended yet.
     pub fn finish(&mut self) -> Result<Vec<u8>, IngressError> {
-        let mut events = Vec::new();
-        self.framer.finish(&mut events)?;
-        let mut out = Vec::new();
-        for e in events {
-            self.on_event(e, &mut out)?;
-        }
-        if !self.done {
-            if self.finish_reason.is_some() {
-                self.complete(&mut out);
-            } else {
-                let err = ClassifiedError::new(
-                    ErrorClass::UpstreamProtocol,
-                    "upstream stream ended before a finish_reason",
-                );
-                out.extend(self.fail(&err));
-            }
-        }
-        Ok(out)
+        chunk_walk::finish(self)
     }
 
     /// Ends the stream with an Anthropic `error` event (nothing if already ended).
@@ -119,51 +97,49 @@ impl AnthropicStream {
         err.anthropic_sse_event()
     }
 
-    fn on_event(&mut self, e: SseEvent, out: &mut Vec<u8>) -> Result<(), IngressError> {
-        if self.done {
-            return Ok(());
-        }
-        if e.data.trim() == "[DONE]" {
-            self.complete(out);
-            return Ok(());
-        }
-        let chunk: Value = serde_json::from_str(&e.data)
-            .map_err(|err| IngressError::MalformedUpstream(format!("SSE chunk: {err}")))?;
-        if e.event.as_deref() == Some("error") || chunk.get("error").is_some() {
-            let err = upstream_error(&chunk);
-            out.extend(self.fail(&err));
-            return Ok(());
-        }
-        self.start(&chunk, out);
-        if let Some(u) = chunk.get("usage").filter(|u| u.is_object()) {
-            self.usage = Some(u.clone());
-        }
-        let Some(choice) = chunk
-            .get("choices")
-            .and_then(Value::as_array)
-            .and_then(|c| c.first())
-        else {
-            return Ok(());
-        };
-        if let Some(delta) = choice.get("delta") {
-            if let Some(Value::String(t)) = delta.get("content")
-                && !t.is_empty()
-            {
-                self.text(t, out);
-            }
-            if let Some(Value::Array(calls)) = delta.get("tool_calls") {
-                for (k, c) in calls.iter().enumerate() {
-                    self.tool_delta(c, k as u64, out)?;
+    fn close_block(&mut self, out: &mut Vec<u8>) {
+        if let Some(open) = self.open.take() {
+            let index = match open {
+                Open::Text(i) => i,
+                Open::Tool { index, upstream } => {
+                    self.closed_tools.push(upstream);
+                    index
                 }
-            }
+            };
+            out.extend(event_bytes(
+                "content_block_stop",
+                &json!({"type": "content_block_stop", "index": index}),
+            ));
         }
-        if let Some(Value::String(f)) = choice.get("finish_reason") {
-            self.finish_reason = Some(f.clone());
-            if let Some(Value::String(s)) = choice.get("stop_reason") {
-                self.matched_stop = Some(s.clone());
-            }
+    }
+}
+
+impl ChunkSink for AnthropicStream {
+    fn framer(&mut self) -> &mut SseFramer {
+        &mut self.framer
+    }
+
+    fn ended(&self) -> bool {
+        self.done
+    }
+
+    fn finished(&self) -> bool {
+        self.finish_reason.is_some()
+    }
+
+    fn usage(&mut self, usage: &Value) {
+        self.usage = Some(usage.clone());
+    }
+
+    fn finish_reason(&mut self, reason: &str, choice: &Value) {
+        self.finish_reason = Some(reason.to_owned());
+        if let Some(Value::String(s)) = choice.get("stop_reason") {
+            self.matched_stop = Some(s.clone());
         }
-        Ok(())
+    }
+
+    fn fail_with(&mut self, err: &ClassifiedError) -> Vec<u8> {
+        self.fail(err)
     }
 
     fn start(&mut self, chunk: &Value, out: &mut Vec<u8>) {
@@ -191,22 +167,6 @@ impl AnthropicStream {
             "usage": {"input_tokens": input, "output_tokens": 0},
         }});
         out.extend(event_bytes("message_start", &msg));
-    }
-
-    fn close_block(&mut self, out: &mut Vec<u8>) {
-        if let Some(open) = self.open.take() {
-            let index = match open {
-                Open::Text(i) => i,
-                Open::Tool { index, upstream } => {
-                    self.closed_tools.push(upstream);
-                    index
-                }
-            };
-            out.extend(event_bytes(
-                "content_block_stop",
-                &json!({"type": "content_block_stop", "index": index}),
-            ));
-        }
     }
 
     fn text(&mut self, t: &str, out: &mut Vec<u8>) {
@@ -303,22 +263,4 @@ impl AnthropicStream {
         ));
         self.done = true;
     }
-}
-
-/// Classifies an upstream in-stream error chunk (message kept verbatim).
-fn upstream_error(chunk: &Value) -> ClassifiedError {
-    let e = chunk.get("error").unwrap_or(chunk);
-    let message = match e {
-        Value::String(s) => s.clone(),
-        _ => e
-            .get("message")
-            .and_then(Value::as_str)
-            .map_or_else(|| super::to_string(e), str::to_owned),
-    };
-    ClassifiedError::new(ErrorClass::Internal, message)
-}
-
-/// Classifies an upstream in-stream error chunk (shared with the Responses stream).
-pub(crate) fn upstream_error_of(chunk: &Value) -> ClassifiedError {
-    upstream_error(chunk)
 }

@@ -21,6 +21,7 @@
 pub mod anthropic_req;
 pub mod anthropic_resp;
 pub mod anthropic_stream;
+mod chunk_walk;
 pub mod errors;
 pub mod responses;
 pub mod responses_stream;

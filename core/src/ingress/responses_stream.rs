@@ -15,13 +15,13 @@
 use serde_json::{Value, json};
 
 use super::IngressError;
-use super::anthropic_stream::upstream_error_of;
-use super::errors::{ClassifiedError, ErrorClass};
+use super::chunk_walk::{self, ChunkSink};
+use super::errors::ClassifiedError;
 use super::responses::{
     ResponsesContext, function_call_item, map_usage, message_item, message_item_id, response_id,
     response_object, status_of,
 };
-use super::sse::{SseEvent, SseFramer, event_bytes};
+use super::sse::{SseFramer, event_bytes};
 
 #[derive(Debug)]
 enum Item {
@@ -86,35 +86,12 @@ impl ResponsesStream {
 
     /// Feeds upstream bytes; returns the Responses SSE bytes they complete.
     pub fn feed(&mut self, bytes: &[u8]) -> Result<Vec<u8>, IngressError> {
-        let mut events = Vec::new();
-        self.framer.push(bytes, &mut events)?;
-        let mut out = Vec::new();
-        for e in events {
-            self.on_event(e, &mut out)?;
-        }
-        Ok(out)
+        chunk_walk::feed(self, bytes)
     }
 
     /// Upstream EOF.
     pub fn finish(&mut self) -> Result<Vec<u8>, IngressError> {
-        let mut events = Vec::new();
-        self.framer.finish(&mut events)?;
-        let mut out = Vec::new();
-        for e in events {
-            self.on_event(e, &mut out)?;
-        }
-        if !self.done {
-            if self.finish_reason.is_some() {
-                self.complete(&mut out);
-            } else {
-                let err = ClassifiedError::new(
-                    ErrorClass::UpstreamProtocol,
-                    "upstream stream ended before a finish_reason",
-                );
-                out.extend(self.fail(&err));
-            }
-        }
-        Ok(out)
+        chunk_walk::finish(self)
     }
 
     /// Ends the stream with an `error` event and `response.failed` (nothing if ended).
@@ -152,48 +129,100 @@ impl ResponsesStream {
         out.extend(event_bytes(kind, &body));
     }
 
-    fn on_event(&mut self, e: SseEvent, out: &mut Vec<u8>) -> Result<(), IngressError> {
-        if self.done {
-            return Ok(());
-        }
-        if e.data.trim() == "[DONE]" {
-            self.complete(out);
-            return Ok(());
-        }
-        let chunk: Value = serde_json::from_str(&e.data)
-            .map_err(|err| IngressError::MalformedUpstream(format!("SSE chunk: {err}")))?;
-        if e.event.as_deref() == Some("error") || chunk.get("error").is_some() {
-            let err = upstream_error_of(&chunk);
-            out.extend(self.fail(&err));
-            return Ok(());
-        }
-        self.start(&chunk, out);
-        if let Some(u) = chunk.get("usage").filter(|u| u.is_object()) {
-            self.usage = Some(u.clone());
-        }
-        let Some(choice) = chunk
-            .get("choices")
-            .and_then(Value::as_array)
-            .and_then(|c| c.first())
-        else {
-            return Ok(());
-        };
-        if let Some(delta) = choice.get("delta") {
-            if let Some(Value::String(t)) = delta.get("content")
-                && !t.is_empty()
-            {
-                self.text(t, out);
+    fn output_index(&self) -> usize {
+        self.items.len()
+    }
+
+    fn tool_item_id(&self) -> String {
+        format!(
+            "fc_{}_{}",
+            self.id.strip_prefix("resp_").unwrap_or(&self.id),
+            self.tool_count
+        )
+    }
+
+    fn close_item(&mut self, out: &mut Vec<u8>) {
+        let oi = self.output_index();
+        match self.open.take() {
+            None => {}
+            Some(Item::Text(text)) => {
+                let item = message_item(&self.id, self.text_count, &text, "completed");
+                let part = json!({"type": "output_text", "text": text, "annotations": []});
+                self.emit(
+                    "response.output_text.done",
+                    json!({"item_id": item["id"], "output_index": oi, "content_index": 0,
+                           "text": text, "logprobs": []}),
+                    out,
+                );
+                self.emit(
+                    "response.content_part.done",
+                    json!({"item_id": item["id"], "output_index": oi, "content_index": 0,
+                           "part": part}),
+                    out,
+                );
+                self.emit(
+                    "response.output_item.done",
+                    json!({"output_index": oi, "item": item}),
+                    out,
+                );
+                self.items.push(item);
+                self.text_count += 1;
             }
-            if let Some(Value::Array(calls)) = delta.get("tool_calls") {
-                for (k, c) in calls.iter().enumerate() {
-                    self.tool_delta(c, k as u64, out)?;
-                }
+            Some(Item::Tool {
+                upstream,
+                call_id,
+                name,
+                args,
+            }) => {
+                let item = function_call_item(
+                    &self.id,
+                    self.tool_count,
+                    &call_id,
+                    &name,
+                    &args,
+                    "completed",
+                );
+                self.emit(
+                    "response.function_call_arguments.done",
+                    json!({"item_id": item["id"], "output_index": oi, "arguments": args}),
+                    out,
+                );
+                self.emit(
+                    "response.output_item.done",
+                    json!({"output_index": oi, "item": item}),
+                    out,
+                );
+                self.items.push(item);
+                self.closed_tools.push(upstream);
+                self.tool_count += 1;
             }
         }
-        if let Some(Value::String(f)) = choice.get("finish_reason") {
-            self.finish_reason = Some(f.clone());
-        }
-        Ok(())
+    }
+}
+
+impl ChunkSink for ResponsesStream {
+    fn framer(&mut self) -> &mut SseFramer {
+        &mut self.framer
+    }
+
+    fn ended(&self) -> bool {
+        self.done
+    }
+
+    fn finished(&self) -> bool {
+        self.finish_reason.is_some()
+    }
+
+    fn usage(&mut self, usage: &Value) {
+        self.usage = Some(usage.clone());
+    }
+
+    fn finish_reason(&mut self, reason: &str, _choice: &Value) {
+        self.finish_reason = Some(reason.to_owned());
+    }
+
+    fn fail_with(&mut self, err: &ClassifiedError) -> Vec<u8> {
+        self.fail(err)
     }
 
     fn start(&mut self, chunk: &Value, out: &mut Vec<u8>) {
@@ -214,10 +243,6 @@ impl ResponsesStream {
         );
         self.emit("response.created", json!({"response": r.clone()}), out);
         self.emit("response.in_progress", json!({"response": r}), out);
-    }
-
-    fn output_index(&self) -> usize {
-        self.items.len()
     }
 
     fn text(&mut self, t: &str, out: &mut Vec<u8>) {
@@ -304,72 +329,6 @@ impl ResponsesStream {
             );
         }
         Ok(())
-    }
-
-    fn tool_item_id(&self) -> String {
-        format!(
-            "fc_{}_{}",
-            self.id.strip_prefix("resp_").unwrap_or(&self.id),
-            self.tool_count
-        )
-    }
-
-    fn close_item(&mut self, out: &mut Vec<u8>) {
-        let oi = self.output_index();
-        match self.open.take() {
-            None => {}
-            Some(Item::Text(text)) => {
-                let item = message_item(&self.id, self.text_count, &text, "completed");
-                let part = json!({"type": "output_text", "text": text, "annotations": []});
-                self.emit(
-                    "response.output_text.done",
-                    json!({"item_id": item["id"], "output_index": oi, "content_index": 0,
-                           "text": text, "logprobs": []}),
-                    out,
-                );
-                self.emit(
-                    "response.content_part.done",
-                    json!({"item_id": item["id"], "output_index": oi, "content_index": 0,
-                           "part": part}),
-                    out,
-                );
-                self.emit(
-                    "response.output_item.done",
-                    json!({"output_index": oi, "item": item}),
-                    out,
-                );
-                self.items.push(item);
-                self.text_count += 1;
-            }
-            Some(Item::Tool {
-                upstream,
-                call_id,
-                name,
-                args,
-            }) => {
-                let item = function_call_item(
-                    &self.id,
-                    self.tool_count,
-                    &call_id,
-                    &name,
-                    &args,
-                    "completed",
-                );
-                self.emit(
-                    "response.function_call_arguments.done",
-                    json!({"item_id": item["id"], "output_index": oi, "arguments": args}),
-                    out,
-                );
-                self.emit(
-                    "response.output_item.done",
-                    json!({"output_index": oi, "item": item}),
-                    out,
-                );
-                self.items.push(item);
-                self.closed_tools.push(upstream);
-                self.tool_count += 1;
-            }
-        }
     }
 
     fn complete(&mut self, out: &mut Vec<u8>) {

@@ -1,0 +1,135 @@
+//! The walk over upstream chat-completion SSE chunks shared by the stream converters.
+//!
+//! Role: both [`super::anthropic_stream::AnthropicStream`] and
+//! [`super::responses_stream::ResponsesStream`] read the same upstream stream: SSE events framed
+//! by a bounded [`SseFramer`], `[DONE]`, error chunks, the first chunk (ids), usage, the first
+//! choice's text and tool-call deltas, and its `finish_reason`. This module does that walk once and
+//! calls a [`ChunkSink`] for each step; each converter only decides what to emit.
+//!
+//! Invariants: after the sink reports it is done, input is ignored; an upstream `error` chunk (an
+//! `error` key or `event: error`) ends the stream through [`ChunkSink::fail`]; an upstream EOF
+//! before any `finish_reason` fails the stream rather than completing it.
+
+use serde_json::Value;
+
+use super::IngressError;
+use super::errors::{ClassifiedError, ErrorClass};
+use super::sse::{SseEvent, SseFramer};
+
+/// What a stream converter does at each step of the chunk walk.
+pub(crate) trait ChunkSink {
+    /// The converter's SSE framer.
+    fn framer(&mut self) -> &mut SseFramer;
+    /// Whether the converted stream has ended.
+    fn ended(&self) -> bool;
+    /// Whether a `finish_reason` has been seen.
+    fn finished(&self) -> bool;
+    /// The first chunk arrived (idempotent).
+    fn start(&mut self, chunk: &Value, out: &mut Vec<u8>);
+    /// A usage object arrived.
+    fn usage(&mut self, usage: &Value);
+    /// A non-empty text delta.
+    fn text(&mut self, text: &str, out: &mut Vec<u8>);
+    /// The `pos`-th tool-call delta of a chunk.
+    fn tool_delta(&mut self, call: &Value, pos: u64, out: &mut Vec<u8>)
+    -> Result<(), IngressError>;
+    /// The choice carries a `finish_reason`.
+    fn finish_reason(&mut self, reason: &str, choice: &Value);
+    /// End the stream successfully.
+    fn complete(&mut self, out: &mut Vec<u8>);
+    /// End the stream with an error; returns the bytes to send.
+    fn fail_with(&mut self, err: &ClassifiedError) -> Vec<u8>;
+}
+
+/// Feeds upstream bytes through the sink's framer; returns the converted bytes they complete.
+pub(crate) fn feed<S: ChunkSink>(sink: &mut S, bytes: &[u8]) -> Result<Vec<u8>, IngressError> {
+    let mut events = Vec::new();
+    sink.framer().push(bytes, &mut events)?;
+    let mut out = Vec::new();
+    for e in events {
+        on_event(sink, e, &mut out)?;
+    }
+    Ok(out)
+}
+
+/// Upstream EOF: flushes the framer and ends the stream if it has not ended yet.
+pub(crate) fn finish<S: ChunkSink>(sink: &mut S) -> Result<Vec<u8>, IngressError> {
+    let mut events = Vec::new();
+    sink.framer().finish(&mut events)?;
+    let mut out = Vec::new();
+    for e in events {
+        on_event(sink, e, &mut out)?;
+    }
+    if !sink.ended() {
+        if sink.finished() {
+            sink.complete(&mut out);
+        } else {
+            let err = ClassifiedError::new(
+                ErrorClass::UpstreamProtocol,
+                "upstream stream ended before a finish_reason",
+            );
+            out.extend(sink.fail_with(&err));
+        }
+    }
+    Ok(out)
+}
+
+fn on_event<S: ChunkSink>(
+    sink: &mut S,
+    e: SseEvent,
+    out: &mut Vec<u8>,
+) -> Result<(), IngressError> {
+    if sink.ended() {
+        return Ok(());
+    }
+    if e.data.trim() == "[DONE]" {
+        sink.complete(out);
+        return Ok(());
+    }
+    let chunk: Value = serde_json::from_str(&e.data)
+        .map_err(|err| IngressError::MalformedUpstream(format!("SSE chunk: {err}")))?;
+    if e.event.as_deref() == Some("error") || chunk.get("error").is_some() {
+        out.extend(sink.fail_with(&upstream_error(&chunk)));
+        return Ok(());
+    }
+    sink.start(&chunk, out);
+    if let Some(u) = chunk.get("usage").filter(|u| u.is_object()) {
+        sink.usage(u);
+    }
+    let Some(choice) = chunk
+        .get("choices")
+        .and_then(Value::as_array)
+        .and_then(|c| c.first())
+    else {
+        return Ok(());
+    };
+    if let Some(delta) = choice.get("delta") {
+        if let Some(Value::String(t)) = delta.get("content")
+            && !t.is_empty()
+        {
+            sink.text(t, out);
+        }
+        if let Some(Value::Array(calls)) = delta.get("tool_calls") {
+            for (k, c) in calls.iter().enumerate() {
+                sink.tool_delta(c, k as u64, out)?;
+            }
+        }
+    }
+    if let Some(Value::String(f)) = choice.get("finish_reason") {
+        sink.finish_reason(f, choice);
+    }
+    Ok(())
+}
+
+/// Classifies an upstream in-stream error chunk.
+fn upstream_error(chunk: &Value) -> ClassifiedError {
+    let e = chunk.get("error").unwrap_or(chunk);
+    let message = match e {
+        Value::String(s) => s.clone(),
+        _ => e
+            .get("message")
+            .and_then(Value::as_str)
+            .map_or_else(|| super::to_string(e), str::to_owned),
+    };
+    ClassifiedError::new(ErrorClass::Internal, message)
+}
