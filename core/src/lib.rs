@@ -22,6 +22,7 @@ pub mod json_scan;
 pub mod load;
 pub mod picker;
 pub mod publish;
+pub mod shim;
 pub mod snapshot;
 pub mod subscriptions;
 pub mod zmtp;

@@ -1,0 +1,153 @@
+//! What the router does with the outcome of one attempt on a direct-mode shim replica.
+//!
+//! Role: the decision table of SHIM-16..21, INGRESS-06/07 and Q-40 as a pure function, so the
+//! data plane only reports what happened ([`ShimOutcome`]) and carries out the returned
+//! [`ShimDecision`]. Nothing here performs I/O or reads a clock.
+//!
+//! Invariants:
+//! - workers are never picked again within a request: a retry keeps the same pins (SHIM-16) and a
+//!   failure after the stream started follows the mid-stream rules without a re-pick (SHIM-17);
+//! - the direct-mode prefill rejection (a non-2xx, non-500 answer carrying
+//!   `Prefill worker ID required in Direct routing mode`) is never retried and never falls back:
+//!   it is a 503 `disaggregated_prefill_decode_unavailable` counted in phase `orchestration`
+//!   (SHIM-18), for buffered and for not-yet-started streaming requests alike;
+//! - every other failure is counted in phase `decode` and then falls back to a unified request
+//!   without pins or fails with `disaggregated_decode_failed`, as configured (SHIM-19/20); a
+//!   streaming request falls back only on a pre-stream transport failure or a 5xx, 429 or 408,
+//!   and any other 4xx is relayed to the client (SHIM-21); a stray 1xx/3xx final status (the
+//!   router follows no redirects) counts as a failure, like a 5xx;
+//! - a buffered non-2xx answer is a shim failure whatever its status (SHIM-20 names no
+//!   exception; the real frontend answers 400 when a pin names a worker it no longer knows).
+
+use crate::ingress::errors::{ErrorClass, is_direct_mode_rejection};
+
+/// Whether the client asked for a stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RequestMode {
+    /// One JSON answer.
+    Buffered,
+    /// `stream: true`.
+    Streaming,
+}
+
+/// `disaggregated_serving.fallback_to_unified`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UnifiedFallback {
+    /// Retry a failed pinned request once as a unified request without instance-id headers.
+    Allowed,
+    /// Answer `disaggregated_decode_failed` instead.
+    Disabled,
+}
+
+impl UnifiedFallback {
+    /// From the config flag.
+    pub fn from_config(enabled: bool) -> Self {
+        if enabled {
+            Self::Allowed
+        } else {
+            Self::Disabled
+        }
+    }
+}
+
+/// What happened on one attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShimOutcome<'a> {
+    /// The connection could not be opened; nothing was sent.
+    ConnectFailed,
+    /// The request may have been sent, but no response head arrived (reset, timeout, bad head).
+    TransportFailed,
+    /// A response head arrived before anything was relayed. `body` is the buffered body, or the
+    /// body of a non-2xx answer (empty for a 2xx stream, which is relayed as it comes).
+    Answered {
+        /// The HTTP status.
+        status: u16,
+        /// The body read so far (bounded by the caller).
+        body: &'a [u8],
+    },
+    /// The stream had started (bytes reached the client) and then failed.
+    FailedMidStream,
+}
+
+/// The phase label of `disaggregated_errors_total{phase}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorPhase {
+    /// The router's own orchestration was wrong (the fleet view is out of sync).
+    Orchestration,
+    /// The pinned request failed in the shim.
+    Decode,
+}
+
+impl ErrorPhase {
+    /// The metric label value.
+    pub fn label(self) -> &'static str {
+        match self {
+            ErrorPhase::Orchestration => "orchestration",
+            ErrorPhase::Decode => "decode",
+        }
+    }
+}
+
+/// What the data plane does next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShimDecision {
+    /// Relay the answer to the client as it is.
+    Relay,
+    /// Send the same request with the same pins to another replica of the same pool (SHIM-16).
+    RetrySamePins,
+    /// Answer with this error class; no retry, no fallback.
+    Fail(ErrorClass),
+    /// Send the request once more as a unified request without instance-id headers (SHIM-20).
+    FallbackUnified,
+    /// Apply the mid-stream rules of the relay (SHIM-17): no re-pick, no fallback.
+    MidStream,
+}
+
+impl ShimDecision {
+    /// The `disaggregated_errors_total` phase this decision counts, if any.
+    pub fn error_phase(self) -> Option<ErrorPhase> {
+        match self {
+            ShimDecision::Fail(ErrorClass::DisaggregatedPrefillDecodeUnavailable) => {
+                Some(ErrorPhase::Orchestration)
+            }
+            ShimDecision::Fail(ErrorClass::DisaggregatedDecodeFailed)
+            | ShimDecision::FallbackUnified => Some(ErrorPhase::Decode),
+            _ => None,
+        }
+    }
+}
+
+/// Decides what follows `outcome`. `replica_left` says whether another replica of the same pool
+/// is still within the retry budget (only a connect failure uses it).
+pub fn decide(
+    outcome: ShimOutcome<'_>,
+    mode: RequestMode,
+    fallback: UnifiedFallback,
+    replica_left: bool,
+) -> ShimDecision {
+    let decode_failure = match fallback {
+        UnifiedFallback::Allowed => ShimDecision::FallbackUnified,
+        UnifiedFallback::Disabled => ShimDecision::Fail(ErrorClass::DisaggregatedDecodeFailed),
+    };
+    match outcome {
+        ShimOutcome::ConnectFailed if replica_left => ShimDecision::RetrySamePins,
+        ShimOutcome::ConnectFailed | ShimOutcome::TransportFailed => decode_failure,
+        ShimOutcome::FailedMidStream => ShimDecision::MidStream,
+        ShimOutcome::Answered { status, .. } if (200..300).contains(&status) => ShimDecision::Relay,
+        ShimOutcome::Answered { status, body } if is_direct_mode_rejection(status, body) => {
+            ShimDecision::Fail(ErrorClass::DisaggregatedPrefillDecodeUnavailable)
+        }
+        ShimOutcome::Answered { status, .. } => match mode {
+            RequestMode::Buffered => decode_failure,
+            RequestMode::Streaming
+                if (400..500).contains(&status) && status != 408 && status != 429 =>
+            {
+                ShimDecision::Relay
+            }
+            RequestMode::Streaming => decode_failure,
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,172 @@
+//! The shim decision table, one test per rule, then invariants over every status.
+
+use super::*;
+
+const REJECTION: &[u8] =
+    br#"{"error":{"message":"Prefill worker ID required in Direct routing mode","code":400}}"#;
+const WRAPPED: &[u8] = br#"{"message":"Failed to generate completions: Prefill worker ID required in Direct routing mode"}"#;
+const OTHER: &[u8] = br#"{"error":{"message":"worker 42 not found"}}"#;
+
+use RequestMode::{Buffered, Streaming};
+use UnifiedFallback::{Allowed, Disabled};
+
+fn answered(status: u16, body: &[u8]) -> ShimOutcome<'_> {
+    ShimOutcome::Answered { status, body }
+}
+
+#[test]
+fn shim_16_connect_failure_retries_with_the_same_pins_while_replicas_remain() {
+    for mode in [Buffered, Streaming] {
+        for fb in [Allowed, Disabled] {
+            assert_eq!(
+                decide(ShimOutcome::ConnectFailed, mode, fb, true),
+                ShimDecision::RetrySamePins
+            );
+        }
+    }
+    // Out of replicas: a shim failure like any other.
+    assert_eq!(
+        decide(ShimOutcome::ConnectFailed, Buffered, Allowed, false),
+        ShimDecision::FallbackUnified
+    );
+    assert_eq!(
+        decide(ShimOutcome::ConnectFailed, Streaming, Disabled, false),
+        ShimDecision::Fail(ErrorClass::DisaggregatedDecodeFailed)
+    );
+}
+
+#[test]
+fn shim_17_mid_stream_failure_never_repicks_or_falls_back() {
+    for fb in [Allowed, Disabled] {
+        let d = decide(ShimOutcome::FailedMidStream, Streaming, fb, true);
+        assert_eq!(d, ShimDecision::MidStream);
+        assert_eq!(d.error_phase(), None);
+    }
+}
+
+#[test]
+fn shim_18_direct_mode_rejection_is_a_503_in_phase_orchestration_without_retry() {
+    for status in [400, 404, 422, 503] {
+        for mode in [Buffered, Streaming] {
+            for fb in [Allowed, Disabled] {
+                let d = decide(answered(status, REJECTION), mode, fb, true);
+                assert_eq!(
+                    d,
+                    ShimDecision::Fail(ErrorClass::DisaggregatedPrefillDecodeUnavailable),
+                    "status {status} {mode:?} {fb:?}"
+                );
+                assert_eq!(d.error_phase(), Some(ErrorPhase::Orchestration));
+                assert_eq!(
+                    ErrorClass::DisaggregatedPrefillDecodeUnavailable.status(),
+                    503
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn shim_19_rejection_wrapped_in_a_500_takes_the_decode_failure_path() {
+    let d = decide(answered(500, WRAPPED), Buffered, Allowed, true);
+    assert_eq!(d, ShimDecision::FallbackUnified);
+    assert_eq!(d.error_phase(), Some(ErrorPhase::Decode));
+    assert_eq!(
+        decide(answered(500, WRAPPED), Buffered, Disabled, true),
+        ShimDecision::Fail(ErrorClass::DisaggregatedDecodeFailed)
+    );
+}
+
+#[test]
+fn shim_20_other_failures_fall_back_or_fail_as_configured() {
+    for outcome in [
+        ShimOutcome::TransportFailed,
+        answered(502, OTHER),
+        answered(400, OTHER),
+    ] {
+        let d = decide(outcome, Buffered, Allowed, true);
+        assert_eq!(d, ShimDecision::FallbackUnified, "{outcome:?}");
+        assert_eq!(d.error_phase(), Some(ErrorPhase::Decode));
+        let d = decide(outcome, Buffered, Disabled, true);
+        assert_eq!(d, ShimDecision::Fail(ErrorClass::DisaggregatedDecodeFailed));
+        assert_eq!(d.error_phase(), Some(ErrorPhase::Decode));
+    }
+}
+
+#[test]
+fn shim_21_streaming_falls_back_only_on_transport_5xx_429_408() {
+    for outcome in [
+        ShimOutcome::TransportFailed,
+        answered(500, OTHER),
+        answered(503, b""),
+        answered(429, OTHER),
+        answered(408, OTHER),
+        answered(302, b""),
+    ] {
+        assert_eq!(
+            decide(outcome, Streaming, Allowed, true),
+            ShimDecision::FallbackUnified,
+            "{outcome:?}"
+        );
+    }
+    for status in [400, 401, 403, 404, 409, 413, 422] {
+        let d = decide(answered(status, OTHER), Streaming, Allowed, true);
+        assert_eq!(d, ShimDecision::Relay, "{status}");
+        assert_eq!(d.error_phase(), None);
+    }
+}
+
+#[test]
+fn ingress_07_success_is_relayed_even_with_the_rejection_text_inside() {
+    for mode in [Buffered, Streaming] {
+        assert_eq!(
+            decide(answered(200, REJECTION), mode, Disabled, true),
+            ShimDecision::Relay
+        );
+    }
+}
+
+#[test]
+fn invariants_over_every_status() {
+    for status in 100..600u16 {
+        for body in [REJECTION, WRAPPED, OTHER, b"" as &[u8]] {
+            for mode in [Buffered, Streaming] {
+                for fb in [Allowed, Disabled] {
+                    for left in [true, false] {
+                        let d = decide(answered(status, body), mode, fb, left);
+                        // An answer is never retried on another replica.
+                        assert_ne!(d, ShimDecision::RetrySamePins);
+                        assert_ne!(d, ShimDecision::MidStream);
+                        let ok = (200..300).contains(&status);
+                        let rejection =
+                            !ok && status != 500 && (body == REJECTION || body == WRAPPED);
+                        assert_eq!(
+                            d.error_phase() == Some(ErrorPhase::Orchestration),
+                            rejection,
+                            "{status} {mode:?}"
+                        );
+                        if ok {
+                            assert_eq!(d, ShimDecision::Relay);
+                        }
+                        // Fallback happens only when allowed; a relayed failure only when
+                        // streaming and a plain 4xx.
+                        if d == ShimDecision::FallbackUnified {
+                            assert_eq!(fb, Allowed);
+                        }
+                        if d == ShimDecision::Relay && !ok {
+                            assert_eq!(mode, Streaming);
+                            assert!((400..500).contains(&status) && status != 408 && status != 429);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn phase_labels() {
+    assert_eq!(ErrorPhase::Orchestration.label(), "orchestration");
+    assert_eq!(ErrorPhase::Decode.label(), "decode");
+    assert_eq!(UnifiedFallback::from_config(true), Allowed);
+    assert_eq!(UnifiedFallback::from_config(false), Disabled);
+}
