@@ -18,6 +18,7 @@ use std::sync::Arc;
 
 use crate::config::{BackendConfig, Config};
 use crate::discovery::{FleetView, PublisherId};
+use crate::shim::ShimRoutes;
 use crate::subscriptions::Refusal;
 
 /// Index of a backend inside one snapshot's [`RouterSnapshot::backends`].
@@ -68,6 +69,8 @@ pub struct RouterSnapshot {
     /// checked against `load.direct_allow_cidrs` (CFG-20). A publisher missing here has not been
     /// resolved yet.
     pub publisher_addrs: Arc<PublisherAddrs>,
+    /// The direct-mode shim replicas per namespace and the model map (SHIM-03/05).
+    pub shim: ShimRoutes,
 }
 
 /// Resolved and policy-checked publisher addresses.
@@ -115,9 +118,11 @@ impl RouterSnapshot {
                 ))
             })
             .collect();
+        let shim = ShimRoutes::build(&config, &backend_addrs);
         Self {
             generation,
             config,
+            shim,
             models,
             model_ids,
             backend_addrs,

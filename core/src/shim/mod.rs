@@ -19,6 +19,10 @@
 //! - a buffered non-2xx answer is a shim failure whatever its status (SHIM-20 names no
 //!   exception; the real frontend answers 400 when a pin names a worker it no longer knows).
 
+mod routes;
+
+pub use routes::ShimRoutes;
+
 use crate::ingress::errors::{ErrorClass, is_direct_mode_rejection};
 
 /// Whether the client asked for a stream.

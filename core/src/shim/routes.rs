@@ -1,0 +1,93 @@
+//! Where a pinned request goes: the shim replicas of each Dynamo namespace and the model map.
+//!
+//! Role: built once per snapshot from the config and the resolved backend addresses, read by
+//! every shard per request without allocating.
+//!
+//! Invariants:
+//! - a replica is usable when its backend is enabled and its address resolved; `internal`
+//!   backends are usable here (a shim replica is typically hidden from plain model routing);
+//! - with `shim.pools` a namespace's replicas are its pool's; with `shim.backends` (allowed only
+//!   while at most one namespace is followed, CFG-16) the list serves every namespace;
+//! - replicas keep config order, each listed once; a namespace without usable replicas has an
+//!   empty slice and is left out of picking (SHIM-05);
+//! - the model map only translates the client model for matching workers; the request body keeps
+//!   the client's model (SHIM-05).
+
+use std::net::SocketAddr;
+
+use crate::config::{BackendName, Config};
+use crate::snapshot::BackendIdx;
+
+/// The shim replicas per namespace and the client→Dynamo model map of one snapshot.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ShimRoutes {
+    /// `shim.backends`: one list for every namespace.
+    shared: Vec<BackendIdx>,
+    /// `shim.pools`: namespace → replicas, in config order.
+    pools: Vec<(String, Vec<BackendIdx>)>,
+    /// `shim.model_map`, sorted by client model.
+    model_map: Vec<(String, String)>,
+}
+
+impl ShimRoutes {
+    /// Build from `config` and the resolved address of each backend (indexed like
+    /// `config.backends`).
+    pub fn build(config: &Config, backend_addrs: &[Option<SocketAddr>]) -> Self {
+        let usable = |names: &[BackendName]| -> Vec<BackendIdx> {
+            let mut out: Vec<BackendIdx> = Vec::with_capacity(names.len());
+            for name in names {
+                let Some(i) = config.backends.iter().position(|b| b.name == *name) else {
+                    continue;
+                };
+                let b = &config.backends[i];
+                let resolved = backend_addrs.get(i).copied().flatten().is_some();
+                let idx = BackendIdx(u32::try_from(i).unwrap_or(u32::MAX));
+                if b.enabled && resolved && !out.contains(&idx) {
+                    out.push(idx);
+                }
+            }
+            out
+        };
+        let shim = &config.dynamo.shim;
+        Self {
+            shared: usable(&shim.backends),
+            pools: shim
+                .pools
+                .iter()
+                .map(|p| (p.namespace.clone(), usable(&p.backends)))
+                .collect(),
+            model_map: shim
+                .model_map
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+        }
+    }
+
+    /// The usable replicas serving `namespace` (empty when none).
+    pub fn replicas(&self, namespace: &str) -> &[BackendIdx] {
+        if self.pools.is_empty() {
+            return &self.shared;
+        }
+        self.pools
+            .iter()
+            .find(|(ns, _)| ns == namespace)
+            .map_or(&[][..], |(_, r)| r.as_slice())
+    }
+
+    /// Whether any namespace has a usable replica (the shim path is available at all).
+    pub fn any_usable(&self) -> bool {
+        !self.shared.is_empty() || self.pools.iter().any(|(_, r)| !r.is_empty())
+    }
+
+    /// The Dynamo model name workers are matched against for a client model: its
+    /// `shim.model_map` entry, or the client model itself.
+    pub fn dynamo_model<'a>(&'a self, client_model: &'a str) -> &'a str {
+        self.model_map
+            .binary_search_by(|(k, _)| k.as_str().cmp(client_model))
+            .map_or(client_model, |i| self.model_map[i].1.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests;

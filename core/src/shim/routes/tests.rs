@@ -1,0 +1,105 @@
+//! Shim replica lists and the model map, built from real configs.
+
+use std::net::SocketAddr;
+
+use super::ShimRoutes;
+use crate::config::{Config, NoEnv};
+use crate::snapshot::BackendIdx;
+
+const BACKENDS: &str = r#"
+disaggregated_serving: { enabled: true }
+backends:
+  - { name: fe-a, type: openai, url: "http://10.0.0.5:8000" }
+  - { name: fe-b, type: openai, url: "http://10.0.0.6:8000" }
+  - { name: fe-int, type: openai, url: "http://10.0.0.7:8000", internal: true }
+  - { name: fe-off, type: openai, url: "http://10.0.0.8:8000", enabled: false }
+"#;
+
+fn config(dynamo: &str) -> Config {
+    let yaml = format!("{BACKENDS}{dynamo}\n");
+    match Config::from_yaml(&yaml, &NoEnv) {
+        Ok((c, _)) => c,
+        Err(e) => panic!("invalid test config: {:#?}", e.errors),
+    }
+}
+
+fn all_resolved(c: &Config) -> Vec<Option<SocketAddr>> {
+    c.backends
+        .iter()
+        .map(|_| Some(SocketAddr::from(([127, 0, 0, 1], 1))))
+        .collect()
+}
+
+const POOLS: &str = r#"
+dynamo:
+  enabled: true
+  discovery: { etcd: { endpoints: ["http://etcd:2379"], namespaces: [prod, canary] } }
+  load: { direct_allow_cidrs: [10.0.0.0/8] }
+  shim:
+    pools:
+      - { namespace: prod, backends: [fe-a, fe-int, fe-off] }
+      - { namespace: canary, backends: [fe-b] }
+    model_map: { qwen3-32b: "Qwen/Qwen3-32B", small: "Qwen/Qwen3-0.6B" }
+"#;
+
+#[test]
+fn pools_list_usable_replicas_per_namespace_in_config_order() {
+    let c = config(POOLS);
+    let r = ShimRoutes::build(&c, &all_resolved(&c));
+    // fe-off is disabled; fe-int is internal but a valid shim replica.
+    assert_eq!(r.replicas("prod"), &[BackendIdx(0), BackendIdx(2)]);
+    assert_eq!(r.replicas("canary"), &[BackendIdx(1)]);
+    assert!(r.replicas("other").is_empty());
+    assert!(r.any_usable());
+}
+
+#[test]
+fn unresolved_replicas_are_left_out_and_an_empty_pool_is_not_usable() {
+    let c = config(POOLS);
+    let mut addrs = all_resolved(&c);
+    addrs[1] = None; // fe-b, canary's only replica
+    addrs[0] = None; // fe-a
+    let r = ShimRoutes::build(&c, &addrs);
+    assert_eq!(r.replicas("prod"), &[BackendIdx(2)]);
+    assert!(r.replicas("canary").is_empty());
+    assert!(r.any_usable());
+    addrs[2] = None;
+    let r = ShimRoutes::build(&c, &addrs);
+    assert!(!r.any_usable());
+}
+
+#[test]
+fn shared_backends_serve_the_single_namespace() {
+    let c = config(
+        r#"
+dynamo:
+  enabled: true
+  discovery: { etcd: { endpoints: ["http://etcd:2379"], namespaces: [prod] } }
+  load: { direct_allow_cidrs: [10.0.0.0/8] }
+  shim: { backends: [fe-b, fe-a] }
+"#,
+    );
+    let r = ShimRoutes::build(&c, &all_resolved(&c));
+    assert_eq!(r.replicas("prod"), &[BackendIdx(1), BackendIdx(0)]);
+    // The model map is empty: the client model is matched as it is.
+    assert_eq!(r.dynamo_model("Qwen/Qwen3-0.6B"), "Qwen/Qwen3-0.6B");
+}
+
+#[test]
+fn model_map_translates_only_listed_models() {
+    let c = config(POOLS);
+    let r = ShimRoutes::build(&c, &all_resolved(&c));
+    assert_eq!(r.dynamo_model("qwen3-32b"), "Qwen/Qwen3-32B");
+    assert_eq!(r.dynamo_model("small"), "Qwen/Qwen3-0.6B");
+    assert_eq!(r.dynamo_model("Qwen/Qwen3-32B"), "Qwen/Qwen3-32B");
+    assert_eq!(r.dynamo_model("unknown"), "unknown");
+    assert_eq!(r.dynamo_model(""), "");
+}
+
+#[test]
+fn no_shim_section_means_no_usable_replica() {
+    let c = config("");
+    let r = ShimRoutes::build(&c, &all_resolved(&c));
+    assert!(!r.any_usable());
+    assert!(r.replicas("dynamo").is_empty());
+}
