@@ -251,7 +251,7 @@ mod tests_basic;
 #[cfg(test)]
 mod tests_bus_kv;
 #[cfg(test)]
-mod tests_cfg_a;
+pub(crate) mod tests_cfg_a;
 #[cfg(test)]
 mod tests_cfg_b;
 #[cfg(test)]

@@ -8,7 +8,7 @@ use super::tests_basic::{err, has_error, has_warning, ok};
 use super::{Config, ConfigErrors, NoEnv, Warning};
 
 /// Backends every dynamo test can reference, with the shim switch on.
-pub(super) const BACKENDS: &str = r#"
+pub(crate) const BACKENDS: &str = r#"
 disaggregated_serving: { enabled: true }
 backends:
   - { name: fe-a, type: openai, url: "http://10.0.0.5:8000" }

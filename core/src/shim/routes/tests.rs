@@ -3,17 +3,9 @@
 use std::net::SocketAddr;
 
 use super::ShimRoutes;
+use crate::config::tests_cfg_a::BACKENDS;
 use crate::config::{Config, NoEnv};
 use crate::snapshot::BackendIdx;
-
-const BACKENDS: &str = r#"
-disaggregated_serving: { enabled: true }
-backends:
-  - { name: fe-a, type: openai, url: "http://10.0.0.5:8000" }
-  - { name: fe-b, type: openai, url: "http://10.0.0.6:8000" }
-  - { name: fe-int, type: openai, url: "http://10.0.0.7:8000", internal: true }
-  - { name: fe-off, type: openai, url: "http://10.0.0.8:8000", enabled: false }
-"#;
 
 fn config(dynamo: &str) -> Config {
     let yaml = format!("{BACKENDS}{dynamo}\n");
