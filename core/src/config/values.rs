@@ -79,16 +79,7 @@ impl<'e> Ctx<'e> {
         min: u64,
         max: u64,
     ) -> u64 {
-        match v {
-            None => default,
-            Some(s) => match parse_uint(s, min, max) {
-                Ok(n) => n,
-                Err(reason) => {
-                    self.error(field, s, reason);
-                    default
-                }
-            },
-        }
+        self.opt_uint(field, v, min, max).unwrap_or(default)
     }
 
     /// An optional integer in `min..=max`.
