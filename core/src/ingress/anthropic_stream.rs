@@ -20,9 +20,9 @@ use serde_json::{Value, json};
 use super::IngressError;
 use super::anthropic_req::AnthropicContext;
 use super::anthropic_resp::{map_stop_reason, map_usage, message_id};
-use super::chunk_walk::{self, ChunkSink};
+use super::chunk_walk::{self, ChunkSink, WalkState};
 use super::errors::ClassifiedError;
-use super::sse::{SseFramer, event_bytes};
+use super::sse::event_bytes;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Open {
@@ -34,17 +34,14 @@ enum Open {
 #[derive(Debug)]
 pub struct AnthropicStream {
     ctx: AnthropicContext,
-    framer: SseFramer,
+    walk: WalkState,
     started: bool,
-    done: bool,
     next_index: u64,
     open: Option<Open>,
     closed_tools: Vec<u64>,
     id: String,
-    finish_reason: Option<String>,
     matched_stop: Option<String>,
     had_tools: bool,
-    usage: Option<Value>,
 }
 
 impl AnthropicStream {
@@ -57,23 +54,20 @@ impl AnthropicStream {
     pub fn with_cap(ctx: AnthropicContext, cap: usize) -> Self {
         Self {
             ctx,
-            framer: SseFramer::new(cap),
+            walk: WalkState::new(cap),
             started: false,
-            done: false,
             next_index: 0,
             open: None,
             closed_tools: Vec::new(),
             id: String::new(),
-            finish_reason: None,
             matched_stop: None,
             had_tools: false,
-            usage: None,
         }
     }
 
     /// Whether the Anthropic stream has ended (`message_stop` or `error` emitted).
     pub fn is_done(&self) -> bool {
-        self.done
+        self.walk.done
     }
 
     /// Feeds upstream bytes; returns the Anthropic SSE bytes they complete.
@@ -90,10 +84,10 @@ impl AnthropicStream {
 
     /// Ends the stream with an Anthropic `error` event (nothing if already ended).
     pub fn fail(&mut self, err: &ClassifiedError) -> Vec<u8> {
-        if self.done {
+        if self.walk.done {
             return Vec::new();
         }
-        self.done = true;
+        self.walk.done = true;
         err.anthropic_sse_event()
     }
 
@@ -115,24 +109,12 @@ impl AnthropicStream {
 }
 
 impl ChunkSink for AnthropicStream {
-    fn framer(&mut self) -> &mut SseFramer {
-        &mut self.framer
-    }
-
-    fn ended(&self) -> bool {
-        self.done
-    }
-
-    fn finished(&self) -> bool {
-        self.finish_reason.is_some()
-    }
-
-    fn usage(&mut self, usage: &Value) {
-        self.usage = Some(usage.clone());
+    fn walk(&mut self) -> &mut WalkState {
+        &mut self.walk
     }
 
     fn finish_reason(&mut self, reason: &str, choice: &Value) {
-        self.finish_reason = Some(reason.to_owned());
+        self.walk.finish_reason = Some(reason.to_owned());
         if let Some(Value::String(s)) = choice.get("stop_reason") {
             self.matched_stop = Some(s.clone());
         }
@@ -240,13 +222,13 @@ impl ChunkSink for AnthropicStream {
     }
 
     fn complete(&mut self, out: &mut Vec<u8>) {
-        if self.done {
+        if self.walk.done {
             return;
         }
         self.start(&Value::Null, out);
         self.close_block(out);
         let (reason, seq) = map_stop_reason(
-            self.finish_reason.as_deref(),
+            self.walk.finish_reason.as_deref(),
             self.matched_stop.as_deref(),
             self.had_tools,
             &self.ctx,
@@ -255,12 +237,12 @@ impl ChunkSink for AnthropicStream {
             "message_delta",
             &json!({"type": "message_delta",
                     "delta": {"stop_reason": reason, "stop_sequence": seq},
-                    "usage": map_usage(self.usage.as_ref())}),
+                    "usage": map_usage(self.walk.usage.as_ref())}),
         ));
         out.extend(event_bytes(
             "message_stop",
             &json!({"type": "message_stop"}),
         ));
-        self.done = true;
+        self.walk.done = true;
     }
 }

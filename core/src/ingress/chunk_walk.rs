@@ -16,25 +16,46 @@ use super::IngressError;
 use super::errors::{ClassifiedError, ErrorClass};
 use super::sse::{SseEvent, SseFramer};
 
+/// The state the walk itself keeps, embedded in each converter.
+#[derive(Debug)]
+pub(crate) struct WalkState {
+    /// Bounded SSE framing of the upstream bytes.
+    pub(crate) framer: SseFramer,
+    /// The converted stream has ended; later input is ignored.
+    pub(crate) done: bool,
+    /// The first choice's `finish_reason`, once seen.
+    pub(crate) finish_reason: Option<String>,
+    /// The last usage object seen.
+    pub(crate) usage: Option<Value>,
+}
+
+impl WalkState {
+    /// A fresh state whose framer holds at most `cap` bytes of a pending line or event.
+    pub(crate) fn new(cap: usize) -> Self {
+        Self {
+            framer: SseFramer::new(cap),
+            done: false,
+            finish_reason: None,
+            usage: None,
+        }
+    }
+}
+
 /// What a stream converter does at each step of the chunk walk.
 pub(crate) trait ChunkSink {
-    /// The converter's SSE framer.
-    fn framer(&mut self) -> &mut SseFramer;
-    /// Whether the converted stream has ended.
-    fn ended(&self) -> bool;
-    /// Whether a `finish_reason` has been seen.
-    fn finished(&self) -> bool;
+    /// The walk's state inside the converter.
+    fn walk(&mut self) -> &mut WalkState;
     /// The first chunk arrived (idempotent).
     fn start(&mut self, chunk: &Value, out: &mut Vec<u8>);
-    /// A usage object arrived.
-    fn usage(&mut self, usage: &Value);
     /// A non-empty text delta.
     fn text(&mut self, text: &str, out: &mut Vec<u8>);
     /// The `pos`-th tool-call delta of a chunk.
     fn tool_delta(&mut self, call: &Value, pos: u64, out: &mut Vec<u8>)
     -> Result<(), IngressError>;
     /// The choice carries a `finish_reason`.
-    fn finish_reason(&mut self, reason: &str, choice: &Value);
+    fn finish_reason(&mut self, reason: &str, _choice: &Value) {
+        self.walk().finish_reason = Some(reason.to_owned());
+    }
     /// End the stream successfully.
     fn complete(&mut self, out: &mut Vec<u8>);
     /// End the stream with an error; returns the bytes to send.
@@ -44,7 +65,7 @@ pub(crate) trait ChunkSink {
 /// Feeds upstream bytes through the sink's framer; returns the converted bytes they complete.
 pub(crate) fn feed<S: ChunkSink>(sink: &mut S, bytes: &[u8]) -> Result<Vec<u8>, IngressError> {
     let mut events = Vec::new();
-    sink.framer().push(bytes, &mut events)?;
+    sink.walk().framer.push(bytes, &mut events)?;
     let mut out = Vec::new();
     for e in events {
         on_event(sink, e, &mut out)?;
@@ -55,13 +76,13 @@ pub(crate) fn feed<S: ChunkSink>(sink: &mut S, bytes: &[u8]) -> Result<Vec<u8>, 
 /// Upstream EOF: flushes the framer and ends the stream if it has not ended yet.
 pub(crate) fn finish<S: ChunkSink>(sink: &mut S) -> Result<Vec<u8>, IngressError> {
     let mut events = Vec::new();
-    sink.framer().finish(&mut events)?;
+    sink.walk().framer.finish(&mut events)?;
     let mut out = Vec::new();
     for e in events {
         on_event(sink, e, &mut out)?;
     }
-    if !sink.ended() {
-        if sink.finished() {
+    if !sink.walk().done {
+        if sink.walk().finish_reason.is_some() {
             sink.complete(&mut out);
         } else {
             let err = ClassifiedError::new(
@@ -79,7 +100,7 @@ fn on_event<S: ChunkSink>(
     e: SseEvent,
     out: &mut Vec<u8>,
 ) -> Result<(), IngressError> {
-    if sink.ended() {
+    if sink.walk().done {
         return Ok(());
     }
     if e.data.trim() == "[DONE]" {
@@ -94,7 +115,7 @@ fn on_event<S: ChunkSink>(
     }
     sink.start(&chunk, out);
     if let Some(u) = chunk.get("usage").filter(|u| u.is_object()) {
-        sink.usage(u);
+        sink.walk().usage = Some(u.clone());
     }
     let Some(choice) = chunk
         .get("choices")

@@ -15,13 +15,13 @@
 use serde_json::{Value, json};
 
 use super::IngressError;
-use super::chunk_walk::{self, ChunkSink};
+use super::chunk_walk::{self, ChunkSink, WalkState};
 use super::errors::ClassifiedError;
 use super::responses::{
     ResponsesContext, function_call_item, map_usage, message_item, message_item_id, response_id,
     response_object, status_of,
 };
-use super::sse::{SseFramer, event_bytes};
+use super::sse::event_bytes;
 
 #[derive(Debug)]
 enum Item {
@@ -38,10 +38,9 @@ enum Item {
 #[derive(Debug)]
 pub struct ResponsesStream {
     ctx: ResponsesContext,
-    framer: SseFramer,
+    walk: WalkState,
     seq: u64,
     started: bool,
-    done: bool,
     id: String,
     created_at: u64,
     items: Vec<Value>,
@@ -49,8 +48,6 @@ pub struct ResponsesStream {
     closed_tools: Vec<u64>,
     tool_count: usize,
     text_count: usize,
-    finish_reason: Option<String>,
-    usage: Option<Value>,
 }
 
 impl ResponsesStream {
@@ -63,10 +60,9 @@ impl ResponsesStream {
     pub fn with_cap(ctx: ResponsesContext, cap: usize) -> Self {
         Self {
             ctx,
-            framer: SseFramer::new(cap),
+            walk: WalkState::new(cap),
             seq: 0,
             started: false,
-            done: false,
             id: String::new(),
             created_at: 0,
             items: Vec::new(),
@@ -74,14 +70,12 @@ impl ResponsesStream {
             closed_tools: Vec::new(),
             tool_count: 0,
             text_count: 0,
-            finish_reason: None,
-            usage: None,
         }
     }
 
     /// Whether the stream has ended.
     pub fn is_done(&self) -> bool {
-        self.done
+        self.walk.done
     }
 
     /// Feeds upstream bytes; returns the Responses SSE bytes they complete.
@@ -96,10 +90,10 @@ impl ResponsesStream {
 
     /// Ends the stream with an `error` event and `response.failed` (nothing if ended).
     pub fn fail(&mut self, err: &ClassifiedError) -> Vec<u8> {
-        if self.done {
+        if self.walk.done {
             return Vec::new();
         }
-        self.done = true;
+        self.walk.done = true;
         let mut out = err.responses_sse_event(self.next_seq());
         if self.started {
             let mut r = response_object(
@@ -201,24 +195,8 @@ impl ResponsesStream {
 }
 
 impl ChunkSink for ResponsesStream {
-    fn framer(&mut self) -> &mut SseFramer {
-        &mut self.framer
-    }
-
-    fn ended(&self) -> bool {
-        self.done
-    }
-
-    fn finished(&self) -> bool {
-        self.finish_reason.is_some()
-    }
-
-    fn usage(&mut self, usage: &Value) {
-        self.usage = Some(usage.clone());
-    }
-
-    fn finish_reason(&mut self, reason: &str, _choice: &Value) {
-        self.finish_reason = Some(reason.to_owned());
+    fn walk(&mut self) -> &mut WalkState {
+        &mut self.walk
     }
 
     fn fail_with(&mut self, err: &ClassifiedError) -> Vec<u8> {
@@ -332,12 +310,12 @@ impl ChunkSink for ResponsesStream {
     }
 
     fn complete(&mut self, out: &mut Vec<u8>) {
-        if self.done {
+        if self.walk.done {
             return;
         }
         self.start(&Value::Null, out);
         self.close_item(out);
-        let finish = self.finish_reason.clone();
+        let finish = self.walk.finish_reason.clone();
         let status = status_of(finish.as_deref());
         let r = response_object(
             &self.ctx,
@@ -345,7 +323,7 @@ impl ChunkSink for ResponsesStream {
             self.created_at,
             status,
             std::mem::take(&mut self.items),
-            Some(map_usage(self.usage.as_ref())),
+            Some(map_usage(self.walk.usage.as_ref())),
             finish.as_deref(),
         );
         let kind = if status == "completed" {
@@ -354,6 +332,6 @@ impl ChunkSink for ResponsesStream {
             "response.incomplete"
         };
         self.emit(kind, json!({"response": r}), out);
-        self.done = true;
+        self.walk.done = true;
     }
 }
