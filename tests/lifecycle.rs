@@ -10,6 +10,7 @@ use std::io::ErrorKind;
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
+use common::client::StreamingBody;
 use common::{
     Conn, MockBackend, RouterConfig, RouterProcess, STEP, SseSender, chat, chat_body, chat_bytes,
     metric_value, request_bytes,
@@ -120,16 +121,7 @@ fn reload_adds_backend_while_sse_stream_keeps_flowing() {
         old.text()
     );
 
-    for ev in &EVENTS[2..] {
-        sse.send(ev);
-        body.expect_next(ev, STEP)
-            .unwrap_or_else(|e| panic!("late event: {e}"));
-    }
-    sse.finish();
-    let all = body
-        .finish(STEP)
-        .unwrap_or_else(|e| panic!("stream did not complete: {e}"));
-    assert_eq!(all, EVENTS.concat(), "stream across reload not byte-exact");
+    finish_stream(sse, &mut body, 2, "across reload");
 
     let text = r.metrics();
     let applied = metric_value(&text, RELOADS, &[("result", "applied")]).unwrap_or(0.0);
@@ -250,16 +242,7 @@ fn sigterm_drains_inflight_stream_then_exits_zero() {
         r.stderr()
     );
 
-    for ev in &EVENTS[1..] {
-        sse.send(ev);
-        body.expect_next(ev, STEP)
-            .unwrap_or_else(|e| panic!("event during drain: {e}"));
-    }
-    sse.finish();
-    let all = body
-        .finish(STEP)
-        .unwrap_or_else(|e| panic!("stream cut by shutdown: {e}"));
-    assert_eq!(all, EVENTS.concat(), "drained stream not byte-exact");
+    finish_stream(sse, &mut body, 1, "during drain");
 
     // The drain deadline is 10s; the stream ended well before it.
     let status = r
@@ -317,4 +300,19 @@ fn sigterm_when_idle_exits_zero() {
         "exit status {status}; stderr:\n{}",
         r.stderr()
     );
+}
+
+/// Sends `EVENTS[from..]` through the backend, checks each arrives as sent, ends the stream and
+/// checks the client received every event byte for byte.
+fn finish_stream(sse: SseSender, body: &mut StreamingBody<'_>, from: usize, when: &str) {
+    for ev in &EVENTS[from..] {
+        sse.send(ev);
+        body.expect_next(ev, STEP)
+            .unwrap_or_else(|e| panic!("event {when}: {e}"));
+    }
+    sse.finish();
+    let all = body
+        .finish(STEP)
+        .unwrap_or_else(|e| panic!("stream {when} did not complete: {e}"));
+    assert_eq!(all, EVENTS.concat(), "stream {when} not byte-exact");
 }
