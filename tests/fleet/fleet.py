@@ -253,6 +253,17 @@ def ports_of(pid, by_inode):
     return ports
 
 
+def json_records(table, prefix):
+    """The (key, parsed JSON value) pairs of `table` under `prefix`; unparsable values skipped."""
+    for key, val in table.items():
+        if not key.startswith(prefix):
+            continue
+        try:
+            yield key, json.loads(val)
+        except ValueError:
+            continue
+
+
 def port_of_endpoint(text):
     m = re.search(r":(\d+)(?:/|$)", text)
     return int(m.group(1)) if m else None
@@ -488,13 +499,7 @@ class Fleet:
         ns, comp = w["namespace"], w["component"]
         if "instance_id" not in w:
             prefix = f"v1/instances/{ns}/{comp}/generate/"
-            for key, val in instances.items():
-                if not key.startswith(prefix):
-                    continue
-                try:
-                    v = json.loads(val)
-                except ValueError:
-                    continue
+            for key, v in json_records(instances, prefix):
                 tcp = v.get("transport", {}).get("tcp", "")
                 if port_of_endpoint(tcp) in ports:
                     w["instance_id"] = int(v["instance_id"])
@@ -509,13 +514,7 @@ class Fleet:
                     pass
         pubs = {}
         prefix = f"v1/event_channels/namespace/{ns}/component/{comp}/endpoint/generate/topic/"
-        for key, val in channels.items():
-            if not key.startswith(prefix):
-                continue
-            try:
-                v = json.loads(val)
-            except ValueError:
-                continue
+        for key, v in json_records(channels, prefix):
             ep = v.get("transport", {}).get("config", {}).get("endpoint", "")
             if port_of_endpoint(ep) in ports:
                 topic = key[len(prefix) :].split("/", 1)[0]
