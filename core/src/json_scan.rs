@@ -1,7 +1,8 @@
-//! A bounded, allocation-free scanner that finds one top-level string field of a JSON object.
+//! A bounded, allocation-free scanner that finds top-level fields of a JSON object.
 //!
-//! The data plane needs only the request's `model` to route; parsing the whole body into a tree
-//! would cost an allocation per value. [`top_level_string`] walks the document once, skipping
+//! The data plane needs only the request's `model` (to route) and `stream` (to choose the
+//! failure rules) before dispatch; parsing the whole body into a tree would cost an allocation
+//! per value. [`top_level_string`] and [`request_fields`] walk the document once, skipping
 //! nested values by depth counting (no recursion, so hostile nesting cannot overflow the stack),
 //! and returns the raw bytes of the first matching key's string value.
 //!
@@ -29,6 +30,9 @@ pub enum ScanError {
     /// The field is present but its value is not a string.
     #[error("field is not a string")]
     NotAString,
+    /// The field is present but its value is not a boolean (or `null`).
+    #[error("field is not a boolean")]
+    NotABool,
     /// Nesting deeper than [`MAX_DEPTH`].
     #[error("request body nests deeper than the limit")]
     TooDeep,
@@ -43,12 +47,53 @@ pub const MAX_DEPTH: usize = 512;
 /// Find `key` among the top-level members of the JSON object in `doc` and return the byte range
 /// of its string value (without quotes). `Ok(None)` when the object has no such member.
 pub fn top_level_string(doc: &[u8], key: &[u8]) -> Result<Option<Range<usize>>, ScanError> {
+    let [found] = top_level_members(doc, [key])?;
+    found.map(|v| string_value(doc, v)).transpose()
+}
+
+/// The request fields the data plane reads, found in one walk of the body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestFields {
+    /// The raw (still escaped) `model` string, if present.
+    pub model: Option<Range<usize>>,
+    /// `stream`: `true` only for a literal JSON `true` (absent, `false` or `null` is `false`).
+    pub stream: bool,
+}
+
+/// Find `model` (a string) and `stream` (a boolean or `null`) at the top level of `doc` in one
+/// walk, refusing either key given twice.
+pub fn request_fields(doc: &[u8]) -> Result<RequestFields, ScanError> {
+    let [model, stream] = top_level_members(doc, [b"model", b"stream"])?;
+    let model = model.map(|v| string_value(doc, v)).transpose()?;
+    let stream = match stream.map(|v| &doc[v]) {
+        None | Some(b"false" | b"null") => false,
+        Some(b"true") => true,
+        Some(_) => return Err(ScanError::NotABool),
+    };
+    Ok(RequestFields { model, stream })
+}
+
+/// The contents range of the string value at `value` (the raw value span).
+fn string_value(doc: &[u8], value: Range<usize>) -> Result<Range<usize>, ScanError> {
+    if doc.get(value.start) == Some(&b'"') && value.end > value.start + 1 {
+        Ok(value.start + 1..value.end - 1)
+    } else {
+        Err(ScanError::NotAString)
+    }
+}
+
+/// Walk the top-level object once and return the raw value span of each key (a string's span
+/// includes its quotes). A key given twice is refused.
+fn top_level_members<const N: usize>(
+    doc: &[u8],
+    keys: [&[u8]; N],
+) -> Result<[Option<Range<usize>>; N], ScanError> {
     let mut i = skip_ws(doc, 0);
     if doc.get(i) != Some(&b'{') {
         return Err(ScanError::NotAnObject);
     }
     i += 1;
-    let mut found: Option<Range<usize>> = None;
+    let mut found: [Option<Range<usize>>; N] = std::array::from_fn(|_| None);
     loop {
         i = skip_ws(doc, i);
         match doc.get(i) {
@@ -63,21 +108,22 @@ pub fn top_level_string(doc: &[u8], key: &[u8]) -> Result<Option<Range<usize>>, 
             return Err(ScanError::Malformed);
         }
         i = skip_ws(doc, i + 1);
-        if key_matches(&doc[k.clone()], key) {
-            if found.is_some() {
+        let slot = keys
+            .iter()
+            .position(|key| key_matches(&doc[k.clone()], key));
+        let end = match doc.get(i) {
+            // Strings are validated (control characters, escapes) only for the keys we read.
+            Some(b'"') if slot.is_some() => string_at(doc, i)?.end + 1,
+            Some(_) => skip_value(doc, i)?,
+            None => return Err(ScanError::Malformed),
+        };
+        if let Some(s) = slot {
+            if found[s].is_some() {
                 return Err(ScanError::DuplicateKey);
             }
-            let v = match doc.get(i) {
-                Some(b'"') => string_at(doc, i)?,
-                Some(_) => return Err(ScanError::NotAString),
-                None => return Err(ScanError::Malformed),
-            };
-            i = v.end + 1;
-            found = Some(v);
-        } else {
-            i = skip_value(doc, i)?;
+            found[s] = Some(i..end);
         }
-        i = skip_ws(doc, i);
+        i = skip_ws(doc, end);
         match doc.get(i) {
             Some(b',') => i += 1,
             Some(b'}') => return Ok(found),
@@ -354,6 +400,31 @@ mod tests {
         assert_eq!(unescape_simple(br"\x41"), None);
         assert_eq!(unescape_simple(br"\ud800"), None);
         assert_eq!(unescape_simple(&[0xff]), None);
+    }
+
+    #[test]
+    fn request_fields_reads_model_and_stream_in_one_walk() {
+        let f = |d: &str| request_fields(d.as_bytes());
+        let doc = r#"{"stream":true,"messages":[{"stream":false}],"model":"m"}"#;
+        let got = f(doc).unwrap();
+        assert_eq!(&doc[got.model.unwrap()], "m");
+        assert!(got.stream);
+        assert!(!f(r#"{"model":"m"}"#).unwrap().stream);
+        assert!(!f(r#"{"model":"m","stream":false}"#).unwrap().stream);
+        assert!(!f(r#"{"model":"m","stream":null}"#).unwrap().stream);
+        assert_eq!(f(r#"{"stream":true}"#).unwrap().model, None);
+        assert_eq!(
+            f(r#"{"model":"m","stream":"yes"}"#),
+            Err(ScanError::NotABool)
+        );
+        assert_eq!(
+            f(r#"{"model":"m","stream":true,"stream":false}"#),
+            Err(ScanError::DuplicateKey)
+        );
+        assert_eq!(
+            f(r#"{"model":1,"stream":true}"#),
+            Err(ScanError::NotAString)
+        );
     }
 
     /// Found by `fuzz/` (target `json_scan`, serde_json differential). Keys are compared as
