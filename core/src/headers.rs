@@ -121,16 +121,22 @@ pub fn request_header_fate(name: &[u8], connection: &[u8]) -> RequestHeaderFate 
 
 /// Whether an upstream response header may be relayed to the client. Framing headers
 /// (`content-length`, `transfer-encoding`) are rewritten by the relay itself and reported as not
-/// relayable here; `x-dynamo-*` never is (SHIM-14); nor is an `x-backend` the upstream set, since
-/// only the router discloses backends.
+/// relayable here; `x-dynamo-*` never is (SHIM-14); nor is an `x-backend` or `x-continuum-*`
+/// the upstream set, since only the router discloses backends and routing.
 pub fn response_header_relayable(name: &[u8], connection: &[u8]) -> bool {
     !(is_pin_header(name)
+        || name
+            .get(..ROUTER_PREFIX.len())
+            .is_some_and(|p| p.eq_ignore_ascii_case(ROUTER_PREFIX))
         || is_hop_by_hop(name)
         || name.eq_ignore_ascii_case(b"content-length")
         || name.eq_ignore_ascii_case(b"transfer-encoding")
         || name.eq_ignore_ascii_case(X_BACKEND)
         || connection_lists(connection, name))
 }
+
+/// Prefix of the router's own response headers.
+pub const ROUTER_PREFIX: &[u8] = b"x-continuum-";
 
 /// Pin header carrying the decode (or aggregated) worker (SHIM-09/11).
 pub const WORKER_INSTANCE_ID: &str = "x-dynamo-worker-instance-id";
@@ -159,32 +165,106 @@ pub struct PinHeaders {
 impl PinHeaders {
     /// Append the header lines (`name: value\r\n`) to `out`. Never allocates beyond `out`.
     pub fn write_to(&self, out: &mut Vec<u8>) {
-        fn line(out: &mut Vec<u8>, name: &str, value: u64) {
-            out.extend_from_slice(name.as_bytes());
-            out.extend_from_slice(b": ");
-            let mut digits = [0u8; 20];
-            let mut i = digits.len();
-            let mut v = value;
-            loop {
-                i -= 1;
-                digits[i] = b'0' + (v % 10) as u8;
-                v /= 10;
-                if v == 0 {
-                    break;
-                }
-            }
-            out.extend_from_slice(&digits[i..]);
-            out.extend_from_slice(b"\r\n");
-        }
-        line(out, WORKER_INSTANCE_ID, self.worker);
+        self.write_named(out, PIN_NAMES);
+    }
+
+    fn write_named(&self, out: &mut Vec<u8>, names: [&str; 4]) {
+        decimal_line(out, names[0], self.worker);
         if let Some(r) = self.worker_rank {
-            line(out, DP_RANK, u64::from(r));
+            decimal_line(out, names[1], u64::from(r));
         }
         if let Some(p) = self.prefill {
-            line(out, PREFILL_INSTANCE_ID, p);
+            decimal_line(out, names[2], p);
             if let Some(r) = self.prefill_rank {
-                line(out, PREFILL_DP_RANK, u64::from(r));
+                decimal_line(out, names[3], u64::from(r));
             }
+        }
+    }
+}
+
+const PIN_NAMES: [&str; 4] = [
+    WORKER_INSTANCE_ID,
+    DP_RANK,
+    PREFILL_INSTANCE_ID,
+    PREFILL_DP_RANK,
+];
+
+/// Append `name: <value in decimal>\r\n` without allocating.
+fn decimal_line(out: &mut Vec<u8>, name: &str, value: u64) {
+    out.extend_from_slice(name.as_bytes());
+    out.extend_from_slice(b": ");
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    let mut v = value;
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[i..]);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Routing response header: how the request was routed (Q-37; KV-PICK-14 names it). Always sent
+/// on a request the orchestrator examined; it names no worker or backend.
+pub const ROUTING_PATH: &str = "x-continuum-routing-path";
+/// Routing response headers naming the pinned workers (decimal ids and ranks, as pinned) and the
+/// namespace. Sent only when the client sent `x-backend` (SHIM-15); never `x-dynamo-*`
+/// (SHIM-14).
+pub const ROUTED_NAMES: [&str; 4] = [
+    "x-continuum-worker-instance-id",
+    "x-continuum-dp-rank",
+    "x-continuum-prefill-instance-id",
+    "x-continuum-prefill-dp-rank",
+];
+/// Routing response header naming the Dynamo namespace of the pinned workers (with `x-backend`).
+pub const ROUTED_NAMESPACE: &str = "x-continuum-dynamo-namespace";
+
+/// Whether identifiers may be disclosed in the response (SHIM-15).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Disclosure {
+    /// The client did not send `x-backend`: the routing path only.
+    PathOnly,
+    /// The client sent `x-backend` (an empty value counts): workers and namespace too.
+    Identifiers,
+}
+
+/// The routing response headers of one orchestrated request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RoutingHeaders<'a> {
+    /// `x-continuum-routing-path` value.
+    pub path: &'static str,
+    /// The pins the answering attempt carried (`None` for an unpinned attempt).
+    pub pins: Option<PinHeaders>,
+    /// The pinned workers' namespace.
+    pub namespace: Option<&'a str>,
+}
+
+impl RoutingHeaders<'_> {
+    /// Append the header lines allowed by `disclosure` to `out`. The namespace is written only if
+    /// it is a valid header value (visible ASCII), which Dynamo namespaces are.
+    pub fn write_to(&self, out: &mut Vec<u8>, disclosure: Disclosure) {
+        out.extend_from_slice(ROUTING_PATH.as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(self.path.as_bytes());
+        out.extend_from_slice(b"\r\n");
+        if disclosure == Disclosure::PathOnly {
+            return;
+        }
+        if let Some(pins) = &self.pins {
+            pins.write_named(out, ROUTED_NAMES);
+        }
+        if let Some(ns) = self
+            .namespace
+            .filter(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_graphic()))
+        {
+            out.extend_from_slice(ROUTED_NAMESPACE.as_bytes());
+            out.extend_from_slice(b": ");
+            out.extend_from_slice(ns.as_bytes());
+            out.extend_from_slice(b"\r\n");
         }
     }
 }
@@ -286,8 +366,57 @@ mod tests {
     #[test]
     fn responses_never_carry_pins_or_upstream_backend() {
         assert!(!response_header_relayable(b"x-backend", b""));
+        assert!(!response_header_relayable(b"X-Continuum-Routing-Path", b""));
+        assert!(!response_header_relayable(b"x-continuum-", b""));
         assert!(!response_header_relayable(b"Transfer-Encoding", b""));
         assert!(response_header_relayable(b"content-type", b""));
         assert!(response_header_relayable(b"x-request-id", b""));
+    }
+
+    #[test]
+    fn routing_headers_disclose_ids_only_with_x_backend() {
+        let r = RoutingHeaders {
+            path: "disaggregated",
+            pins: Some(PinHeaders {
+                worker: 42,
+                worker_rank: Some(0),
+                prefill: Some(7),
+                prefill_rank: None,
+            }),
+            namespace: Some("prod"),
+        };
+        let mut out = Vec::new();
+        r.write_to(&mut out, Disclosure::PathOnly);
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "x-continuum-routing-path: disaggregated\r\n"
+        );
+        let mut out = Vec::new();
+        r.write_to(&mut out, Disclosure::Identifiers);
+        let text = String::from_utf8(out).unwrap();
+        assert_eq!(
+            text,
+            "x-continuum-routing-path: disaggregated\r\nx-continuum-worker-instance-id: 42\r\n\
+             x-continuum-dp-rank: 0\r\nx-continuum-prefill-instance-id: 7\r\n\
+             x-continuum-dynamo-namespace: prod\r\n"
+        );
+        // Never a pin header name (SHIM-14), and never relayable from upstream.
+        for line in text.lines() {
+            let name = line.split(':').next().unwrap().as_bytes();
+            assert!(!is_pin_header(name));
+            assert!(!response_header_relayable(name, b""));
+        }
+        // A namespace that is not a valid header value is not written.
+        let mut out = Vec::new();
+        RoutingHeaders {
+            path: "unified",
+            pins: None,
+            namespace: Some("a\r\nb"),
+        }
+        .write_to(&mut out, Disclosure::Identifiers);
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "x-continuum-routing-path: unified\r\n"
+        );
     }
 }

@@ -292,7 +292,7 @@ pub struct NoWorker;
 
 /// A replaceable worker picker (PICK-17): the registry holds one behind this trait so that a
 /// KV-aware picker can replace [`LoadBasedPicker`] without changes to its callers.
-pub trait WorkerPicker: Send + Sync {
+pub trait WorkerPicker: Send + Sync + fmt::Debug {
     /// Picks for one request. `cursors` and `scratch` are the calling shard's own.
     fn pick<'f>(
         &self,

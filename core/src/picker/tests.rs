@@ -520,6 +520,7 @@ fn shim_12_rank_headers_exactly_when_dp_size_is_declared() {
 
 #[test]
 fn pick_17_picker_is_replaceable_behind_the_trait() {
+    #[derive(Debug)]
     struct First;
     impl WorkerPicker for First {
         fn pick<'f>(

@@ -92,6 +92,52 @@ impl ErrorPhase {
     }
 }
 
+/// The `routing_path` of one orchestrated request: the label of `disaggregated_requests_total`
+/// and the value of the `x-continuum-routing-path` response header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RoutingPath {
+    /// Pinned to a prefill and a decode worker of one namespace.
+    Disaggregated,
+    /// Pinned to one worker only (an aggregated worker, or no prefill worker for the model):
+    /// the aggregated fallback of SHIM-07, `unified` as KV-PICK-14 names it.
+    Unified,
+    /// A pinned attempt failed and the request was sent again, without pins, through plain model
+    /// routing (SHIM-20).
+    FallbackUnified,
+    /// No worker serves the model: the request went through plain model routing unpinned
+    /// (SHIM-08).
+    NoWorker,
+}
+
+impl RoutingPath {
+    /// Every path, in label order.
+    pub const ALL: [RoutingPath; 4] = [
+        RoutingPath::Disaggregated,
+        RoutingPath::Unified,
+        RoutingPath::FallbackUnified,
+        RoutingPath::NoWorker,
+    ];
+
+    /// The label and header value.
+    pub const fn label(self) -> &'static str {
+        match self {
+            RoutingPath::Disaggregated => "disaggregated",
+            RoutingPath::Unified => "unified",
+            RoutingPath::FallbackUnified => "fallback_unified",
+            RoutingPath::NoWorker => "no_worker",
+        }
+    }
+
+    /// The path of a pinned request: disaggregated with a prefill pin, else unified.
+    pub const fn of_pins(prefill_pinned: bool) -> Self {
+        if prefill_pinned {
+            RoutingPath::Disaggregated
+        } else {
+            RoutingPath::Unified
+        }
+    }
+}
+
 /// What the data plane does next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ShimDecision {

@@ -10,12 +10,18 @@
 //!   while at most one namespace is followed, CFG-16) the list serves every namespace;
 //! - replicas keep config order, each listed once; a namespace without usable replicas has an
 //!   empty slice and is left out of picking (SHIM-05);
+//! - nothing is usable unless both `dynamo.enabled` and `disaggregated_serving.enabled` are set:
+//!   the shim path is the disaggregated orchestrator's (SHIM-04/05);
+//! - a namespace is a picking candidate only while the live config follows it and it has a
+//!   usable replica (DISC-MULTI-05, RELOAD-08), so a worker left in the fleet view of a
+//!   namespace just removed from the config is never pinned;
 //! - the model map only translates the client model for matching workers; the request body keeps
 //!   the client's model (SHIM-05).
 
 use std::net::SocketAddr;
 
 use crate::config::{BackendName, Config};
+use crate::picker::NamespaceSet;
 use crate::snapshot::BackendIdx;
 
 /// The shim replicas per namespace and the client→Dynamo model map of one snapshot.
@@ -27,6 +33,9 @@ pub struct ShimRoutes {
     pools: Vec<(String, Vec<BackendIdx>)>,
     /// `shim.model_map`, sorted by client model.
     model_map: Vec<(String, String)>,
+    /// The namespaces the live config follows; empty = every namespace (Kubernetes discovery
+    /// without a namespace list).
+    followed: Vec<String>,
 }
 
 impl ShimRoutes {
@@ -49,6 +58,9 @@ impl ShimRoutes {
             out
         };
         let shim = &config.dynamo.shim;
+        if !(config.dynamo.enabled && config.disaggregated_serving.enabled) {
+            return Self::default();
+        }
         Self {
             shared: usable(&shim.backends),
             pools: shim
@@ -61,6 +73,7 @@ impl ShimRoutes {
                 .iter()
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect(),
+            followed: config.dynamo.namespaces().to_vec(),
         }
     }
 
@@ -80,12 +93,24 @@ impl ShimRoutes {
         !self.shared.is_empty() || self.pools.iter().any(|(_, r)| !r.is_empty())
     }
 
+    /// Whether the live config follows `namespace`.
+    pub fn follows(&self, namespace: &str) -> bool {
+        self.followed.is_empty() || self.followed.iter().any(|n| n == namespace)
+    }
+
     /// The Dynamo model name workers are matched against for a client model: its
     /// `shim.model_map` entry, or the client model itself.
     pub fn dynamo_model<'a>(&'a self, client_model: &'a str) -> &'a str {
         self.model_map
             .binary_search_by(|(k, _)| k.as_str().cmp(client_model))
             .map_or(client_model, |i| self.model_map[i].1.as_str())
+    }
+}
+
+/// The picker's candidate namespaces: followed by the live config and with a usable replica.
+impl NamespaceSet for ShimRoutes {
+    fn contains_namespace(&self, namespace: &str) -> bool {
+        self.follows(namespace) && !self.replicas(namespace).is_empty()
     }
 }
 

@@ -95,3 +95,54 @@ fn no_shim_section_means_no_usable_replica() {
     assert!(!r.any_usable());
     assert!(r.replicas("dynamo").is_empty());
 }
+
+#[test]
+fn candidate_namespaces_are_followed_and_have_a_replica() {
+    use crate::picker::NamespaceSet;
+    let c = config(POOLS);
+    let mut addrs = all_resolved(&c);
+    addrs[1] = None; // canary's only replica
+    let r = ShimRoutes::build(&c, &addrs);
+    assert!(r.contains_namespace("prod"));
+    assert!(!r.contains_namespace("canary"), "no usable replica");
+    assert!(!r.contains_namespace("other"), "not followed, no pool");
+}
+
+/// RELOAD-08: with one shared list, a namespace the config no longer follows is not a candidate
+/// even though `replicas` would serve it.
+#[test]
+fn shared_backends_serve_only_followed_namespaces() {
+    use crate::picker::NamespaceSet;
+    let c = config(
+        r#"
+dynamo:
+  enabled: true
+  discovery: { etcd: { endpoints: ["http://etcd:2379"], namespaces: [prod] } }
+  load: { direct_allow_cidrs: [10.0.0.0/8] }
+  shim: { backends: [fe-a] }
+"#,
+    );
+    let r = ShimRoutes::build(&c, &all_resolved(&c));
+    assert!(r.contains_namespace("prod"));
+    assert!(!r.contains_namespace("old"));
+    assert!(!r.replicas("old").is_empty());
+}
+
+/// SHIM-04/05: the shim path belongs to the disaggregated orchestrator.
+#[test]
+fn orchestrator_disabled_means_no_usable_replica() {
+    let yaml = format!(
+        "{}{POOLS}\n",
+        BACKENDS.replace(
+            "disaggregated_serving: { enabled: true }",
+            "disaggregated_serving: { enabled: false }"
+        )
+    );
+    assert!(yaml.contains("enabled: false }"));
+    let c = match Config::from_yaml(&yaml, &NoEnv) {
+        Ok((c, _)) => c,
+        Err(e) => panic!("invalid test config: {:#?}", e.errors),
+    };
+    let r = ShimRoutes::build(&c, &all_resolved(&c));
+    assert!(!r.any_usable());
+}
