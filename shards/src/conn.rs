@@ -73,6 +73,10 @@ pub(crate) struct ClientConn {
     /// Header spans of the current upstream response head (reused).
     pub(crate) resp_spans: Vec<HeaderSpan>,
     pub(crate) pins_stripped: u64,
+    /// A non-2xx shim answer held back for the shim decision (de-chunked body).
+    pub(crate) held: Vec<u8>,
+    /// Its `content-type` value.
+    pub(crate) held_type: Vec<u8>,
 }
 
 impl ClientConn {
@@ -168,6 +172,8 @@ pub(crate) async fn serve(shard: Rc<Shard>, stream: TcpStream, peer: SocketAddr)
         body: Vec::new(),
         head: RequestHead::default(),
         resp_spans: Vec::new(),
+        held: Vec::new(),
+        held_type: Vec::new(),
         pins_stripped: 0,
     };
     loop {

@@ -20,6 +20,7 @@ mod conn;
 mod inbox;
 pub mod mailbox;
 pub mod metrics;
+mod metrics_dynamo;
 mod proxy;
 mod respond;
 mod routes;

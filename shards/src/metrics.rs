@@ -138,6 +138,8 @@ pub struct ShardMetrics {
     connections_accepted: AtomicU64,
     connections_open: AtomicU64,
     inflight: AtomicU64,
+    /// The shim path's counters.
+    pub(crate) dynamo: crate::metrics_dynamo::DynamoCounters,
 }
 
 impl ShardMetrics {
@@ -157,6 +159,7 @@ impl ShardMetrics {
             connections_accepted: AtomicU64::new(0),
             connections_open: AtomicU64::new(0),
             inflight: AtomicU64::new(0),
+            dynamo: Default::default(),
         }
     }
 
@@ -271,6 +274,7 @@ pub fn render(shards: &[std::sync::Arc<ShardMetrics>], control: &ControlStats) -
         "Client-sent x-dynamo-* (and alias) headers removed before dispatch.",
         shards.iter().map(|s| s.pins_stripped.load(Relaxed)).sum(),
     );
+    crate::metrics_dynamo::render(&mut out, shards.iter().map(|s| &s.dynamo));
     per_shard(
         &mut out,
         shards,

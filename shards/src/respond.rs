@@ -196,6 +196,27 @@ pub(crate) fn write_error(out: &mut Vec<u8>, err: LocalError, persistence: Persi
     );
 }
 
+/// Append a classified error of the shim path (an OpenAI-shaped `body` built by
+/// `continuum_core::ingress::errors`) with the routing path header.
+pub(crate) fn write_classified(
+    out: &mut Vec<u8>,
+    status: u16,
+    body: &[u8],
+    routing: continuum_core::headers::RoutingHeaders<'_>,
+    persistence: Persistence,
+) {
+    let _ = write!(
+        out,
+        "HTTP/1.1 {status} {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n",
+        reason(status),
+        body.len(),
+    );
+    routing.write_to(out, continuum_core::headers::Disclosure::PathOnly);
+    out.extend_from_slice(persistence.header().as_bytes());
+    out.extend_from_slice(b"\r\n");
+    out.extend_from_slice(body);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -22,7 +22,9 @@ use crate::proxy::Pool;
 use crate::signal::LocalSignal;
 use crate::subscribe::status::SubTable;
 use crate::subscribe::{LoadShared, Subscriptions};
+use continuum_core::load::DispatchLedger;
 use continuum_core::load::metrics::LoadEventCounters;
+use continuum_core::picker::{LoadBasedPicker, PickScratch, PickerCursors, WorkerPicker};
 
 /// A snapshot as a shard holds it: requests clone the `Rc` around it (non-atomic), never the
 /// `Arc` inside (whose counter every core would contend on).
@@ -58,6 +60,20 @@ pub(crate) struct Shard {
     subs: RefCell<Subscriptions>,
     /// xorshift state for backoff jitter (seeded per shard).
     rng: Cell<u64>,
+    /// The worker picker (PICK-17: replaceable behind the trait).
+    pub(crate) picker: Box<dyn WorkerPicker>,
+    /// This shard's picker cursors, scratch space and dispatch ledger.
+    pub(crate) pick_state: RefCell<PickState>,
+    /// Rotation over each namespace's shim replicas (one cursor for all pools).
+    shim_cursor: Cell<usize>,
+}
+
+/// The shard-local state one pick reads and writes.
+#[derive(Debug)]
+pub(crate) struct PickState {
+    pub(crate) cursors: PickerCursors,
+    pub(crate) scratch: PickScratch,
+    pub(crate) ledger: DispatchLedger,
 }
 
 impl Shard {
@@ -67,6 +83,7 @@ impl Shard {
         all_metrics: Arc<[Arc<ShardMetrics>]>,
         control: Arc<ControlStats>,
         load: Arc<LoadShared>,
+        ledger: DispatchLedger,
     ) -> Self {
         let snapshot = RefCell::new(Rc::new(LocalSnapshot(cell.load())));
         let metrics = all_metrics
@@ -90,7 +107,25 @@ impl Shard {
             rng: Cell::new(
                 0x9E37_79B9_7F4A_7C15 ^ (id as u64 + 1).wrapping_mul(0xBF58_476D_1CE4_E5B9),
             ),
+            picker: Box::new(LoadBasedPicker::new()),
+            pick_state: RefCell::new(PickState {
+                // Start each shard's cursors apart so shards do not round-robin in lockstep.
+                cursors: PickerCursors {
+                    decode: id as u64,
+                    prefill: id as u64,
+                },
+                scratch: PickScratch::new(),
+                ledger,
+            }),
+            shim_cursor: Cell::new(id),
         }
+    }
+
+    /// The next position in a shim pool's replica rotation.
+    pub(crate) fn next_shim_cursor(&self) -> usize {
+        let v = self.shim_cursor.get();
+        self.shim_cursor.set(v.wrapping_add(1));
+        v
     }
 
     /// The snapshot new requests use.
@@ -163,6 +198,7 @@ pub(crate) async fn run(shard: Rc<Shard>, listener: TcpListener, mailbox: Mailbo
         }
         Err(e) => tracing::error!(shard = shard.id, error = %e, "mailbox doorbell unusable"),
     }
+    monoio::spawn(housekeeping(shard.clone()));
     // Subscriptions for the fleet already in the first snapshot.
     let first = shard.cell.load();
     shard.subs.borrow_mut().reconcile(&shard, &first);
@@ -205,6 +241,23 @@ fn close_listener(listener: TcpListener) {
         tracing::debug!(error = %std::io::Error::last_os_error(), "listener shutdown");
     }
     drop(listener);
+}
+
+/// How often a shard republishes its unanswered-dispatch summaries when it is not picking.
+const LEDGER_REFRESH: Duration = Duration::from_millis(500);
+
+/// Periodic shard-local upkeep: keep the dispatch ledger's published summaries exact while no
+/// pick refreshes them (answered and expired records leave, stalls are judged on time).
+async fn housekeeping(shard: Rc<Shard>) {
+    while !shard.draining() {
+        monoio::time::sleep(LEDGER_REFRESH).await;
+        let view = shard.load.store.view();
+        shard
+            .pick_state
+            .borrow_mut()
+            .ledger
+            .refresh(&view, crate::clock::now());
+    }
 }
 
 async fn mailbox_loop(

@@ -21,7 +21,7 @@ use crate::metrics::{ControlStats, ShardMetrics};
 use crate::runtime::{self, DriverChoice, DriverKind};
 use crate::shard::{self, Shard};
 use crate::subscribe::LoadShared;
-use continuum_core::load::LoadStore;
+use continuum_core::load::{DispatchLedger, LoadStore};
 
 /// What to start.
 #[derive(Debug, Clone)]
@@ -135,7 +135,9 @@ pub fn spawn_shards(
     store: Arc<LoadStore>,
 ) -> Result<ShardSet, ShardSetError> {
     let count = spec.cpus.len().max(1);
-    let load = Arc::new(LoadShared::new(store, count));
+    let ledgers: Vec<DispatchLedger> = (0..count).map(|_| DispatchLedger::new()).collect();
+    let load = Arc::new(LoadShared::new(store, &ledgers));
+    let mut ledgers = ledgers.into_iter();
     let metrics: Arc<[Arc<ShardMetrics>]> =
         (0..count).map(|i| Arc::new(ShardMetrics::new(i))).collect();
     let (exit_tx, exits) = crossbeam_channel::unbounded();
@@ -148,6 +150,7 @@ pub fn spawn_shards(
         local_addr: spec.bind,
     };
     for id in 0..count {
+        let ledger = ledgers.next().unwrap_or_default();
         let (tx, rx) = mailbox::mailbox().map_err(ShardSetError::Mailbox)?;
         let (ready_tx, ready_rx) = mpsc::channel();
         let start = ShardStart {
@@ -159,6 +162,7 @@ pub fn spawn_shards(
             metrics: metrics.clone(),
             control: control.clone(),
             load: load.clone(),
+            ledger,
             mailbox: rx,
             ready: ready_tx,
             exit: exit_tx.clone(),
@@ -190,6 +194,7 @@ struct ShardStart {
     metrics: Arc<[Arc<ShardMetrics>]>,
     control: Arc<ControlStats>,
     load: Arc<LoadShared>,
+    ledger: DispatchLedger,
     mailbox: MailboxReceiver,
     ready: mpsc::Sender<Result<(SocketAddr, DriverKind), ShardSetError>>,
     exit: crossbeam_channel::Sender<usize>,
@@ -242,6 +247,7 @@ fn shard_main(start: ShardStart) {
             start.metrics,
             start.control,
             start.load,
+            start.ledger,
         ));
         shard::run(shard, listener, start.mailbox).await;
     });

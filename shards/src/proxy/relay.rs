@@ -18,7 +18,7 @@ use monoio::buf::IoBufMut;
 use monoio::io::{AsyncReadRent, AsyncWriteRentExt};
 use monoio::net::TcpStream;
 
-use super::AttemptError;
+use super::{Attempt, AttemptError, FailureHandling};
 use crate::conn::{ClientConn, Outcome};
 use crate::metrics::UpstreamErrorClass;
 use crate::respond::{self, Persistence};
@@ -51,14 +51,29 @@ struct ParsedHead {
     connection: Option<std::ops::Range<usize>>,
 }
 
-/// Relay the response on `up`. Returns the outcome and whether `up` can be pooled.
+/// Largest non-2xx body held back for the shim decision (error bodies are small; a larger one
+/// is treated as an unusable answer).
+const MAX_HELD_BODY: usize = 256 * 1024;
+
+/// How a relay ended.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum RelayEnd {
+    /// The response went to the client.
+    Relayed(Outcome),
+    /// A non-2xx answer was held back, whole, in `ClientConn::held` (status, content type in
+    /// `ClientConn::held_type`); nothing was written to the client.
+    Held(u16),
+}
+
+/// Relay the response on `up`. Returns how it ended and whether `up` can be pooled.
 pub(super) async fn relay(
     shard: &Shard,
     snap: &RouterSnapshot,
     c: &mut ClientConn,
     up: &mut TcpStream,
     backend: &BackendConfig,
-) -> Result<(Outcome, bool), AttemptError> {
+    attempt: &Attempt<'_>,
+) -> Result<(RelayEnd, bool), AttemptError> {
     let timeout = snap.config.server.upstream_response_timeout;
     c.ubuf.clear();
     if c.ubuf.capacity() < UPSTREAM_BUF {
@@ -93,10 +108,14 @@ pub(super) async fn relay(
             Some(p) => break p,
         }
     };
+    if attempt.on_failure == FailureHandling::Hold && !(200..300).contains(&parsed.status) {
+        let reusable = hold(c, up, &parsed, timeout).await?;
+        return Ok((RelayEnd::Held(parsed.status), reusable));
+    }
     // An HTTP/1.0 client cannot read chunked framing: decode it and delimit by close instead.
     let dechunk = c.head.http10 && parsed.framing == Framing::Chunked;
     let keep_alive = c.head.keep_alive && parsed.framing != Framing::UntilClose && !dechunk;
-    write_client_head(c, &parsed, backend, keep_alive, dechunk);
+    write_client_head(c, &parsed, backend, keep_alive, dechunk, attempt);
     let mut reusable = parsed.upstream_keep_alive;
     // Body bytes that came with the head.
     let first = parsed.head_len..c.ubuf.len();
@@ -139,12 +158,121 @@ pub(super) async fn relay(
     }
     let reusable = reusable && parsed.framing != Framing::UntilClose;
     Ok((
-        Outcome {
+        RelayEnd::Relayed(Outcome {
             status: parsed.status,
             keep_alive,
-        },
+        }),
         reusable,
     ))
+}
+
+/// Read the whole (de-chunked) body of a non-2xx answer into `c.held`, bounded by
+/// [`MAX_HELD_BODY`]. Returns whether `up` can be pooled.
+async fn hold(
+    c: &mut ClientConn,
+    up: &mut TcpStream,
+    parsed: &ParsedHead,
+    timeout: std::time::Duration,
+) -> Result<bool, AttemptError> {
+    let protocol = AttemptError::Upstream(UpstreamErrorClass::Protocol);
+    c.held_type.clear();
+    if let Some(h) = c
+        .resp_spans
+        .iter()
+        .find(|h| c.ubuf[h.name.clone()].eq_ignore_ascii_case(b"content-type"))
+    {
+        c.held_type.extend_from_slice(&c.ubuf[h.value.clone()]);
+    }
+    let mut held = std::mem::take(&mut c.held);
+    held.clear();
+    let mut body = BodyState {
+        framing: parsed.framing,
+        remaining: match parsed.framing {
+            Framing::Length(n) => n,
+            _ => 0,
+        },
+        decoder: ChunkedDecoder::new(),
+        dechunk: true,
+        done: parsed.framing == Framing::Empty,
+    };
+    let first = parsed.head_len..c.ubuf.len();
+    let mut reusable = parsed.upstream_keep_alive && parsed.framing != Framing::UntilClose;
+    let result = async {
+        if body.forward(&c.ubuf[first.clone()], &mut held)? < first.len() {
+            reusable = false;
+        }
+        while !body.done {
+            if held.len() > MAX_HELD_BODY {
+                return Err(protocol);
+            }
+            c.ubuf.clear();
+            match read_upstream(c, up, timeout).await? {
+                Ok(n) if n > 0 => {}
+                Ok(_) if parsed.framing == Framing::UntilClose => break,
+                _ => return Err(AttemptError::Upstream(UpstreamErrorClass::Reset)),
+            }
+            if body.forward(&c.ubuf, &mut held)? < c.ubuf.len() {
+                reusable = false;
+            }
+        }
+        if held.len() > MAX_HELD_BODY {
+            return Err(protocol);
+        }
+        Ok(())
+    }
+    .await;
+    c.held = held;
+    result.map(|()| reusable)
+}
+
+/// Write a held answer to `c.wbuf` as a complete response with the routing headers, for the
+/// connection's writer to send.
+pub(super) fn write_held(
+    c: &mut ClientConn,
+    status: u16,
+    backend: &BackendConfig,
+    attempt: &Attempt<'_>,
+) -> Outcome {
+    let keep_alive = c.head.keep_alive;
+    c.wbuf.clear();
+    let _ = write!(
+        c.wbuf,
+        "HTTP/1.1 {status} {}\r\ncontent-length: {}\r\n",
+        respond::reason(status),
+        c.held.len()
+    );
+    if !c.held_type.is_empty() {
+        c.wbuf.extend_from_slice(b"content-type: ");
+        c.wbuf.extend_from_slice(&c.held_type);
+        c.wbuf.extend_from_slice(b"\r\n");
+    }
+    write_router_headers(c, backend, attempt);
+    let persistence = Persistence::of(keep_alive, c.head.http10);
+    c.wbuf.extend_from_slice(persistence.header().as_bytes());
+    c.wbuf.extend_from_slice(b"\r\n");
+    if c.head.method != Method::Head {
+        let ClientConn { wbuf, held, .. } = c;
+        wbuf.extend_from_slice(held);
+    }
+    Outcome { status, keep_alive }
+}
+
+/// `x-backend` (only when the client asked, SHIM-15) and the routing headers of `attempt`.
+fn write_router_headers(c: &mut ClientConn, backend: &BackendConfig, attempt: &Attempt<'_>) {
+    let disclosure = if c.head.wants_backend {
+        let _ = write!(
+            c.wbuf,
+            "{}: {}\r\n",
+            headers::X_BACKEND_RESPONSE,
+            backend.name
+        );
+        headers::Disclosure::Identifiers
+    } else {
+        headers::Disclosure::PathOnly
+    };
+    if let Some(r) = &attempt.routing {
+        r.write_to(&mut c.wbuf, disclosure);
+    }
 }
 
 /// Where the relay is in the response body.
@@ -302,6 +430,7 @@ fn write_client_head(
     backend: &BackendConfig,
     keep_alive: bool,
     dechunk: bool,
+    attempt: &Attempt<'_>,
 ) {
     c.wbuf.clear();
     let reason = &c.ubuf[p.reason.clone()];
@@ -336,14 +465,7 @@ fn write_client_head(
         }
         Framing::UntilClose => {}
     }
-    if c.head.wants_backend {
-        let _ = write!(
-            c.wbuf,
-            "{}: {}\r\n",
-            headers::X_BACKEND_RESPONSE,
-            backend.name
-        );
-    }
+    write_router_headers(c, backend, attempt);
     let persistence = Persistence::of(keep_alive, c.head.http10);
     c.wbuf.extend_from_slice(persistence.header().as_bytes());
     c.wbuf.extend_from_slice(b"\r\n");

@@ -23,8 +23,8 @@ use std::sync::Arc;
 
 use continuum_core::config::dynamo::LoadTransport;
 use continuum_core::discovery::{Family, PublisherId};
-use continuum_core::load::LoadStore;
 use continuum_core::load::metrics::LoadEventCounters;
+use continuum_core::load::{DispatchLedger, InflightTable, LoadStore};
 use continuum_core::snapshot::RouterSnapshot;
 use continuum_core::subscriptions::{admitted, shard_of};
 
@@ -46,15 +46,20 @@ pub struct LoadShared {
     pub events: Box<[LoadEventCounters]>,
     /// Subscription tables, one writer shard each.
     pub tables: Box<[Arc<SubTable>]>,
+    /// Unanswered-dispatch summaries, one writer shard each (its `DispatchLedger`); pickers on
+    /// every shard read all of them (LOAD-STORE-10).
+    pub inflight: Box<[Arc<InflightTable>]>,
 }
 
 impl LoadShared {
-    /// State for `shards` shards around `store`.
-    pub fn new(store: Arc<LoadStore>, shards: usize) -> Self {
+    /// State for one shard per ledger around `store`; shard `i` owns `ledgers[i]`.
+    pub fn new(store: Arc<LoadStore>, ledgers: &[DispatchLedger]) -> Self {
+        let shards = ledgers.len();
         Self {
             store,
             events: (0..shards).map(|_| LoadEventCounters::new()).collect(),
             tables: (0..shards).map(|_| Arc::new(SubTable::default())).collect(),
+            inflight: ledgers.iter().map(DispatchLedger::table).collect(),
         }
     }
 }
