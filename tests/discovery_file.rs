@@ -7,56 +7,16 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
+use common::filestore::{file_of, write_fixture};
 use common::{RouterConfig, RouterProcess, STEP, TempDir};
 use serde_json::Value;
 
-const FIXTURE: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/../shared/fixtures/dynamo-1.6.1/etcd-dump.txt"
-);
 const WORKERS: &str = "/admin/dynamo/workers";
 /// The frontends are never called here.
 const FRONTEND_URL: &str = "http://127.0.0.1:9";
-
-/// Dynamo's `Key::url_safe`: every non-alphanumeric byte percent-encoded.
-fn url_safe(key: &str) -> String {
-    key.bytes()
-        .map(|b| {
-            if b.is_ascii_alphanumeric() {
-                char::from(b).to_string()
-            } else {
-                format!("%{b:02X}")
-            }
-        })
-        .collect()
-}
-
-/// `v1/<bucket>/<rest>` lives in `root/v1/<bucket>/url_safe(rest)`.
-fn file_of(root: &Path, key: &str) -> PathBuf {
-    let mut p = key.splitn(3, '/');
-    let (v1, bucket, rest) = (p.next().unwrap(), p.next().unwrap(), p.next().unwrap());
-    root.join(v1).join(bucket).join(url_safe(rest))
-}
-
-fn publish(root: &Path, key: &str, value: &str) {
-    let path = file_of(root, key);
-    let dir = path.parent().unwrap();
-    std::fs::create_dir_all(dir).unwrap();
-    let tmp = dir.join(".tmp_0123456789abcdef");
-    std::fs::write(&tmp, value).unwrap();
-    std::fs::rename(&tmp, &path).unwrap();
-}
-
-fn write_fixture(root: &Path) {
-    let text = std::fs::read_to_string(FIXTURE).unwrap();
-    let lines: Vec<&str> = text.lines().collect();
-    for kv in lines.chunks(2) {
-        publish(root, kv[0], kv[1]);
-    }
-}
 
 fn router_config(root: &Path) -> RouterConfig {
     let mut cfg = RouterConfig::default()

@@ -22,6 +22,9 @@ use std::time::{Duration, Instant};
 
 use super::client::{find, find_header};
 
+/// The event [`SseSender::abort`] sends: never a real event (starts with NUL).
+const ABORT_MARK: &[u8] = b"\0abort";
+
 /// How long a streamed reply waits for the test to release its next event.
 pub const SSE_EVENT_WAIT: Duration = Duration::from_secs(30);
 
@@ -105,6 +108,13 @@ impl SseSender {
     /// Ends the stream (the backend writes the last chunk).
     pub fn finish(mut self) {
         self.tx = None;
+    }
+
+    /// Breaks the stream: the backend closes the connection without the last chunk.
+    pub fn abort(mut self) {
+        if let Some(tx) = self.tx.take() {
+            let _ = tx.send(ABORT_MARK.to_vec());
+        }
     }
 }
 
@@ -398,6 +408,7 @@ fn write_reply(stream: &mut TcpStream, reply: Reply) -> bool {
             loop {
                 match events.recv_timeout(SSE_EVENT_WAIT) {
                     Ok(ev) if ev.is_empty() => {}
+                    Ok(ev) if ev == ABORT_MARK => return false,
                     Ok(ev) => {
                         let mut chunk = format!("{:x}\r\n", ev.len()).into_bytes();
                         chunk.extend_from_slice(&ev);

@@ -56,6 +56,8 @@ pub struct RouterConfig {
     pub env: Vec<(String, String)>,
     /// `disaggregated_serving.enabled`.
     pub disaggregated_serving: bool,
+    /// `disaggregated_serving.fallback_to_unified` (default true, as the router's).
+    pub fallback_to_unified: bool,
     /// Raw YAML appended after the rendered sections (whole top-level sections such as
     /// `dynamo:`; must not repeat `server`, `admin`, `backends` or `disaggregated_serving`).
     pub extra_yaml: String,
@@ -78,6 +80,7 @@ impl Default for RouterConfig {
             backends: Vec::new(),
             env: Vec::new(),
             disaggregated_serving: false,
+            fallback_to_unified: true,
             extra_yaml: String::new(),
         }
     }
@@ -133,8 +136,8 @@ impl RouterConfig {
             y.push_str(&format!("    weight: {}\n", b.weight));
         }
         y.push_str(&format!(
-            "disaggregated_serving: {{ enabled: {}, fallback_to_unified: true }}\n",
-            self.disaggregated_serving
+            "disaggregated_serving: {{ enabled: {}, fallback_to_unified: {} }}\n",
+            self.disaggregated_serving, self.fallback_to_unified
         ));
         if !self.extra_yaml.is_empty() {
             y.push_str(&self.extra_yaml);

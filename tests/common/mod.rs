@@ -7,6 +7,7 @@
 //! - [`backend`]: [`MockBackend`], a scripted loopback backend recording every request;
 //! - [`client`]: a raw HTTP/1.1 client (exact bytes out, framed responses in, incremental
 //!   streaming reads);
+//! - [`filestore`]: a Dynamo file store written as Dynamo writes it;
 //! - [`etcd`]: [`etcd::EtcdServer`], a real etcd on loopback (restart, TLS, auth, etcdctl
 //!   helpers) for the discovery tests.
 //!
@@ -20,6 +21,7 @@ pub mod client;
 pub mod config;
 pub mod discovery;
 pub mod etcd;
+pub mod filestore;
 pub mod fleet;
 pub mod router;
 pub mod zmq;

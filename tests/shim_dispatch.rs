@@ -1,0 +1,389 @@
+#![cfg(feature = "dynamo")]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+//! The shim path end to end against scripted shim replicas (SHIM-05..22, OBS-05, OBS-13): the
+//! router discovers the recorded Dynamo 1.6.1 fleet from a file store (two aggregated
+//! `tiny-agg` workers in namespace `agg`; a prefill/decode pair serving `tiny-disagg` in
+//! `disagg`), picks, pins and dispatches to `MockBackend`s standing in for each namespace's
+//! `dynamo.frontend --router-mode direct`, and follows the failure table. A plain backend serves
+//! both models for the unified fallback. No load samples arrive (the fixture's publishers are
+//! not running), so the picker round-robins (`round_robin_stale`).
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use common::filestore::write_fixture;
+use common::{
+    MockBackend, RecordedRequest, Reply, RouterConfig, RouterProcess, STEP, TempDir, chat,
+    chat_body, is_pin_header, metric_value, refusing_url,
+};
+use serde_json::Value;
+
+const AGG: &str = "tiny-agg";
+const DISAGG: &str = "tiny-disagg";
+const AGG_IDS: [u64; 2] = [0x6a6c_a22d_4998_ac0b, 0x6a6c_a22d_4998_ac16];
+const PREFILL_ID: u64 = 0x6a6c_a22d_4998_ac07;
+const DECODE_ID: u64 = 0x6a6c_a22d_4998_ac09;
+/// A model only the plain backend serves.
+const PLAIN_ONLY: &str = "plain-only";
+const REJECTION: &str = "Prefill worker ID required in Direct routing mode";
+
+struct Setup {
+    _dir: TempDir,
+    router: RouterProcess,
+    shim_agg: MockBackend,
+    shim_disagg: MockBackend,
+    unified: MockBackend,
+}
+
+/// The router over the fixture fleet. `agg_pool` / `disagg_pool` are extra replica URLs listed
+/// before the scripted shim of each pool (e.g. a refusing one).
+fn setup(fallback: bool, agg_first: Option<String>) -> Setup {
+    let dir = TempDir::new("shim-dispatch");
+    let root = dir.path().join("store");
+    write_fixture(&root);
+    let shim_agg = MockBackend::start("shim-agg");
+    let shim_disagg = MockBackend::start("shim-disagg");
+    let unified = MockBackend::start("unified");
+    let mut cfg = RouterConfig::default()
+        .backend("shim-agg", &shim_agg.url(), &[])
+        .backend("shim-disagg", &shim_disagg.url(), &[])
+        .backend("unified", &unified.url(), &[AGG, DISAGG, PLAIN_ONLY]);
+    let mut agg_pool = vec!["shim-agg"];
+    if let Some(url) = &agg_first {
+        cfg = cfg.backend("shim-dead", url, &[]);
+        agg_pool.insert(0, "shim-dead");
+    }
+    cfg.disaggregated_serving = true;
+    cfg.fallback_to_unified = fallback;
+    cfg.connect_retries = 2;
+    let root_json = Value::String(root.display().to_string());
+    cfg.extra_yaml = format!(
+        "dynamo:\n  enabled: true\n  discovery:\n    source: file\n    file:\n      root: {root_json}\n      \
+         ttl: 10m\n      namespaces: [agg, disagg]\n  load:\n    direct_allow_cidrs: [\"127.0.0.0/8\"]\n  \
+         shim:\n    pools:\n      - {{ namespace: agg, backends: [{}] }}\n      \
+         - {{ namespace: disagg, backends: [shim-disagg] }}\n",
+        agg_pool.join(", ")
+    );
+    let router = RouterProcess::start(&cfg);
+    let deadline = Instant::now() + STEP;
+    loop {
+        let v = router.get("/admin/dynamo/workers").json();
+        if v["workers"].as_array().map_or(0, Vec::len) == 4 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "fleet not discovered: {v:#}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Setup {
+        _dir: dir,
+        router,
+        shim_agg,
+        shim_disagg,
+        unified,
+    }
+}
+
+fn pin(r: &RecordedRequest, name: &str) -> Option<u64> {
+    r.header(name).map(|v| {
+        v.parse::<u64>()
+            .unwrap_or_else(|_| panic!("{name}: {v:?} is not decimal"))
+    })
+}
+
+fn metric(s: &Setup, name: &str, labels: &[(&str, &str)]) -> f64 {
+    metric_value(&s.router.metrics(), name, labels).unwrap_or(0.0)
+}
+
+fn error_body(status: u16, body: &str) -> Reply {
+    Reply::Full {
+        status,
+        headers: vec![("Content-Type".into(), "application/json".into())],
+        body: body.as_bytes().to_vec(),
+    }
+}
+
+#[test]
+fn aggregated_requests_carry_decimal_pins_and_rotate_over_the_workers() {
+    let s = setup(true, None);
+    let mut seen = BTreeSet::new();
+    for i in 0..4 {
+        let body = chat_body(AGG, &format!("agg-{i}"), false);
+        // A client pin never changes the pick (SHIM-09/13).
+        let resp = chat(
+            s.router.addr(),
+            &body,
+            &[("x-dynamo-worker-instance-id", "12345")],
+        );
+        assert_eq!(resp.status, 200, "{}", resp.text());
+        assert_eq!(resp.header("x-continuum-routing-path"), Some("unified"));
+        // Identifiers only with x-backend (SHIM-15).
+        assert_eq!(resp.header("x-continuum-worker-instance-id"), None);
+        assert_eq!(resp.header("x-backend"), None);
+        let r = s.shim_agg.wait_requests(i + 1, STEP).pop().unwrap();
+        let worker = pin(&r, "x-dynamo-worker-instance-id").unwrap();
+        assert!(AGG_IDS.contains(&worker), "{worker}");
+        assert_eq!(pin(&r, "x-dynamo-prefill-instance-id"), None);
+        // The fixture cards declare `data_parallel_size` (1): rank 0 is sent (SHIM-12).
+        assert_eq!(pin(&r, "x-dynamo-dp-rank"), Some(0));
+        assert_eq!(r.body, body, "the body keeps the client's model");
+        seen.insert(worker);
+    }
+    assert_eq!(seen.len(), 2, "round-robin without load samples: {seen:?}");
+    assert_eq!(s.unified.request_count(), 0);
+    assert_eq!(
+        metric(
+            &s,
+            "continuum_dynamo_selection_total",
+            &[("role", "decode"), ("reason", "round_robin_stale")]
+        ),
+        4.0
+    );
+    assert_eq!(
+        metric(
+            &s,
+            "continuum_dynamo_selection_total",
+            &[("role", "prefill"), ("reason", "no_prefill_pool")]
+        ),
+        4.0
+    );
+    assert_eq!(
+        metric(
+            &s,
+            "disaggregated_requests_total",
+            &[("routing_path", "unified")]
+        ),
+        4.0
+    );
+}
+
+#[test]
+fn disaggregated_requests_pin_the_prefill_and_decode_pair_and_disclose_with_x_backend() {
+    let s = setup(true, None);
+    let resp = chat(
+        s.router.addr(),
+        &chat_body(DISAGG, "pair", false),
+        &[("x-backend", ""), ("X-Dynamo-Prefill-Instance-Id", "1")],
+    );
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    let r = s.shim_disagg.wait_requests(1, STEP).pop().unwrap();
+    assert_eq!(pin(&r, "x-dynamo-worker-instance-id"), Some(DECODE_ID));
+    assert_eq!(pin(&r, "x-dynamo-prefill-instance-id"), Some(PREFILL_ID));
+    assert_eq!(pin(&r, "x-dynamo-dp-rank"), Some(0));
+    assert_eq!(pin(&r, "x-dynamo-prefill-dp-rank"), Some(0));
+    assert_eq!(
+        r.headers.iter().filter(|(n, _)| is_pin_header(n)).count(),
+        4,
+        "only the router's pins: {:?}",
+        r.headers
+    );
+    assert_eq!(
+        resp.header("x-continuum-routing-path"),
+        Some("disaggregated")
+    );
+    assert_eq!(resp.header("x-backend"), Some("shim-disagg"));
+    assert_eq!(
+        resp.header("x-continuum-worker-instance-id"),
+        Some(DECODE_ID.to_string().as_str())
+    );
+    assert_eq!(
+        resp.header("x-continuum-prefill-instance-id"),
+        Some(PREFILL_ID.to_string().as_str())
+    );
+    assert_eq!(resp.header("x-continuum-dynamo-namespace"), Some("disagg"));
+    assert!(resp.headers.iter().all(|(n, _)| !is_pin_header(n)));
+    assert_eq!(s.shim_agg.request_count(), 0);
+}
+
+#[test]
+fn direct_mode_rejection_is_503_without_retry_or_fallback() {
+    let s = setup(true, None);
+    for stream in [false, true] {
+        s.shim_disagg.push_reply(error_body(
+            400,
+            &format!("{{\"message\":\"{REJECTION}\",\"type\":\"Bad Request\",\"code\":400}}"),
+        ));
+        let resp = chat(s.router.addr(), &chat_body(DISAGG, "rej", stream), &[]);
+        let err = resp.assert_json_error(503);
+        assert_eq!(err["code"], "disaggregated_prefill_decode_unavailable");
+        assert_eq!(
+            resp.header("x-continuum-routing-path"),
+            Some("disaggregated")
+        );
+    }
+    assert_eq!(s.shim_disagg.request_count(), 2, "never retried");
+    assert_eq!(s.unified.request_count(), 0, "never falls back");
+    assert_eq!(
+        metric(
+            &s,
+            "disaggregated_errors_total",
+            &[("phase", "orchestration")]
+        ),
+        2.0
+    );
+    assert_eq!(
+        metric(&s, "disaggregated_errors_total", &[("phase", "decode")]),
+        0.0
+    );
+}
+
+#[test]
+fn wrapped_500_and_other_failures_fall_back_unified_without_pins() {
+    let s = setup(true, None);
+    // SHIM-19: the rejection wrapped in a 500 takes the decode path.
+    s.shim_disagg.push_reply(error_body(
+        500,
+        &format!("{{\"error\":\"Failed to generate completions: {REJECTION}\"}}"),
+    ));
+    let resp = chat(s.router.addr(), &chat_body(DISAGG, "wrapped", false), &[]);
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    assert_eq!(resp.json()["backend"], "unified");
+    assert_eq!(
+        resp.header("x-continuum-routing-path"),
+        Some("fallback_unified")
+    );
+    let r = s.unified.wait_requests(1, STEP).pop().unwrap();
+    assert!(
+        r.headers.iter().all(|(n, _)| !is_pin_header(n)),
+        "unified fallback carries no pins: {:?}",
+        r.headers
+    );
+    // A buffered 400 (a pin the frontend no longer knows) also falls back (SHIM-20).
+    s.shim_agg.push_reply(error_body(
+        400,
+        "{\"message\":\"Invalid request\",\"type\":\"Bad Request\",\"code\":400}",
+    ));
+    let resp = chat(s.router.addr(), &chat_body(AGG, "stale-pin", false), &[]);
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    assert_eq!(s.unified.request_count(), 2);
+    assert_eq!(
+        metric(&s, "disaggregated_errors_total", &[("phase", "decode")]),
+        2.0
+    );
+    assert_eq!(
+        metric(
+            &s,
+            "disaggregated_requests_total",
+            &[("routing_path", "fallback_unified")]
+        ),
+        2.0
+    );
+}
+
+#[test]
+fn without_fallback_a_shim_failure_is_disaggregated_decode_failed() {
+    let s = setup(false, None);
+    s.shim_disagg
+        .push_reply(error_body(502, "{\"error\":\"engine gone\"}"));
+    let resp = chat(s.router.addr(), &chat_body(DISAGG, "nofb", false), &[]);
+    let err = resp.assert_json_error(502);
+    assert_eq!(err["code"], "disaggregated_decode_failed");
+    // A transport failure (the shim closes without answering) is the same failure.
+    s.shim_agg.push_reply(Reply::Close);
+    let resp = chat(s.router.addr(), &chat_body(AGG, "closed", false), &[]);
+    let err = resp.assert_json_error(502);
+    assert_eq!(err["code"], "disaggregated_decode_failed");
+    assert_eq!(s.unified.request_count(), 0);
+    assert_eq!(
+        metric(&s, "disaggregated_errors_total", &[("phase", "decode")]),
+        2.0
+    );
+}
+
+#[test]
+fn streaming_relays_a_plain_4xx_but_falls_back_on_5xx_429_and_408() {
+    let s = setup(true, None);
+    let body_400 = "{\"message\":\"Invalid request\",\"type\":\"Bad Request\",\"code\":400}";
+    s.shim_agg.push_reply(error_body(400, body_400));
+    let resp = chat(s.router.addr(), &chat_body(AGG, "s400", true), &[]);
+    assert_eq!(resp.status, 400);
+    assert_eq!(
+        resp.text(),
+        body_400,
+        "relayed as the shim sent it (SHIM-21)"
+    );
+    assert_eq!(s.unified.request_count(), 0);
+    for (i, status) in [503u16, 429, 408].into_iter().enumerate() {
+        s.shim_agg
+            .push_reply(error_body(status, "{\"error\":\"busy\"}"));
+        let resp = chat(s.router.addr(), &chat_body(AGG, "sfb", true), &[]);
+        assert_eq!(resp.status, 200, "{status}: {}", resp.text());
+        assert_eq!(s.unified.request_count(), i + 1, "{status} falls back");
+    }
+}
+
+#[test]
+fn connect_failure_retries_the_next_replica_with_the_same_pins() {
+    let s = setup(false, Some(refusing_url()));
+    for i in 0..2 {
+        let resp = chat(
+            s.router.addr(),
+            &chat_body(AGG, &format!("cf-{i}"), false),
+            &[],
+        );
+        assert_eq!(resp.status, 200, "{}", resp.text());
+    }
+    let got = s.shim_agg.wait_requests(2, STEP);
+    let pins: BTreeSet<u64> = got
+        .iter()
+        .map(|r| pin(r, "x-dynamo-worker-instance-id").unwrap())
+        .collect();
+    assert!(pins.iter().all(|p| AGG_IDS.contains(p)), "{pins:?}");
+    assert!(metric(&s, "continuum_upstream_retries_total", &[]) >= 1.0);
+    assert_eq!(
+        metric(&s, "disaggregated_errors_total", &[("phase", "decode")]),
+        0.0
+    );
+}
+
+#[test]
+fn a_stream_failing_after_it_started_is_cut_without_fallback() {
+    let s = setup(true, None);
+    let sse = s.shim_agg.push_sse();
+    let addr = s.router.addr();
+    let client = std::thread::spawn(move || {
+        let mut conn = common::Conn::open(addr);
+        conn.send_all(&common::chat_bytes(&chat_body(AGG, "mid", true), &[]));
+        let mut body = conn.stream_response(STEP).unwrap();
+        body.expect_next(b"data: {\"x\":1}\n\n", STEP).unwrap();
+        body.finish(STEP).is_err()
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    sse.send(b"data: {\"x\":1}\n\n");
+    std::thread::sleep(Duration::from_millis(200));
+    sse.abort();
+    let cut = client.join().unwrap();
+    assert!(cut, "the client must see the stream cut, not a clean end");
+    assert_eq!(
+        s.unified.request_count(),
+        0,
+        "no fallback after the stream started"
+    );
+}
+
+#[test]
+fn a_model_no_worker_serves_falls_through_to_plain_routing() {
+    let s = setup(true, None);
+    let resp = chat(s.router.addr(), &chat_body(PLAIN_ONLY, "x", false), &[]);
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    assert_eq!(resp.json()["backend"], "unified");
+    assert_eq!(resp.header("x-continuum-routing-path"), Some("no_worker"));
+    let r = s.unified.wait_requests(1, STEP).pop().unwrap();
+    assert!(r.headers.iter().all(|(n, _)| !is_pin_header(n)));
+    assert_eq!(
+        metric(
+            &s,
+            "disaggregated_requests_total",
+            &[("routing_path", "no_worker")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        s.shim_agg.request_count() + s.shim_disagg.request_count(),
+        0
+    );
+    let resp = chat(s.router.addr(), &chat_body("not-served", "x", false), &[]);
+    let err = resp.assert_json_error(404);
+    assert_eq!(err["code"], "model_not_found");
+}
