@@ -58,19 +58,54 @@ pub struct RequestFields {
     pub model: Option<Range<usize>>,
     /// `stream`: `true` only for a literal JSON `true` (absent, `false` or `null` is `false`).
     pub stream: bool,
+    /// The body has a top-level `nvext` or a pin-like field
+    /// ([`crate::ingress::sanitize::TOP_LEVEL_STRIPPED`]): it must be sanitised before dispatch
+    /// (INGRESS-04, KV-PICK-11). Keys are compared after unescaping, so no spelling hides one.
+    pub needs_sanitize: bool,
 }
 
-/// Find `model` (a string) and `stream` (a boolean or `null`) at the top level of `doc` in one
-/// walk, refusing either key given twice.
+/// Find `model` (a string), `stream` (a boolean or `null`) and the fields sanitising removes at
+/// the top level of `doc` in one walk, refusing any of these keys given twice.
 pub fn request_fields(doc: &[u8]) -> Result<RequestFields, ScanError> {
-    let [model, stream] = top_level_members(doc, [b"model", b"stream"])?;
+    let [
+        model,
+        stream,
+        nvext,
+        backend_instance_id,
+        decode_worker_id,
+        prefill_worker_id,
+        dp_rank,
+        prefill_dp_rank,
+    ] = top_level_members(
+        doc,
+        [
+            b"model",
+            b"stream",
+            b"nvext",
+            b"backend_instance_id",
+            b"decode_worker_id",
+            b"prefill_worker_id",
+            b"dp_rank",
+            b"prefill_dp_rank",
+        ],
+    )?;
+    let needs_sanitize = nvext.is_some()
+        || backend_instance_id.is_some()
+        || decode_worker_id.is_some()
+        || prefill_worker_id.is_some()
+        || dp_rank.is_some()
+        || prefill_dp_rank.is_some();
     let model = model.map(|v| string_value(doc, v)).transpose()?;
     let stream = match stream.map(|v| &doc[v]) {
         None | Some(b"false" | b"null") => false,
         Some(b"true") => true,
         Some(_) => return Err(ScanError::NotABool),
     };
-    Ok(RequestFields { model, stream })
+    Ok(RequestFields {
+        model,
+        stream,
+        needs_sanitize,
+    })
 }
 
 /// The contents range of the string value at `value` (the raw value span).
