@@ -21,7 +21,7 @@ use monoio::net::TcpStream;
 
 use crate::inbox::{self, Inbox};
 use crate::metrics::Route;
-use crate::respond::{self, LocalError, Persistence};
+use crate::respond::{self, ErrorShape, LocalError, Persistence};
 use crate::routes;
 use crate::shard::{LocalSnapshot, Shard};
 use continuum_core::http1::request::{
@@ -77,6 +77,10 @@ pub(crate) struct ClientConn {
     pub(crate) held: Vec<u8>,
     /// Its `content-type` value.
     pub(crate) held_type: Vec<u8>,
+    /// The shape of errors for the current request's ingress.
+    pub(crate) error_shape: ErrorShape,
+    /// How the current request's answer is converted for the client (converted ingresses).
+    pub(crate) convert: Option<continuum_core::ingress::anthropic_req::AnthropicContext>,
 }
 
 impl ClientConn {
@@ -98,9 +102,10 @@ impl ClientConn {
     pub(crate) fn local_error(&mut self, e: LocalError) -> Outcome {
         self.wbuf.clear();
         let keep_alive = self.head.keep_alive;
-        respond::write_error(
+        respond::write_error_shaped(
             &mut self.wbuf,
             e,
+            self.error_shape,
             Persistence::of(keep_alive, self.head.http10),
         );
         Outcome {
@@ -174,6 +179,8 @@ pub(crate) async fn serve(shard: Rc<Shard>, stream: TcpStream, peer: SocketAddr)
         resp_spans: Vec::new(),
         held: Vec::new(),
         held_type: Vec::new(),
+        error_shape: ErrorShape::OpenAi,
+        convert: None,
         pins_stripped: 0,
     };
     loop {
@@ -207,8 +214,9 @@ async fn serve_one(shard: &Shard, snap: &Rc<LocalSnapshot>, c: &mut ClientConn) 
     shard.metrics.inflight_inc();
     c.pins_stripped = 0;
     let route = routes::classify(c);
+    c.error_shape = ErrorShape::of(route);
     let (outcome, consumed) = match read_body(c, snap).await {
-        Ok((body, consumed)) if route == Route::ChatCompletions => {
+        Ok((body, consumed)) if route.is_proxied() => {
             // A client that leaves aborts the exchange: dropping the dispatch future drops the
             // upstream connection, which cancels the request at the backend.
             let inbox = c.inbox.clone();

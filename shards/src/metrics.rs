@@ -20,6 +20,12 @@ use continuum_core::discovery::DiscoveryEventKind;
 pub enum Route {
     /// `POST /v1/chat/completions`
     ChatCompletions,
+    /// `POST /v1/messages`, `POST /anthropic/v1/messages` (Anthropic Messages)
+    Messages,
+    /// `POST /v1/responses`
+    Responses,
+    /// `POST /v1/responses/compact` (never pinned, INGRESS-08)
+    ResponsesCompact,
     /// `GET /v1/models`
     Models,
     /// `GET /health`
@@ -35,8 +41,11 @@ pub enum Route {
 }
 
 impl Route {
-    const ALL: [Route; 7] = [
+    const ALL: [Route; 10] = [
         Route::ChatCompletions,
+        Route::Messages,
+        Route::Responses,
+        Route::ResponsesCompact,
         Route::Models,
         Route::Health,
         Route::Metrics,
@@ -45,9 +54,21 @@ impl Route {
         Route::Other,
     ];
 
+    /// Whether requests on this route are proxied to a backend (and cancelled when the client
+    /// leaves).
+    pub fn is_proxied(self) -> bool {
+        matches!(
+            self,
+            Route::ChatCompletions | Route::Messages | Route::Responses | Route::ResponsesCompact
+        )
+    }
+
     fn label(self) -> &'static str {
         match self {
             Route::ChatCompletions => "chat_completions",
+            Route::Messages => "messages",
+            Route::Responses => "responses",
+            Route::ResponsesCompact => "responses_compact",
             Route::Models => "models",
             Route::Health => "health",
             Route::Metrics => "metrics",

@@ -6,6 +6,8 @@
 
 use std::io::Write as _;
 
+use continuum_core::ingress::errors::{ClassifiedError, ErrorClass};
+
 /// A local error the router answers itself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum LocalError {
@@ -178,6 +180,72 @@ pub(crate) fn write_response(
     );
     if mode == BodyMode::Full {
         out.extend_from_slice(body);
+    }
+}
+
+/// Which protocol's error body a request gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ErrorShape {
+    /// `{"error":{"message","type","code"}}` (chat completions, Responses, router routes).
+    OpenAi,
+    /// `{"type":"error","error":{"type","message"}}` (Anthropic Messages, INGRESS-06).
+    Anthropic,
+}
+
+impl ErrorShape {
+    /// The shape of `route`'s errors.
+    pub(crate) fn of(route: crate::metrics::Route) -> Self {
+        match route {
+            crate::metrics::Route::Messages => ErrorShape::Anthropic,
+            _ => ErrorShape::OpenAi,
+        }
+    }
+}
+
+impl LocalError {
+    /// The protocol-independent class of this error.
+    pub(crate) fn class(self) -> ErrorClass {
+        match self.status() {
+            401 => ErrorClass::Authentication,
+            403 => ErrorClass::Permission,
+            404 => ErrorClass::NotFound,
+            413 => ErrorClass::RequestTooLarge,
+            502 => ErrorClass::UpstreamProtocol,
+            503 => ErrorClass::Overloaded,
+            504 => ErrorClass::UpstreamTimeout,
+            _ => ErrorClass::InvalidRequest,
+        }
+    }
+}
+
+/// Append an error response in `shape`.
+pub(crate) fn write_error_shaped(
+    out: &mut Vec<u8>,
+    err: LocalError,
+    shape: ErrorShape,
+    persistence: Persistence,
+) {
+    match shape {
+        ErrorShape::OpenAi => write_error(out, err, persistence),
+        ErrorShape::Anthropic => {
+            let body = ClassifiedError::new(err.class(), err.parts().0).anthropic_body();
+            write_response(
+                out,
+                err.status(),
+                "application/json",
+                &body,
+                persistence,
+                BodyMode::Full,
+            );
+        }
+    }
+}
+
+/// The body of a classified error in `shape`.
+pub(crate) fn classified_body(err: &ClassifiedError, shape: ErrorShape) -> Vec<u8> {
+    match shape {
+        ErrorShape::OpenAi => err.openai_body(),
+        ErrorShape::Anthropic => err.anthropic_body(),
     }
 }
 

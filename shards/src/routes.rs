@@ -1,5 +1,6 @@
-//! Request routing: which handler serves a parsed request, and the routes the router answers
-//! itself (`/health`, `/v1/models`, `/metrics`, `/admin/config`).
+//! Request routing: which handler serves a parsed request (the proxied ingresses: chat
+//! completions, Anthropic Messages at `/v1/messages` and `/anthropic/v1/messages`, Responses and
+//! Responses compaction), and the routes the router answers itself (`/health`, `/v1/models`, `/metrics`, `/admin/config`).
 //!
 //! Admin routes require `Authorization: Bearer <token>` whose SHA-256 matches
 //! `admin.token_hash` (constant-time compare); without a configured hash they answer loopback
@@ -22,6 +23,9 @@ pub(crate) fn classify(c: &ClientConn) -> Route {
     let path = path.split(|b| *b == b'?').next().unwrap_or(path);
     match path {
         b"/v1/chat/completions" => Route::ChatCompletions,
+        b"/v1/messages" | b"/anthropic/v1/messages" => Route::Messages,
+        b"/v1/responses" => Route::Responses,
+        b"/v1/responses/compact" => Route::ResponsesCompact,
         b"/v1/models" => Route::Models,
         b"/health" => Route::Health,
         b"/metrics" => Route::Metrics,
@@ -43,12 +47,20 @@ pub(crate) async fn dispatch(
     let method = c.head.method;
     let read_only = matches!(method, Method::Get | Method::Head);
     match route {
-        Route::ChatCompletions if method == Method::Post => {
+        Route::ChatCompletions | Route::Messages | Route::Responses | Route::ResponsesCompact
+            if method == Method::Post =>
+        {
             if shard.draining() {
                 c.head.keep_alive = false;
                 return c.local_error(LocalError::Draining);
             }
-            proxy::chat(shard, snap, c, body).await
+            let ingress = match route {
+                Route::Messages => proxy::Ingress::Messages,
+                Route::Responses => proxy::Ingress::Responses,
+                Route::ResponsesCompact => proxy::Ingress::ResponsesCompact,
+                _ => proxy::Ingress::Chat,
+            };
+            proxy::forward(shard, snap, c, body, ingress).await
         }
         Route::Health if read_only => {
             let body = format!("{{\"status\":\"ok\",\"generation\":{}}}", snap.generation);

@@ -10,6 +10,7 @@
 //! once. Nothing else is retried: once a request may have reached a backend it is not sent again,
 //! except by the shim path's configured unified fallback (SHIM-20).
 
+mod convert;
 mod pool;
 mod relay;
 mod shim;
@@ -54,6 +55,8 @@ pub(crate) struct Attempt<'a> {
     pub(crate) routing: Option<RoutingHeaders<'a>>,
     /// What happens to a non-2xx answer.
     pub(crate) on_failure: FailureHandling,
+    /// The upstream request path when it is not the client's (converted requests).
+    pub(crate) upstream_path: Option<&'static [u8]>,
 }
 
 impl Attempt<'_> {
@@ -62,6 +65,7 @@ impl Attempt<'_> {
         pins: None,
         routing: None,
         on_failure: FailureHandling::Relay,
+        upstream_path: None,
     };
 }
 
@@ -74,51 +78,90 @@ pub(crate) enum FailureHandling {
     Hold,
 }
 
-/// Proxy `POST /v1/chat/completions`: the shim path when the orchestrator runs and a worker
-/// serves the model ([`shim`]), plain model routing otherwise.
-pub(crate) async fn chat(
+/// Which client protocol a proxied request arrived in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Ingress {
+    /// `POST /v1/chat/completions`: relayed as is.
+    Chat,
+    /// Anthropic Messages: converted to chat, the answer converted back ([`convert`]).
+    Messages,
+    /// `POST /v1/responses`: native passthrough, pinned by model (INGRESS-05).
+    Responses,
+    /// `POST /v1/responses/compact`: passthrough, never pinned (INGRESS-08).
+    ResponsesCompact,
+}
+
+/// The path converted requests are sent to.
+const CHAT_PATH: &[u8] = b"/v1/chat/completions";
+
+/// Proxy one request of `ingress`: the shim path when the orchestrator runs and a worker serves
+/// the model ([`shim`]), plain model routing otherwise. Client pin fields and
+/// `nvext.token_data` never reach a backend (INGRESS-04).
+pub(crate) async fn forward(
     shard: &Shard,
     snap: &RouterSnapshot,
     c: &mut ClientConn,
-    body: BodyRef,
+    mut body: BodyRef,
+    ingress: Ingress,
 ) -> Outcome {
-    // Borrow the model name straight from the body: no allocation on the request path.
-    let found = {
-        let bytes = c.body_bytes(&body);
-        match json_scan::request_fields(bytes) {
-            Ok(json_scan::RequestFields {
-                model: Some(r),
-                stream,
-            }) => match json_scan::unescape_simple(&bytes[r]) {
-                Some(model) => {
-                    let route = snap.route(&model);
-                    let planned = shim::plan(shard, snap, &model, bytes);
-                    if route.is_none() && planned.is_none() {
-                        Err(LocalError::ModelNotFound)
-                    } else {
-                        Ok((route, planned, mode_of(stream)))
-                    }
-                }
-                None => Err(LocalError::ModelNotFound),
-            },
-            Ok(_) => Err(LocalError::BadRequest("request body has no `model`")),
-            Err(json_scan::ScanError::DuplicateKey) => Err(LocalError::BadRequest(
-                "request body has `model` or `stream` more than once",
-            )),
-            Err(json_scan::ScanError::NotABool) => Err(LocalError::BadRequest(
-                "request body has a non-boolean `stream`",
-            )),
-            Err(_) => Err(LocalError::BadRequest(
-                "request body is not a JSON object with a string `model`",
-            )),
+    c.convert = None;
+    if ingress == Ingress::Messages {
+        match convert::prepare_messages(c, &body) {
+            Ok(b) => body = b,
+            Err(out) => return out,
         }
+    }
+    let mut sanitized = false;
+    let found = loop {
+        let bytes = c.body_bytes(&body);
+        let fields = match json_scan::request_fields(bytes) {
+            Ok(f) => f,
+            Err(e) => break Err(scan_error(e)),
+        };
+        if fields.needs_sanitize && !sanitized {
+            match sanitize_into(c, &body) {
+                Ok(b) => {
+                    body = b;
+                    sanitized = true;
+                    continue;
+                }
+                Err(e) => break Err(e),
+            }
+        }
+        let Some(r) = fields.model else {
+            break Err(LocalError::BadRequest("request body has no `model`"));
+        };
+        let Some(model) = json_scan::unescape_simple(&bytes[r]) else {
+            break Err(LocalError::ModelNotFound);
+        };
+        let route = snap.route(&model);
+        let planned = match ingress {
+            Ingress::ResponsesCompact => shim::Plan::Off,
+            _ => shim::plan(shard, snap, &model, bytes),
+        };
+        break if route.is_none() && planned.is_none() {
+            Err(LocalError::ModelNotFound)
+        } else {
+            Ok((route, planned, mode_of(fields.stream)))
+        };
     };
     let (route, planned, mode) = match found {
         Ok(f) => f,
         Err(e) => return c.local_error(e),
     };
+    let upstream_path = match ingress {
+        Ingress::Messages => Some(CHAT_PATH),
+        _ => None,
+    };
     match planned {
-        shim::Plan::Pinned(p) => shim::dispatch(shard, snap, c, &body, p, route, mode).await,
+        shim::Plan::Pinned(p) => {
+            let req = shim::Request {
+                route,
+                mode,
+                upstream_path,
+            };
+            shim::dispatch(shard, snap, c, &body, p, req).await
+        }
         shim::Plan::NoWorker => {
             // SHIM-08: no worker serves the model; plain routing, unpinned.
             shard.metrics.dynamo.request(RoutingPath::NoWorker);
@@ -128,12 +171,44 @@ pub(crate) async fn chat(
                     pins: None,
                     namespace: None,
                 }),
+                upstream_path,
                 ..Attempt::PLAIN
             };
             plain(shard, snap, c, &body, route, &attempt).await
         }
-        shim::Plan::Off => plain(shard, snap, c, &body, route, &Attempt::PLAIN).await,
+        shim::Plan::Off => {
+            let attempt = Attempt {
+                upstream_path,
+                ..Attempt::PLAIN
+            };
+            plain(shard, snap, c, &body, route, &attempt).await
+        }
     }
+}
+
+fn scan_error(e: json_scan::ScanError) -> LocalError {
+    match e {
+        json_scan::ScanError::DuplicateKey => {
+            LocalError::BadRequest("request body has a routing field more than once")
+        }
+        json_scan::ScanError::NotABool => {
+            LocalError::BadRequest("request body has a non-boolean `stream`")
+        }
+        _ => LocalError::BadRequest("request body is not a JSON object with a string `model`"),
+    }
+}
+
+/// Remove client pin fields and `nvext.token_data` (INGRESS-04, KV-PICK-11): the body is parsed,
+/// stripped and re-serialised into `c.body`. Only bodies that carry such a field get here.
+fn sanitize_into(c: &mut ClientConn, body: &BodyRef) -> Result<BodyRef, LocalError> {
+    let mut v: serde_json::Value = serde_json::from_slice(c.body_bytes(body)).map_err(|_| {
+        LocalError::BadRequest("request body is not a JSON object with a string `model`")
+    })?;
+    if continuum_core::ingress::sanitize::strip_client_pins_value(&mut v) {
+        c.pins_stripped += 1;
+    }
+    c.body = serde_json::to_vec(&v).map_err(|_| LocalError::BadRequest("request body"))?;
+    Ok(BodyRef::Decoded)
 }
 
 fn mode_of(stream: bool) -> RequestMode {
@@ -156,6 +231,15 @@ pub(crate) async fn plain(
 ) -> Outcome {
     let Some(route) = route else {
         return c.local_error(LocalError::ModelNotFound);
+    };
+    // A converted answer is rendered in the client's protocol, errors included: hold them.
+    let attempt = &Attempt {
+        on_failure: if c.convert.is_some() {
+            FailureHandling::Hold
+        } else {
+            attempt.on_failure
+        },
+        ..*attempt
     };
     let attempts = 1 + snap.config.server.connect_retries as usize;
     let start = shard.next_cursor(route.slot);
@@ -241,7 +325,7 @@ pub(crate) async fn send_to(
                 }
             },
         };
-        build_upstream_head(c, &backend.url, body, attempt.pins.as_ref());
+        build_upstream_head(c, &backend.url, body, attempt);
         let wbuf = std::mem::take(&mut c.wbuf);
         let (res, wbuf) = up.write_all(wbuf).await;
         c.wbuf = wbuf;
@@ -293,7 +377,7 @@ fn build_upstream_head(
     c: &mut ClientConn,
     url: &continuum_core::config::BackendUrl,
     body: &BodyRef,
-    pins: Option<&PinHeaders>,
+    attempt: &Attempt<'_>,
 ) {
     let body_len = c.body_len(body);
     let mut stripped = 0u64;
@@ -301,7 +385,9 @@ fn build_upstream_head(
         wbuf, rbuf, head, ..
     } = c;
     wbuf.clear();
-    let path = &rbuf[head.path.clone()];
+    let path = attempt
+        .upstream_path
+        .unwrap_or_else(|| &rbuf[head.path.clone()]);
     wbuf.extend_from_slice(b"POST ");
     wbuf.extend_from_slice(url.base_path.as_bytes());
     wbuf.extend_from_slice(path);
@@ -330,7 +416,7 @@ fn build_upstream_head(
         }
     }
     // The picker's pins, after every client pin was dropped above (SHIM-09).
-    if let Some(pins) = pins {
+    if let Some(pins) = &attempt.pins {
         pins.write_to(wbuf);
     }
     wbuf.extend_from_slice(b"\r\n");

@@ -33,7 +33,7 @@ const MAX_RESPONSE_HEADERS: usize = 128;
 const UPSTREAM_BUF: usize = 16 * 1024;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Framing {
+pub(super) enum Framing {
     Empty,
     Length(u64),
     Chunked,
@@ -42,11 +42,11 @@ enum Framing {
 
 /// A parsed upstream response head; ranges index the upstream buffer, header spans are in
 /// `ClientConn::resp_spans` (reused, so a response head is parsed once and without allocating).
-struct ParsedHead {
-    status: u16,
-    head_len: usize,
-    framing: Framing,
-    upstream_keep_alive: bool,
+pub(super) struct ParsedHead {
+    pub(super) status: u16,
+    pub(super) head_len: usize,
+    pub(super) framing: Framing,
+    pub(super) upstream_keep_alive: bool,
     reason: std::ops::Range<usize>,
     connection: Option<std::ops::Range<usize>>,
 }
@@ -109,8 +109,12 @@ pub(super) async fn relay(
         }
     };
     if attempt.on_failure == FailureHandling::Hold && !(200..300).contains(&parsed.status) {
-        let reusable = hold(c, up, &parsed, timeout).await?;
+        let reusable = hold(c, up, &parsed, timeout, MAX_HELD_BODY).await?;
         return Ok((RelayEnd::Held(parsed.status), reusable));
+    }
+    if let Some(ctx) = c.convert.clone() {
+        return super::convert::relay_converted(c, up, &parsed, timeout, backend, attempt, ctx)
+            .await;
     }
     // An HTTP/1.0 client cannot read chunked framing: decode it and delimit by close instead.
     let dechunk = c.head.http10 && parsed.framing == Framing::Chunked;
@@ -166,13 +170,14 @@ pub(super) async fn relay(
     ))
 }
 
-/// Read the whole (de-chunked) body of a non-2xx answer into `c.held`, bounded by
-/// [`MAX_HELD_BODY`]. Returns whether `up` can be pooled.
-async fn hold(
+/// Read the whole (de-chunked) body of an answer into `c.held`, bounded by `cap`. Returns
+/// whether `up` can be pooled.
+pub(super) async fn hold(
     c: &mut ClientConn,
     up: &mut TcpStream,
     parsed: &ParsedHead,
     timeout: std::time::Duration,
+    cap: usize,
 ) -> Result<bool, AttemptError> {
     let protocol = AttemptError::Upstream(UpstreamErrorClass::Protocol);
     c.held_type.clear();
@@ -185,16 +190,7 @@ async fn hold(
     }
     let mut held = std::mem::take(&mut c.held);
     held.clear();
-    let mut body = BodyState {
-        framing: parsed.framing,
-        remaining: match parsed.framing {
-            Framing::Length(n) => n,
-            _ => 0,
-        },
-        decoder: ChunkedDecoder::new(),
-        dechunk: true,
-        done: parsed.framing == Framing::Empty,
-    };
+    let mut body = BodyState::new(parsed, true);
     let first = parsed.head_len..c.ubuf.len();
     let mut reusable = parsed.upstream_keep_alive && parsed.framing != Framing::UntilClose;
     let result = async {
@@ -202,7 +198,7 @@ async fn hold(
             reusable = false;
         }
         while !body.done {
-            if held.len() > MAX_HELD_BODY {
+            if held.len() > cap {
                 return Err(protocol);
             }
             c.ubuf.clear();
@@ -215,7 +211,7 @@ async fn hold(
                 reusable = false;
             }
         }
-        if held.len() > MAX_HELD_BODY {
+        if held.len() > cap {
             return Err(protocol);
         }
         Ok(())
@@ -234,6 +230,13 @@ pub(super) fn write_held(
     attempt: &Attempt<'_>,
 ) -> Outcome {
     let keep_alive = c.head.keep_alive;
+    if c.convert.is_some() {
+        // The client speaks another protocol: its own error shape, the upstream message kept.
+        let err = super::convert::upstream_error(status, &c.held);
+        c.held = respond::classified_body(&err, c.error_shape);
+        c.held_type.clear();
+        c.held_type.extend_from_slice(b"application/json");
+    }
     c.wbuf.clear();
     let _ = write!(
         c.wbuf,
@@ -258,7 +261,11 @@ pub(super) fn write_held(
 }
 
 /// `x-backend` (only when the client asked, SHIM-15) and the routing headers of `attempt`.
-fn write_router_headers(c: &mut ClientConn, backend: &BackendConfig, attempt: &Attempt<'_>) {
+pub(super) fn write_router_headers(
+    c: &mut ClientConn,
+    backend: &BackendConfig,
+    attempt: &Attempt<'_>,
+) {
     let disclosure = if c.head.wants_backend {
         let _ = write!(
             c.wbuf,
@@ -276,18 +283,36 @@ fn write_router_headers(c: &mut ClientConn, backend: &BackendConfig, attempt: &A
 }
 
 /// Where the relay is in the response body.
-struct BodyState {
+pub(super) struct BodyState {
     framing: Framing,
     remaining: u64,
     decoder: ChunkedDecoder,
     dechunk: bool,
-    done: bool,
+    pub(super) done: bool,
 }
 
 impl BodyState {
+    /// The state at the start of `parsed`'s body, decoding chunked framing when `dechunk`.
+    pub(super) fn new(parsed: &ParsedHead, dechunk: bool) -> Self {
+        Self {
+            framing: parsed.framing,
+            remaining: match parsed.framing {
+                Framing::Length(n) => n,
+                _ => 0,
+            },
+            decoder: ChunkedDecoder::new(),
+            dechunk,
+            done: parsed.framing == Framing::Empty,
+        }
+    }
+
     /// Append the body part of `bytes` to `out` (decoded when de-chunking); returns how many
     /// bytes of `bytes` belong to the body.
-    fn forward(&mut self, bytes: &[u8], out: &mut Vec<u8>) -> Result<usize, AttemptError> {
+    pub(super) fn forward(
+        &mut self,
+        bytes: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<usize, AttemptError> {
         let protocol = AttemptError::Upstream(UpstreamErrorClass::Protocol);
         let n = match self.framing {
             Framing::Empty => {
@@ -323,7 +348,7 @@ impl BodyState {
 
 /// One upstream read appended to `c.ubuf`, bounded by `timeout`. (The client is watched for
 /// disconnects by the connection's reader task, not here.)
-async fn read_upstream(
+pub(super) async fn read_upstream(
     c: &mut ClientConn,
     up: &mut TcpStream,
     timeout: std::time::Duration,
@@ -339,7 +364,7 @@ async fn read_upstream(
     }
 }
 
-async fn write_client(c: &mut ClientConn) -> Result<(), AttemptError> {
+pub(super) async fn write_client(c: &mut ClientConn) -> Result<(), AttemptError> {
     if c.wbuf.is_empty() {
         return Ok(());
     }

@@ -138,18 +138,27 @@ pub(super) fn plan<'s>(
     })
 }
 
-/// Dispatch a pinned request and follow the decision table. `route` is the client model's plain
-/// route, used by the unified fallback.
+/// What the dispatch needs to know about the request besides its pins.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Request<'r> {
+    /// The client model's plain route (for the unified fallback).
+    pub(super) route: Option<&'r ModelRoute>,
+    /// Buffered or streaming (the failure rules differ, SHIM-21).
+    pub(super) mode: RequestMode,
+    /// The upstream path when it is not the client's.
+    pub(super) upstream_path: Option<&'static [u8]>,
+}
+
+/// Dispatch a pinned request and follow the decision table.
 pub(super) async fn dispatch(
     shard: &Shard,
     snap: &RouterSnapshot,
     c: &mut ClientConn,
     body: &BodyRef,
     pinned: Pinned<'_>,
-    route: Option<&ModelRoute>,
-    mode: RequestMode,
+    req: Request<'_>,
 ) -> Outcome {
-    let outcome = attempts(shard, snap, c, body, &pinned, route, mode).await;
+    let outcome = attempts(shard, snap, c, body, &pinned, req).await;
     let mut st = shard.pick_state.borrow_mut();
     for id in pinned.dispatched.into_iter().flatten() {
         st.ledger.finish(id);
@@ -163,9 +172,13 @@ async fn attempts(
     c: &mut ClientConn,
     body: &BodyRef,
     pinned: &Pinned<'_>,
-    route: Option<&ModelRoute>,
-    mode: RequestMode,
+    req: Request<'_>,
 ) -> Outcome {
+    let Request {
+        route,
+        mode,
+        upstream_path,
+    } = req;
     let path = RoutingPath::of_pins(pinned.pins.prefill.is_some());
     let attempt = Attempt {
         pins: Some(pinned.pins),
@@ -175,6 +188,7 @@ async fn attempts(
             namespace: Some(pinned.namespace),
         }),
         on_failure: FailureHandling::Hold,
+        upstream_path,
     };
     let fallback =
         UnifiedFallback::from_config(snap.config.disaggregated_serving.fallback_to_unified);
@@ -247,6 +261,7 @@ async fn attempts(
                     pins: None,
                     namespace: None,
                 }),
+                upstream_path,
                 ..Attempt::PLAIN
             };
             plain(shard, snap, c, body, route, &attempt).await
@@ -286,7 +301,7 @@ fn classified(c: &mut ClientConn, class: ErrorClass, path: RoutingPath) -> Outco
     respond::write_classified(
         &mut c.wbuf,
         err.status(),
-        &err.openai_body(),
+        &respond::classified_body(&err, c.error_shape),
         RoutingHeaders {
             path: path.label(),
             pins: None,

@@ -1,0 +1,250 @@
+//! The Anthropic Messages ingress on the data plane (INGRESS-01/02/06/07): the client body is
+//! converted to a chat completions body before the pick (so workers are picked from the final
+//! body), sent to `/v1/chat/completions`, and the answer is converted back, buffered or as an
+//! Anthropic SSE stream, with errors in the Anthropic shape.
+//!
+//! The conversions themselves are `continuum_core::ingress` (pure); this module only moves
+//! bytes: it reads the upstream body with the relay's framing state and writes the converted
+//! bytes to the client, one converted piece per upstream read (chunked framing for HTTP/1.1
+//! clients, close-delimited for HTTP/1.0).
+//!
+//! Invariants:
+//! - a buffered answer is read whole, bounded by [`MAX_CONVERTED_BODY`] (beyond: 502);
+//! - once the converted stream has started, every failure (upstream cut, timeout, malformed
+//!   chunk, conversion error) ends it with one Anthropic `error` event and a clean end of the
+//!   HTTP body: the client's parser sees a well-formed stream that says what went wrong;
+//! - non-2xx answers never reach here: they are held and rendered by the relay
+//!   ([`upstream_error`]).
+
+use std::io::Write as _;
+use std::time::Duration;
+
+use continuum_core::config::BackendConfig;
+use continuum_core::ingress::anthropic_req::{AnthropicContext, anthropic_to_chat};
+use continuum_core::ingress::anthropic_resp::chat_to_anthropic;
+use continuum_core::ingress::anthropic_stream::AnthropicStream;
+use continuum_core::ingress::errors::{ClassifiedError, ErrorClass};
+use monoio::net::TcpStream;
+
+use super::relay::{
+    BodyState, Framing, ParsedHead, RelayEnd, hold, read_upstream, write_client,
+    write_router_headers,
+};
+use super::{Attempt, AttemptError};
+use crate::conn::{BodyRef, ClientConn, Outcome};
+use crate::metrics::UpstreamErrorClass;
+use crate::respond::{self, Persistence};
+
+/// Largest buffered chat answer converted (the whole body is needed to convert it).
+pub(super) const MAX_CONVERTED_BODY: usize = 16 * 1024 * 1024;
+
+/// Convert the Anthropic body into a chat body in `c.body`; remember how to convert the answer.
+/// An invalid body is answered here (400, Anthropic shape).
+pub(super) fn prepare_messages(c: &mut ClientConn, body: &BodyRef) -> Result<BodyRef, Outcome> {
+    match anthropic_to_chat(c.body_bytes(body)) {
+        Ok(conv) => {
+            c.body = serde_json::to_vec(&conv.chat).unwrap_or_default();
+            c.convert = Some(conv.ctx);
+            Ok(BodyRef::Decoded)
+        }
+        Err(e) => {
+            let err = ClassifiedError::from(&e);
+            let keep_alive = c.head.keep_alive;
+            c.wbuf.clear();
+            respond::write_response(
+                &mut c.wbuf,
+                err.status(),
+                "application/json",
+                &err.anthropic_body(),
+                Persistence::of(keep_alive, c.head.http10),
+                respond::BodyMode::Full,
+            );
+            Err(Outcome {
+                status: err.status(),
+                keep_alive,
+            })
+        }
+    }
+}
+
+/// The classified error of a non-2xx upstream answer, keeping the upstream's message
+/// (`error.message`, or `message`, or the text itself, shortened).
+pub(super) fn upstream_error(status: u16, body: &[u8]) -> ClassifiedError {
+    let class = match status {
+        400 | 422 => ErrorClass::InvalidRequest,
+        401 => ErrorClass::Authentication,
+        403 => ErrorClass::Permission,
+        404 => ErrorClass::NotFound,
+        413 => ErrorClass::RequestTooLarge,
+        429 => ErrorClass::RateLimited,
+        503 => ErrorClass::Overloaded,
+        504 | 408 => ErrorClass::UpstreamTimeout,
+        500 => ErrorClass::Internal,
+        _ => ErrorClass::UpstreamProtocol,
+    };
+    let v: Option<serde_json::Value> = serde_json::from_slice(body).ok();
+    let msg = v
+        .as_ref()
+        .and_then(|v| {
+            v.pointer("/error/message")
+                .or_else(|| v.get("message"))
+                .or_else(|| v.get("error"))
+        })
+        .and_then(|m| m.as_str().map(str::to_owned))
+        .unwrap_or_else(|| {
+            let text = String::from_utf8_lossy(body);
+            text.chars().take(512).collect()
+        });
+    ClassifiedError::new(class, msg)
+}
+
+/// Relay a 2xx chat answer converted to Anthropic Messages.
+pub(super) async fn relay_converted(
+    c: &mut ClientConn,
+    up: &mut TcpStream,
+    parsed: &ParsedHead,
+    timeout: Duration,
+    backend: &BackendConfig,
+    attempt: &Attempt<'_>,
+    ctx: AnthropicContext,
+) -> Result<(RelayEnd, bool), AttemptError> {
+    if !ctx.stream {
+        return buffered(c, up, parsed, timeout, backend, attempt, &ctx).await;
+    }
+    let chunked = !c.head.http10;
+    let keep_alive = c.head.keep_alive && chunked;
+    c.wbuf.clear();
+    c.wbuf.extend_from_slice(
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n",
+    );
+    if chunked {
+        c.wbuf.extend_from_slice(b"transfer-encoding: chunked\r\n");
+    }
+    write_router_headers(c, backend, attempt);
+    let persistence = Persistence::of(keep_alive, c.head.http10);
+    c.wbuf.extend_from_slice(persistence.header().as_bytes());
+    c.wbuf.extend_from_slice(b"\r\n");
+    let mut conv = AnthropicStream::new(ctx);
+    let mut body = BodyState::new(parsed, true);
+    let mut plain = Vec::new();
+    let first = parsed.head_len..c.ubuf.len();
+    let mut failed = None;
+    match body.forward(&c.ubuf[first], &mut plain) {
+        Ok(_) => feed(&mut conv, &plain, &mut c.wbuf, chunked, &mut failed),
+        Err(_) => failed = Some(ErrorClass::UpstreamProtocol),
+    }
+    write_client(c).await?;
+    while failed.is_none() && !body.done && !conv.is_done() {
+        c.ubuf.clear();
+        match read_upstream(c, up, timeout).await {
+            Ok(Ok(n)) if n > 0 => {}
+            Ok(Ok(_)) if parsed.framing == Framing::UntilClose => break,
+            Err(AttemptError::Upstream(UpstreamErrorClass::Timeout)) => {
+                failed = Some(ErrorClass::UpstreamTimeout);
+                break;
+            }
+            _ => {
+                failed = Some(ErrorClass::UpstreamProtocol);
+                break;
+            }
+        }
+        plain.clear();
+        c.wbuf.clear();
+        match body.forward(&c.ubuf, &mut plain) {
+            Ok(_) => feed(&mut conv, &plain, &mut c.wbuf, chunked, &mut failed),
+            Err(_) => failed = Some(ErrorClass::UpstreamProtocol),
+        }
+        write_client(c).await?;
+    }
+    c.wbuf.clear();
+    let tail = match failed {
+        Some(class) => conv.fail(&ClassifiedError::new(
+            class,
+            "the upstream stream ended abnormally",
+        )),
+        None => match conv.finish() {
+            Ok(t) => t,
+            Err(e) => conv.fail(&ClassifiedError::from(&e)),
+        },
+    };
+    emit(&mut c.wbuf, &tail, chunked);
+    if chunked {
+        c.wbuf.extend_from_slice(b"0\r\n\r\n");
+    }
+    write_client(c).await?;
+    let reusable = failed.is_none()
+        && body.done
+        && parsed.upstream_keep_alive
+        && parsed.framing != Framing::UntilClose;
+    Ok((
+        RelayEnd::Relayed(Outcome {
+            status: 200,
+            keep_alive: keep_alive && failed.is_none(),
+        }),
+        reusable,
+    ))
+}
+
+/// Feed upstream bytes to the converter and frame its output; a conversion error is recorded in
+/// `failed` (the caller ends the stream with an error event).
+fn feed(
+    conv: &mut AnthropicStream,
+    bytes: &[u8],
+    out: &mut Vec<u8>,
+    chunked: bool,
+    failed: &mut Option<ErrorClass>,
+) {
+    if bytes.is_empty() {
+        return;
+    }
+    match conv.feed(bytes) {
+        Ok(piece) => emit(out, &piece, chunked),
+        Err(e) => *failed = Some(e.class()),
+    }
+}
+
+fn emit(out: &mut Vec<u8>, bytes: &[u8], chunked: bool) {
+    if bytes.is_empty() {
+        return;
+    }
+    if chunked {
+        let _ = write!(out, "{:x}\r\n", bytes.len());
+        out.extend_from_slice(bytes);
+        out.extend_from_slice(b"\r\n");
+    } else {
+        out.extend_from_slice(bytes);
+    }
+}
+
+async fn buffered(
+    c: &mut ClientConn,
+    up: &mut TcpStream,
+    parsed: &ParsedHead,
+    timeout: Duration,
+    backend: &BackendConfig,
+    attempt: &Attempt<'_>,
+    ctx: &AnthropicContext,
+) -> Result<(RelayEnd, bool), AttemptError> {
+    let reusable = hold(c, up, parsed, timeout, MAX_CONVERTED_BODY).await?;
+    let (status, body) = match chat_to_anthropic(&c.held, ctx) {
+        Ok(v) => (200, serde_json::to_vec(&v).unwrap_or_default()),
+        Err(e) => {
+            let err = ClassifiedError::from(&e);
+            (err.status(), err.anthropic_body())
+        }
+    };
+    let keep_alive = c.head.keep_alive;
+    c.wbuf.clear();
+    let _ = write!(
+        c.wbuf,
+        "HTTP/1.1 {status} {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n",
+        respond::reason(status),
+        body.len()
+    );
+    write_router_headers(c, backend, attempt);
+    let persistence = Persistence::of(keep_alive, c.head.http10);
+    c.wbuf.extend_from_slice(persistence.header().as_bytes());
+    c.wbuf.extend_from_slice(b"\r\n");
+    c.wbuf.extend_from_slice(&body);
+    Ok((RelayEnd::Relayed(Outcome { status, keep_alive }), reusable))
+}
