@@ -387,3 +387,43 @@ fn a_model_no_worker_serves_falls_through_to_plain_routing() {
     let err = resp.assert_json_error(404);
     assert_eq!(err["code"], "model_not_found");
 }
+
+/// INGRESS-01/02/06: the Anthropic ingress pins like chat (from the converted body) and renders
+/// the direct-mode rejection as its own 503.
+#[test]
+fn anthropic_messages_are_pinned_and_the_rejection_is_anthropic_shaped() {
+    let s = setup(true, None);
+    let body = serde_json::json!({
+        "model": DISAGG, "max_tokens": 8,
+        "messages": [{"role": "user", "content": "pin me"}],
+    });
+    let bytes = serde_json::to_vec(&body).unwrap();
+    let send = || {
+        let raw = common::request_bytes(
+            "POST",
+            "/v1/messages",
+            &[("Content-Type", "application/json")],
+            Some(&bytes),
+        );
+        common::client::roundtrip(s.router.addr(), &raw).unwrap()
+    };
+    let resp = send();
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    assert_eq!(resp.json()["type"], "message");
+    let r = s.shim_disagg.wait_requests(1, STEP).pop().unwrap();
+    assert_eq!(r.path, "/v1/chat/completions");
+    assert_eq!(pin(&r, "x-dynamo-worker-instance-id"), Some(DECODE_ID));
+    assert_eq!(pin(&r, "x-dynamo-prefill-instance-id"), Some(PREFILL_ID));
+    s.shim_disagg.push_reply(error_body(
+        400,
+        &format!("{{\"message\":\"{REJECTION}\",\"type\":\"Bad Request\",\"code\":400}}"),
+    ));
+    let resp = send();
+    assert_eq!(resp.status, 503, "{}", resp.text());
+    let v = resp.json();
+    assert_eq!(v["type"], "error");
+    assert_eq!(
+        v["error"]["type"],
+        "disaggregated_prefill_decode_unavailable"
+    );
+}
