@@ -11,98 +11,13 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::filestore::write_fixture;
-use common::{
-    MockBackend, RecordedRequest, Reply, RouterConfig, RouterProcess, STEP, TempDir, chat,
-    chat_body, is_pin_header, metric_value, refusing_url,
+use common::shim::{
+    AGG, AGG_IDS, DECODE_ID, DISAGG, PLAIN_ONLY, PREFILL_ID, REJECTION, error_body, metric, pin,
+    setup,
 };
-use serde_json::Value;
-
-const AGG: &str = "tiny-agg";
-const DISAGG: &str = "tiny-disagg";
-const AGG_IDS: [u64; 2] = [0x6a6c_a22d_4998_ac0b, 0x6a6c_a22d_4998_ac16];
-const PREFILL_ID: u64 = 0x6a6c_a22d_4998_ac07;
-const DECODE_ID: u64 = 0x6a6c_a22d_4998_ac09;
-/// A model only the plain backend serves.
-const PLAIN_ONLY: &str = "plain-only";
-const REJECTION: &str = "Prefill worker ID required in Direct routing mode";
-
-struct Setup {
-    _dir: TempDir,
-    router: RouterProcess,
-    shim_agg: MockBackend,
-    shim_disagg: MockBackend,
-    unified: MockBackend,
-}
-
-/// The router over the fixture fleet. `agg_pool` / `disagg_pool` are extra replica URLs listed
-/// before the scripted shim of each pool (e.g. a refusing one).
-fn setup(fallback: bool, agg_first: Option<String>) -> Setup {
-    let dir = TempDir::new("shim-dispatch");
-    let root = dir.path().join("store");
-    write_fixture(&root);
-    let shim_agg = MockBackend::start("shim-agg");
-    let shim_disagg = MockBackend::start("shim-disagg");
-    let unified = MockBackend::start("unified");
-    let mut cfg = RouterConfig::default()
-        .backend("shim-agg", &shim_agg.url(), &[])
-        .backend("shim-disagg", &shim_disagg.url(), &[])
-        .backend("unified", &unified.url(), &[AGG, DISAGG, PLAIN_ONLY]);
-    let mut agg_pool = vec!["shim-agg"];
-    if let Some(url) = &agg_first {
-        cfg = cfg.backend("shim-dead", url, &[]);
-        agg_pool.insert(0, "shim-dead");
-    }
-    cfg.disaggregated_serving = true;
-    cfg.fallback_to_unified = fallback;
-    cfg.connect_retries = 2;
-    let root_json = Value::String(root.display().to_string());
-    cfg.extra_yaml = format!(
-        "dynamo:\n  enabled: true\n  discovery:\n    source: file\n    file:\n      root: {root_json}\n      \
-         ttl: 10m\n      namespaces: [agg, disagg]\n  load:\n    direct_allow_cidrs: [\"127.0.0.0/8\"]\n  \
-         shim:\n    pools:\n      - {{ namespace: agg, backends: [{}] }}\n      \
-         - {{ namespace: disagg, backends: [shim-disagg] }}\n",
-        agg_pool.join(", ")
-    );
-    let router = RouterProcess::start(&cfg);
-    let deadline = Instant::now() + STEP;
-    loop {
-        let v = router.get("/admin/dynamo/workers").json();
-        if v["workers"].as_array().map_or(0, Vec::len) == 4 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "fleet not discovered: {v:#}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    Setup {
-        _dir: dir,
-        router,
-        shim_agg,
-        shim_disagg,
-        unified,
-    }
-}
-
-fn pin(r: &RecordedRequest, name: &str) -> Option<u64> {
-    r.header(name).map(|v| {
-        v.parse::<u64>()
-            .unwrap_or_else(|_| panic!("{name}: {v:?} is not decimal"))
-    })
-}
-
-fn metric(s: &Setup, name: &str, labels: &[(&str, &str)]) -> f64 {
-    metric_value(&s.router.metrics(), name, labels).unwrap_or(0.0)
-}
-
-fn error_body(status: u16, body: &str) -> Reply {
-    Reply::Full {
-        status,
-        headers: vec![("Content-Type".into(), "application/json".into())],
-        body: body.as_bytes().to_vec(),
-    }
-}
+use common::{Reply, STEP, chat, chat_body, is_pin_header, refusing_url};
 
 #[test]
 fn aggregated_requests_carry_decimal_pins_and_rotate_over_the_workers() {

@@ -8,6 +8,7 @@
 //! - [`client`]: a raw HTTP/1.1 client (exact bytes out, framed responses in, incremental
 //!   streaming reads);
 //! - [`filestore`]: a Dynamo file store written as Dynamo writes it;
+//! - [`shim`]: the recorded fleet behind scripted shim replicas;
 //! - [`etcd`]: [`etcd::EtcdServer`], a real etcd on loopback (restart, TLS, auth, etcdctl
 //!   helpers) for the discovery tests.
 //!
@@ -24,6 +25,7 @@ pub mod etcd;
 pub mod filestore;
 pub mod fleet;
 pub mod router;
+pub mod shim;
 pub mod zmq;
 
 use std::net::TcpListener;
