@@ -15,7 +15,7 @@ use super::user::{Scalar, UserAdmin, UserBackend, UserDisaggregated, UserServer}
 use super::values::{Ctx, MISSING, index, join};
 use super::{
     AdminConfig, BackendConfig, BackendKind, BackendName, BackendRole, BackendUrl,
-    DisaggregatedServing, ServerConfig, ShardCount,
+    DisaggregatedServing, ResponsesApi, ServerConfig, ShardCount,
 };
 
 /// Highest CPU index accepted in `cpu_affinity` / `control_cpu` (exclusive).
@@ -298,6 +298,19 @@ pub(crate) fn backends(ctx: &mut Ctx<'_>, u: Option<&Vec<UserBackend>>) -> Vec<B
         let weight = ctx.uint(&join(&base, "weight"), b.weight.as_ref(), 1, 1, 1000) as u32;
         let enabled = ctx.bool(&join(&base, "enabled"), b.enabled.as_ref(), true);
         let internal = ctx.bool(&join(&base, "internal"), b.internal.as_ref(), false);
+        let responses_api = match &b.responses_api {
+            None => ResponsesApi::Native,
+            Some(Scalar::Str(s)) if s == "native" => ResponsesApi::Native,
+            Some(Scalar::Str(s)) if s == "chat" => ResponsesApi::Chat,
+            Some(s) => {
+                ctx.error(
+                    &join(&base, "responses_api"),
+                    s,
+                    "must be one of native, chat",
+                );
+                ResponsesApi::Native
+            }
+        };
         out.push(BackendConfig {
             name: BackendName(name),
             kind,
@@ -307,6 +320,7 @@ pub(crate) fn backends(ctx: &mut Ctx<'_>, u: Option<&Vec<UserBackend>>) -> Vec<B
             weight,
             enabled,
             internal,
+            responses_api,
         });
     }
     out

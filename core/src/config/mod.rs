@@ -235,6 +235,28 @@ pub struct BackendConfig {
     /// Internal backends are hidden from `/v1/models` and never matched by client model routing
     /// (default false).
     pub internal: bool,
+    /// How `/v1/responses` requests reach this backend (INGRESS-05; default native).
+    pub responses_api: ResponsesApi,
+}
+
+/// `backends[].responses_api`: whether the backend serves `POST /v1/responses` itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ResponsesApi {
+    /// The body is passed through to `/v1/responses` (the Dynamo frontend serves it).
+    #[default]
+    Native,
+    /// The router converts the request to chat completions and the answer back.
+    Chat,
+}
+
+impl ResponsesApi {
+    /// The config value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ResponsesApi::Native => "native",
+            ResponsesApi::Chat => "chat",
+        }
+    }
 }
 
 /// `disaggregated_serving` section. `Default` is the documented default (fallback on).

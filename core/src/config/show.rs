@@ -84,6 +84,7 @@ fn backend(b: &BackendConfig) -> Value {
         "weight": b.weight,
         "enabled": b.enabled,
         "internal": b.internal,
+        "responses_api": b.responses_api.as_str(),
     })
 }
 

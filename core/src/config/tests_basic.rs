@@ -278,6 +278,22 @@ fn backends_are_validated() {
         "backends:\n  - { name: a, type: openai, url: \"http://a:1\" }\n  - { name: a, type: openai, url: \"http://b:1\" }\n",
         "backends[1].name",
     );
+    err_field(
+        &base("{ name: a, type: openai, url: \"http://a:1\", responses_api: v2 }"),
+        "backends[0].responses_api",
+    );
+}
+
+#[test]
+fn responses_api_defaults_to_native() {
+    use super::ResponsesApi;
+    let (c, _) = ok(
+        "backends:\n  - { name: a, type: openai, url: \"http://a:1\" }\n  \
+         - { name: b, type: openai, url: \"http://b:1\", responses_api: chat }\n",
+    );
+    assert_eq!(c.backends[0].responses_api, ResponsesApi::Native);
+    assert_eq!(c.backends[1].responses_api, ResponsesApi::Chat);
+    assert_eq!(c.show_json()["backends"][1]["responses_api"], "chat");
 }
 
 #[test]

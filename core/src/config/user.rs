@@ -175,6 +175,8 @@ pub struct UserBackend {
     pub enabled: Option<Scalar>,
     /// `internal`.
     pub internal: Option<Scalar>,
+    /// `responses_api` (`native` or `chat`).
+    pub responses_api: Option<Scalar>,
 }
 
 /// `disaggregated_serving`.
