@@ -185,3 +185,105 @@ fn token_data_and_pin_fields_never_reach_a_backend() {
     chat(r.addr(), plain, &[]);
     assert_eq!(b.wait_requests(3, STEP)[2].body, plain.to_vec());
 }
+
+fn responses_router(backend: &MockBackend) -> RouterProcess {
+    let mut cfg = RouterConfig::default().backend("b", &backend.url(), &["m"]);
+    cfg.backends[0].responses_api = Some("chat".into());
+    RouterProcess::start(&cfg)
+}
+
+#[test]
+fn responses_are_converted_for_a_chat_only_backend() {
+    let b = MockBackend::start("b");
+    let r = responses_router(&b);
+    let resp = post(
+        &r,
+        "/v1/responses",
+        &json!({"model": "m", "instructions": "be brief", "input": "hello",
+                "max_output_tokens": 9, "nvext": {"token_data": [1]}}),
+    );
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    let v = resp.json();
+    assert_eq!(v["object"], "response");
+    assert_eq!(v["status"], "completed");
+    assert_eq!(v["output"][0]["content"][0]["text"], "hi");
+    let req = b.wait_requests(1, STEP).pop().unwrap();
+    assert_eq!(req.path, "/v1/chat/completions");
+    let chat: Value = serde_json::from_slice(&req.body).unwrap();
+    assert_eq!(
+        chat["messages"][0],
+        json!({"role": "system", "content": "be brief"})
+    );
+    assert_eq!(chat["max_tokens"], 9);
+    assert_eq!(chat.get("nvext"), None);
+    // Unsupported stateful fields are the client's error, in the OpenAI shape.
+    let resp = post(
+        &r,
+        "/v1/responses",
+        &json!({"model": "m", "input": "x", "previous_response_id": "resp_1"}),
+    );
+    resp.assert_json_error(400);
+    assert_eq!(b.request_count(), 1);
+    // Compaction is never converted nor pinned: passed through.
+    let resp = post(
+        &r,
+        "/v1/responses/compact",
+        &json!({"model": "m", "input": "x"}),
+    );
+    assert_eq!(resp.status, 200);
+    assert_eq!(b.wait_requests(2, STEP)[1].path, "/v1/responses/compact");
+}
+
+#[test]
+fn streamed_responses_are_converted_to_response_events() {
+    let b = MockBackend::start("b");
+    let r = responses_router(&b);
+    let sse = b.push_sse();
+    let addr = r.addr();
+    let client = std::thread::spawn(move || {
+        let bytes =
+            serde_json::to_vec(&json!({"model": "m", "input": "hi", "stream": true})).unwrap();
+        let raw = common::request_bytes(
+            "POST",
+            "/v1/responses",
+            &[("Content-Type", "application/json")],
+            Some(&bytes),
+        );
+        common::client::roundtrip(addr, &raw).unwrap()
+    });
+    b.wait_requests(1, STEP);
+    let chunk = |delta: Value, finish: Value| {
+        format!(
+            "data: {}\n\n",
+            json!({"id": "chatcmpl-9", "object": "chat.completion.chunk", "created": 1,
+                   "model": "m", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+        )
+    };
+    sse.send(chunk(json!({"role": "assistant", "content": "He"}), Value::Null).as_bytes());
+    sse.send(chunk(json!({"content": "y"}), json!("stop")).as_bytes());
+    sse.send(b"data: [DONE]\n\n");
+    sse.finish();
+    let resp = client.join().unwrap();
+    assert_eq!(resp.status, 200);
+    let text = resp.text();
+    let types: Vec<String> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .map(|v| v["type"].as_str().unwrap_or("").to_string())
+        .collect();
+    assert_eq!(
+        types.first().map(String::as_str),
+        Some("response.created"),
+        "{text}"
+    );
+    assert_eq!(
+        types.last().map(String::as_str),
+        Some("response.completed"),
+        "{text}"
+    );
+    assert!(
+        types.iter().any(|t| t == "response.output_text.delta"),
+        "{text}"
+    );
+}

@@ -40,6 +40,8 @@ pub(crate) enum BodyRef {
     Rbuf(Range<usize>),
     /// A chunked body, decoded into `ClientConn::body`.
     Decoded,
+    /// The converted body of this attempt, in `ClientConn::alt_body`.
+    Alt,
 }
 
 /// How a request ended, for metrics and keep-alive.
@@ -79,8 +81,13 @@ pub(crate) struct ClientConn {
     pub(crate) held_type: Vec<u8>,
     /// The shape of errors for the current request's ingress.
     pub(crate) error_shape: ErrorShape,
-    /// How the current request's answer is converted for the client (converted ingresses).
-    pub(crate) convert: Option<continuum_core::ingress::anthropic_req::AnthropicContext>,
+    /// How the current attempt's answer is converted for the client (converted ingresses).
+    pub(crate) convert: Option<crate::proxy::Conversion>,
+    /// The chat body a Responses request becomes for a `responses_api: chat` backend, built on
+    /// first use and kept for the request's other attempts.
+    pub(crate) alt_body: Vec<u8>,
+    /// The context converting that body's answer back (set with `alt_body`).
+    pub(crate) responses_ctx: Option<continuum_core::ingress::responses::ResponsesContext>,
 }
 
 impl ClientConn {
@@ -90,6 +97,7 @@ impl ClientConn {
             BodyRef::None => &[],
             BodyRef::Rbuf(r) => &self.rbuf[r.clone()],
             BodyRef::Decoded => &self.body,
+            BodyRef::Alt => &self.alt_body,
         }
     }
 
@@ -134,6 +142,12 @@ impl ClientConn {
                 let body = std::mem::take(&mut self.body);
                 let (res, body) = up.write_all(body).await;
                 self.body = body;
+                res.map(|_| ())
+            }
+            BodyRef::Alt => {
+                let body = std::mem::take(&mut self.alt_body);
+                let (res, body) = up.write_all(body).await;
+                self.alt_body = body;
                 res.map(|_| ())
             }
         }
@@ -181,6 +195,8 @@ pub(crate) async fn serve(shard: Rc<Shard>, stream: TcpStream, peer: SocketAddr)
         held_type: Vec::new(),
         error_shape: ErrorShape::OpenAi,
         convert: None,
+        alt_body: Vec::new(),
+        responses_ctx: None,
         pins_stripped: 0,
     };
     loop {

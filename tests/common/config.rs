@@ -23,6 +23,8 @@ pub struct BackendSpec {
     pub models: Vec<String>,
     /// Relative weight.
     pub weight: u32,
+    /// `responses_api`, when set.
+    pub responses_api: Option<String>,
 }
 
 /// A router configuration; [`RouterConfig::default`] matches the contract's example.
@@ -94,6 +96,7 @@ impl RouterConfig {
             url: url.into(),
             models: models.iter().map(|m| (*m).to_string()).collect(),
             weight: 1,
+            responses_api: None,
         });
         self
     }
@@ -134,6 +137,9 @@ impl RouterConfig {
             y.push_str(&format!("    url: {}\n", q(&b.url)));
             y.push_str(&format!("    models: [{}]\n", models.join(", ")));
             y.push_str(&format!("    weight: {}\n", b.weight));
+            if let Some(api) = &b.responses_api {
+                y.push_str(&format!("    responses_api: {api}\n"));
+            }
         }
         y.push_str(&format!(
             "disaggregated_serving: {{ enabled: {}, fallback_to_unified: {} }}\n",

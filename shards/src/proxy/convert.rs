@@ -1,7 +1,9 @@
-//! The Anthropic Messages ingress on the data plane (INGRESS-01/02/06/07): the client body is
-//! converted to a chat completions body before the pick (so workers are picked from the final
-//! body), sent to `/v1/chat/completions`, and the answer is converted back, buffered or as an
-//! Anthropic SSE stream, with errors in the Anthropic shape.
+//! The converted ingresses on the data plane (INGRESS-01/02/05..07). Anthropic Messages: the
+//! client body is converted to a chat completions body before the pick (so workers are picked
+//! from the final body), sent to `/v1/chat/completions`, and the answer is converted back,
+//! buffered or as an Anthropic SSE stream, with errors in the Anthropic shape. Responses: passed
+//! through to backends that serve `/v1/responses` (`responses_api: native`), converted to chat
+//! for the others (`responses_api: chat`), per attempt, so a pool may mix both.
 //!
 //! The conversions themselves are `continuum_core::ingress` (pure); this module only moves
 //! bytes: it reads the upstream body with the relay's framing state and writes the converted
@@ -9,6 +11,8 @@
 //! clients, close-delimited for HTTP/1.0).
 //!
 //! Invariants:
+//! - a conversion's context lives in `ClientConn::convert` for exactly the attempt it applies
+//!   to (set before the attempt's head is written);
 //! - a buffered answer is read whole, bounded by [`MAX_CONVERTED_BODY`] (beyond: 502);
 //! - once the converted stream has started, every failure (upstream cut, timeout, malformed
 //!   chunk, conversion error) ends it with one Anthropic `error` event and a clean end of the
@@ -19,21 +23,156 @@
 use std::io::Write as _;
 use std::time::Duration;
 
-use continuum_core::config::BackendConfig;
+use continuum_core::config::{BackendConfig, ResponsesApi};
+use continuum_core::ingress::IngressError;
 use continuum_core::ingress::anthropic_req::{AnthropicContext, anthropic_to_chat};
 use continuum_core::ingress::anthropic_resp::chat_to_anthropic;
 use continuum_core::ingress::anthropic_stream::AnthropicStream;
 use continuum_core::ingress::errors::{ClassifiedError, ErrorClass};
+use continuum_core::ingress::responses::{ResponsesContext, chat_to_responses, responses_to_chat};
+use continuum_core::ingress::responses_stream::ResponsesStream;
 use monoio::net::TcpStream;
 
 use super::relay::{
     BodyState, Framing, ParsedHead, RelayEnd, hold, read_upstream, write_client,
     write_router_headers,
 };
-use super::{Attempt, AttemptError};
+use super::{Attempt, AttemptError, CHAT_PATH, Ingress};
 use crate::conn::{BodyRef, ClientConn, Outcome};
 use crate::metrics::UpstreamErrorClass;
 use crate::respond::{self, Persistence};
+
+/// How the answer of the current attempt is converted for the client.
+#[derive(Debug, Clone)]
+pub(crate) enum Conversion {
+    /// Chat → Anthropic Messages.
+    Anthropic(AnthropicContext),
+    /// Chat → Responses.
+    Responses(ResponsesContext),
+}
+
+impl Conversion {
+    fn stream(&self) -> bool {
+        match self {
+            Conversion::Anthropic(ctx) => ctx.stream,
+            Conversion::Responses(ctx) => ctx.stream,
+        }
+    }
+
+    fn buffered(&self, chat: &[u8]) -> Result<serde_json::Value, IngressError> {
+        match self {
+            Conversion::Anthropic(ctx) => chat_to_anthropic(chat, ctx),
+            Conversion::Responses(ctx) => chat_to_responses(chat, ctx),
+        }
+    }
+
+    fn error_body(&self, err: &ClassifiedError) -> Vec<u8> {
+        match self {
+            Conversion::Anthropic(_) => err.anthropic_body(),
+            Conversion::Responses(_) => err.responses_body(),
+        }
+    }
+}
+
+/// A streaming converter.
+enum StreamConv {
+    Anthropic(AnthropicStream),
+    Responses(ResponsesStream),
+}
+
+impl StreamConv {
+    fn new(conv: Conversion) -> Self {
+        match conv {
+            Conversion::Anthropic(ctx) => StreamConv::Anthropic(AnthropicStream::new(ctx)),
+            Conversion::Responses(ctx) => StreamConv::Responses(ResponsesStream::new(ctx)),
+        }
+    }
+
+    fn feed(&mut self, bytes: &[u8]) -> Result<Vec<u8>, IngressError> {
+        match self {
+            StreamConv::Anthropic(s) => s.feed(bytes),
+            StreamConv::Responses(s) => s.feed(bytes),
+        }
+    }
+
+    fn finish(&mut self) -> Result<Vec<u8>, IngressError> {
+        match self {
+            StreamConv::Anthropic(s) => s.finish(),
+            StreamConv::Responses(s) => s.finish(),
+        }
+    }
+
+    fn fail(&mut self, err: &ClassifiedError) -> Vec<u8> {
+        match self {
+            StreamConv::Anthropic(s) => s.fail(err),
+            StreamConv::Responses(s) => s.fail(err),
+        }
+    }
+
+    fn is_done(&self) -> bool {
+        match self {
+            StreamConv::Anthropic(s) => s.is_done(),
+            StreamConv::Responses(s) => s.is_done(),
+        }
+    }
+}
+
+/// The body and attempt to send to `backend`: a Responses request to a `responses_api: chat`
+/// backend is converted to chat (once per request) and sent to `/v1/chat/completions` with its
+/// answer converted back; every other attempt is unchanged. An unconvertible body is answered
+/// here (400).
+pub(super) fn for_backend<'a>(
+    c: &mut ClientConn,
+    backend: &BackendConfig,
+    body: &BodyRef,
+    attempt: &Attempt<'a>,
+) -> Result<(BodyRef, Attempt<'a>), Outcome> {
+    if attempt.ingress != Ingress::Responses {
+        return Ok((body.clone(), *attempt));
+    }
+    if backend.responses_api == ResponsesApi::Native {
+        c.convert = None;
+        return Ok((body.clone(), *attempt));
+    }
+    if c.responses_ctx.is_none() {
+        match responses_to_chat(c.body_bytes(body)) {
+            Ok(conv) => {
+                c.alt_body = serde_json::to_vec(&conv.chat).unwrap_or_default();
+                c.responses_ctx = Some(conv.ctx);
+            }
+            Err(e) => {
+                let err = ClassifiedError::from(&e);
+                return Err(answer(c, &err, &err.responses_body()));
+            }
+        }
+    }
+    c.convert = c.responses_ctx.clone().map(Conversion::Responses);
+    Ok((
+        BodyRef::Alt,
+        Attempt {
+            upstream_path: Some(CHAT_PATH),
+            ..*attempt
+        },
+    ))
+}
+
+/// Write `body` as the error response for `err`.
+fn answer(c: &mut ClientConn, err: &ClassifiedError, body: &[u8]) -> Outcome {
+    let keep_alive = c.head.keep_alive;
+    c.wbuf.clear();
+    respond::write_response(
+        &mut c.wbuf,
+        err.status(),
+        "application/json",
+        body,
+        Persistence::of(keep_alive, c.head.http10),
+        respond::BodyMode::Full,
+    );
+    Outcome {
+        status: err.status(),
+        keep_alive,
+    }
+}
 
 /// Largest buffered chat answer converted (the whole body is needed to convert it).
 pub(super) const MAX_CONVERTED_BODY: usize = 16 * 1024 * 1024;
@@ -44,25 +183,12 @@ pub(super) fn prepare_messages(c: &mut ClientConn, body: &BodyRef) -> Result<Bod
     match anthropic_to_chat(c.body_bytes(body)) {
         Ok(conv) => {
             c.body = serde_json::to_vec(&conv.chat).unwrap_or_default();
-            c.convert = Some(conv.ctx);
+            c.convert = Some(Conversion::Anthropic(conv.ctx));
             Ok(BodyRef::Decoded)
         }
         Err(e) => {
             let err = ClassifiedError::from(&e);
-            let keep_alive = c.head.keep_alive;
-            c.wbuf.clear();
-            respond::write_response(
-                &mut c.wbuf,
-                err.status(),
-                "application/json",
-                &err.anthropic_body(),
-                Persistence::of(keep_alive, c.head.http10),
-                respond::BodyMode::Full,
-            );
-            Err(Outcome {
-                status: err.status(),
-                keep_alive,
-            })
+            Err(answer(c, &err, &err.anthropic_body()))
         }
     }
 }
@@ -98,7 +224,7 @@ pub(super) fn upstream_error(status: u16, body: &[u8]) -> ClassifiedError {
     ClassifiedError::new(class, msg)
 }
 
-/// Relay a 2xx chat answer converted to Anthropic Messages.
+/// Relay a 2xx chat answer converted for the client.
 pub(super) async fn relay_converted(
     c: &mut ClientConn,
     up: &mut TcpStream,
@@ -106,10 +232,10 @@ pub(super) async fn relay_converted(
     timeout: Duration,
     backend: &BackendConfig,
     attempt: &Attempt<'_>,
-    ctx: AnthropicContext,
+    conv: Conversion,
 ) -> Result<(RelayEnd, bool), AttemptError> {
-    if !ctx.stream {
-        return buffered(c, up, parsed, timeout, backend, attempt, &ctx).await;
+    if !conv.stream() {
+        return buffered(c, up, parsed, timeout, backend, attempt, &conv).await;
     }
     let chunked = !c.head.http10;
     let keep_alive = c.head.keep_alive && chunked;
@@ -124,7 +250,7 @@ pub(super) async fn relay_converted(
     let persistence = Persistence::of(keep_alive, c.head.http10);
     c.wbuf.extend_from_slice(persistence.header().as_bytes());
     c.wbuf.extend_from_slice(b"\r\n");
-    let mut conv = AnthropicStream::new(ctx);
+    let mut conv = StreamConv::new(conv);
     let mut body = BodyState::new(parsed, true);
     let mut plain = Vec::new();
     let first = parsed.head_len..c.ubuf.len();
@@ -188,7 +314,7 @@ pub(super) async fn relay_converted(
 /// Feed upstream bytes to the converter and frame its output; a conversion error is recorded in
 /// `failed` (the caller ends the stream with an error event).
 fn feed(
-    conv: &mut AnthropicStream,
+    conv: &mut StreamConv,
     bytes: &[u8],
     out: &mut Vec<u8>,
     chunked: bool,
@@ -223,14 +349,14 @@ async fn buffered(
     timeout: Duration,
     backend: &BackendConfig,
     attempt: &Attempt<'_>,
-    ctx: &AnthropicContext,
+    conv: &Conversion,
 ) -> Result<(RelayEnd, bool), AttemptError> {
     let reusable = hold(c, up, parsed, timeout, MAX_CONVERTED_BODY).await?;
-    let (status, body) = match chat_to_anthropic(&c.held, ctx) {
+    let (status, body) = match conv.buffered(&c.held) {
         Ok(v) => (200, serde_json::to_vec(&v).unwrap_or_default()),
         Err(e) => {
             let err = ClassifiedError::from(&e);
-            (err.status(), err.anthropic_body())
+            (err.status(), conv.error_body(&err))
         }
     };
     let keep_alive = c.head.keep_alive;

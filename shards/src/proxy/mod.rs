@@ -30,6 +30,7 @@ use crate::metrics::UpstreamErrorClass;
 use crate::respond::LocalError;
 use crate::shard::Shard;
 
+pub(crate) use convert::Conversion;
 pub(crate) use pool::Pool;
 
 /// Bodies up to this size are copied behind the request head and sent in one write.
@@ -57,6 +58,8 @@ pub(crate) struct Attempt<'a> {
     pub(crate) on_failure: FailureHandling,
     /// The upstream request path when it is not the client's (converted requests).
     pub(crate) upstream_path: Option<&'static [u8]>,
+    /// The client protocol (a Responses request is converted per backend).
+    pub(crate) ingress: Ingress,
 }
 
 impl Attempt<'_> {
@@ -66,6 +69,7 @@ impl Attempt<'_> {
         routing: None,
         on_failure: FailureHandling::Relay,
         upstream_path: None,
+        ingress: Ingress::Chat,
     };
 }
 
@@ -105,6 +109,8 @@ pub(crate) async fn forward(
     ingress: Ingress,
 ) -> Outcome {
     c.convert = None;
+    c.alt_body.clear();
+    c.responses_ctx = None;
     if ingress == Ingress::Messages {
         match convert::prepare_messages(c, &body) {
             Ok(b) => body = b,
@@ -159,6 +165,7 @@ pub(crate) async fn forward(
                 route,
                 mode,
                 upstream_path,
+                ingress,
             };
             shim::dispatch(shard, snap, c, &body, p, req).await
         }
@@ -172,6 +179,7 @@ pub(crate) async fn forward(
                     namespace: None,
                 }),
                 upstream_path,
+                ingress,
                 ..Attempt::PLAIN
             };
             plain(shard, snap, c, &body, route, &attempt).await
@@ -179,6 +187,7 @@ pub(crate) async fn forward(
         shim::Plan::Off => {
             let attempt = Attempt {
                 upstream_path,
+                ingress,
                 ..Attempt::PLAIN
             };
             plain(shard, snap, c, &body, route, &attempt).await
@@ -234,7 +243,7 @@ pub(crate) async fn plain(
     };
     // A converted answer is rendered in the client's protocol, errors included: hold them.
     let attempt = &Attempt {
-        on_failure: if c.convert.is_some() {
+        on_failure: if c.convert.is_some() || attempt.ingress == Ingress::Responses {
             FailureHandling::Hold
         } else {
             attempt.on_failure
@@ -264,6 +273,7 @@ pub(crate) async fn plain(
                 last = LocalError::UpstreamUnavailable;
             }
             Err(Failure::Transport(e)) => return c.local_error(e),
+            Err(Failure::Answered(outcome)) => return outcome,
             Err(Failure::Abort) => return Outcome::aborted(),
         }
     }
@@ -278,6 +288,8 @@ pub(crate) enum Failure {
     /// The request may have reached the backend, but no response started; the error a plain
     /// request answers with.
     Transport(LocalError),
+    /// The router answered the client itself (the response is in `c.wbuf`).
+    Answered(Outcome),
     /// Close the client connection without (more of) a response.
     Abort,
 }
@@ -303,6 +315,11 @@ pub(crate) async fn send_to(
     let (Some(backend), Some(addr)) = (snap.backend(idx), snap.backend_addr(idx)) else {
         return Err(Failure::Connect);
     };
+    let (body, attempt) = match convert::for_backend(c, backend, body, attempt) {
+        Ok(b) => b,
+        Err(outcome) => return Err(Failure::Answered(outcome)),
+    };
+    let (body, attempt) = (&body, &attempt);
     let cfg = &snap.config.server;
     let pooled = shard.pool.borrow_mut().checkout(addr, Instant::now());
     for slot in [pooled, None] {
@@ -425,6 +442,7 @@ fn build_upstream_head(
             BodyRef::None => &[][..],
             BodyRef::Rbuf(r) => &rbuf[r.clone()],
             BodyRef::Decoded => &c.body[..],
+            BodyRef::Alt => &c.alt_body[..],
         };
         c.wbuf.extend_from_slice(bytes);
     }

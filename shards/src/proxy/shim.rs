@@ -147,6 +147,8 @@ pub(super) struct Request<'r> {
     pub(super) mode: RequestMode,
     /// The upstream path when it is not the client's.
     pub(super) upstream_path: Option<&'static [u8]>,
+    /// The client protocol.
+    pub(super) ingress: super::Ingress,
 }
 
 /// Dispatch a pinned request and follow the decision table.
@@ -178,6 +180,7 @@ async fn attempts(
         route,
         mode,
         upstream_path,
+        ingress,
     } = req;
     let path = RoutingPath::of_pins(pinned.pins.prefill.is_some());
     let attempt = Attempt {
@@ -189,6 +192,7 @@ async fn attempts(
         }),
         on_failure: FailureHandling::Hold,
         upstream_path,
+        ingress,
     };
     let fallback =
         UnifiedFallback::from_config(snap.config.disaggregated_serving.fallback_to_unified);
@@ -211,6 +215,10 @@ async fn attempts(
         let sent = send_to(shard, snap, c, body, idx, &attempt).await;
         let decision = match sent {
             Ok(Sent::Relayed(outcome)) => {
+                shard.metrics.dynamo.request(path);
+                return outcome;
+            }
+            Err(Failure::Answered(outcome)) => {
                 shard.metrics.dynamo.request(path);
                 return outcome;
             }
@@ -262,6 +270,7 @@ async fn attempts(
                     namespace: None,
                 }),
                 upstream_path,
+                ingress,
                 ..Attempt::PLAIN
             };
             plain(shard, snap, c, body, route, &attempt).await
