@@ -11,15 +11,21 @@ use continuum_core::config::{Config, EnvLookup, report};
 /// Usage text.
 pub(crate) const USAGE: &str = "usage:
   continuum-router --config FILE            serve (also: run --config FILE)
-  continuum-router demo [--port N]          serve in front of a built-in echo backend on loopback
+  continuum-router demo [--port N] [--workers N]
+                                            serve in front of a simulated Dynamo fleet on loopback
+                                            (N aggregated workers, default 3)
   continuum-router config validate --config FILE
   continuum-router config show --config FILE";
+
+/// Most aggregated workers `demo --workers` accepts (the router subscribes to at most 1,024
+/// publishers per family; more still register and serve).
+pub(crate) const MAX_DEMO_WORKERS: usize = 10_000;
 
 /// A parsed command line.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Command {
     Run { config: PathBuf },
-    Demo { port: u16 },
+    Demo { port: u16, workers: usize },
     Validate { config: PathBuf },
     Show { config: PathBuf },
     Help,
@@ -34,6 +40,8 @@ pub(crate) enum CliError {
     Unexpected(String),
     #[error("--port needs a number from 1 to 65535")]
     BadPort,
+    #[error("--workers needs a number from 1 to {MAX_DEMO_WORKERS}")]
+    BadWorkers,
 }
 
 /// Parse the arguments after the program name.
@@ -42,6 +50,7 @@ pub(crate) fn parse(args: impl Iterator<Item = String>) -> Result<Command, CliEr
     let mut words = Vec::new();
     let mut config = None;
     let mut port = None;
+    let mut workers = None;
     let mut i = 0;
     while i < args.len() {
         match args[i].as_str() {
@@ -55,6 +64,14 @@ pub(crate) fn parse(args: impl Iterator<Item = String>) -> Result<Command, CliEr
                     .and_then(|p| p.parse::<u16>().ok())
                     .filter(|p| *p > 0);
                 port = Some(p.ok_or(CliError::BadPort)?);
+                i += 1;
+            }
+            "--workers" => {
+                let n = args
+                    .get(i + 1)
+                    .and_then(|n| n.parse::<usize>().ok())
+                    .filter(|n| (1..=MAX_DEMO_WORKERS).contains(n));
+                workers = Some(n.ok_or(CliError::BadWorkers)?);
                 i += 1;
             }
             "-h" | "--help" => return Ok(Command::Help),
@@ -75,6 +92,7 @@ pub(crate) fn parse(args: impl Iterator<Item = String>) -> Result<Command, CliEr
         }),
         ["demo"] => Ok(Command::Demo {
             port: port.unwrap_or(8080),
+            workers: workers.unwrap_or(3),
         }),
         ["config", "validate"] => Ok(Command::Validate {
             config: need(config)?,
@@ -104,7 +122,7 @@ pub(crate) fn execute(cmd: Command) -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::Run { config } => crate::serve::run_file(&config),
-        Command::Demo { port } => crate::demo::run(port),
+        Command::Demo { port, workers } => crate::demo::run(port, workers),
         Command::Validate { config } => {
             let text = match read(&config) {
                 Ok(t) => t,
@@ -169,11 +187,22 @@ mod tests {
                 config: "a.yaml".into()
             })
         );
-        assert_eq!(p(&["demo"]), Ok(Command::Demo { port: 8080 }));
         assert_eq!(
-            p(&["demo", "--port", "9000"]),
-            Ok(Command::Demo { port: 9000 })
+            p(&["demo"]),
+            Ok(Command::Demo {
+                port: 8080,
+                workers: 3
+            })
         );
+        assert_eq!(
+            p(&["demo", "--port", "9000", "--workers", "50"]),
+            Ok(Command::Demo {
+                port: 9000,
+                workers: 50
+            })
+        );
+        assert_eq!(p(&["demo", "--workers", "0"]), Err(CliError::BadWorkers));
+        assert_eq!(p(&["demo", "--workers", "x"]), Err(CliError::BadWorkers));
         assert_eq!(
             p(&["config", "validate", "--config", "x"]),
             Ok(Command::Validate { config: "x".into() })

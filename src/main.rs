@@ -6,8 +6,8 @@
 //!
 //! Commands:
 //! - `continuum-router --config FILE` (or `run --config FILE`): serve;
-//! - `continuum-router demo [--port N]`: serve with an embedded config in front of a built-in
-//!   echo backend on loopback;
+//! - `continuum-router demo [--port N] [--workers N]`: serve with an embedded config in front of
+//!   an in-process simulated Dynamo fleet on loopback (`continuum_sim`);
 //! - `continuum-router config validate --config FILE`: print every error and warning, exit 0
 //!   when valid and 1 when not;
 //! - `continuum-router config show --config FILE`: print the effective config, secrets masked.
