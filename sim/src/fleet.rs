@@ -169,22 +169,25 @@ impl SimFleet {
             handle.spawn(shim::serve(l, Arc::new(state), shim_cfg));
         }
 
-        // Register last: every advertised endpoint is already listening.
-        let store = FileStore::open(&root, fleet.spec.ttl)?;
-        {
-            let mut files = fleet.files.lock().unwrap_or_else(PoisonError::into_inner);
-            for w in &fleet.workers {
-                let shim = fleet
-                    .shim_addr(&w.info.namespace)
-                    .unwrap_or(w.info.publisher_addr);
-                let mut paths = Vec::with_capacity(3);
-                for (key, value) in fleet.records(&w.info, &shim.to_string()) {
-                    paths.push(store.put(&key, value.as_bytes())?);
-                }
-                files.insert(w.info.instance_id.get(), paths);
+        // Register last: every advertised endpoint is already listening. Each file is recorded
+        // as soon as it exists, so a failure part way leaves nothing behind (Drop removes it).
+        fleet.store = Some(FileStore::open(&root, fleet.spec.ttl)?);
+        for w in &fleet.workers {
+            let shim = fleet
+                .shim_addr(&w.info.namespace)
+                .unwrap_or(w.info.publisher_addr);
+            for (key, value) in fleet.records(&w.info, &shim.to_string()) {
+                let store = fleet.store.as_ref().ok_or(SimError::Stopped)?;
+                let path = store.put(&key, value.as_bytes())?;
+                fleet
+                    .files
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .entry(w.info.instance_id.get())
+                    .or_default()
+                    .push(path);
             }
         }
-        fleet.store = Some(store);
         Ok(fleet)
     }
 
