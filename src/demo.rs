@@ -13,7 +13,7 @@
 //! fleet is dropped), and dropping it removes the temporary store.
 
 use std::fmt::Write as _;
-use std::io::IsTerminal as _;
+use std::io::{IsTerminal as _, Write as _};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::ExitCode;
@@ -88,7 +88,7 @@ pub(crate) fn run(port: u16, agg_workers: usize) -> ExitCode {
     let stop = Arc::new(AtomicBool::new(false));
     let mut table = None;
     let ready = |addr: SocketAddr| {
-        eprintln!("{}", banner(addr, &fleet, shim));
+        let _ = writeln!(std::io::stderr(), "{}", banner(addr, &fleet, shim));
         let (fleet, stop) = (fleet.clone(), stop.clone());
         table = std::thread::Builder::new()
             .name("demo-table".into())
@@ -162,10 +162,12 @@ fn show_table(fleet: &SimFleet, stop: &AtomicBool) {
         let picks: u64 = stats.iter().map(|s| s.picks).sum();
         let text = render_table(&stats, picks.saturating_sub(previous_picks));
         previous_picks = picks;
+        let mut out = std::io::stderr().lock();
         if tty && previous_lines > 0 {
-            eprint!("\x1b[{previous_lines}A\x1b[J");
+            let _ = write!(out, "\x1b[{previous_lines}A\x1b[J");
         }
-        eprint!("{text}");
+        // Not eprint!: a closed stderr must not abort the process (and skip the fleet's cleanup).
+        let _ = out.write_all(text.as_bytes());
         previous_lines = text.lines().count();
     }
 }
