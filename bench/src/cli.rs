@@ -4,6 +4,7 @@
 //! bounded, validated value, so the driver never runs an unbounded loop.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use crate::error::UsageError;
 
@@ -16,6 +17,8 @@ usage:
                                        discovery resync time and registry memory (default 16384 workers)
   continuum-bench zmtp-ingest [--messages N] [--batch N] [--timeout SECS]
                                        router kv_metrics SUB path vs the zeromq crate's SubSocket
+  continuum-bench pick [--iterations N] [--warmup N] [--seconds SECS]
+                                       one pick alone (p50/p99) at 10, 100, 1000 workers vs round-robin
   continuum-bench help
 
 http-hop options:
@@ -32,7 +35,12 @@ http-hop options:
 zmtp-ingest options:
   --messages N         messages per subscriber (default 2000000, min 1000)
   --batch N            messages per publisher write (default 1024)
-  --timeout SECS       how long each subscriber may take (default 60, max 600)";
+  --timeout SECS       how long each subscriber may take (default 60, max 600)
+
+pick options (per row, i.e. per fleet size and operation):
+  --iterations N       measured operations at most (default 200000, min 100)
+  --warmup N           untimed operations before measuring (default 20000)
+  --seconds SECS       wall time at most (default 2, max 60)";
 
 /// A parsed command line.
 #[derive(Debug)]
@@ -50,6 +58,8 @@ pub(crate) enum Command {
     Resync(crate::resync::ResyncOptions),
     /// Compare the router's kv_metrics SUB path with the zeromq crate's.
     ZmtpIngest(crate::zmtp_ingest::IngestOptions),
+    /// Time one pick at several fleet sizes against round-robin.
+    Pick(crate::pick::PickOptions),
 }
 
 /// Options of `http-hop`.
@@ -101,6 +111,7 @@ pub(crate) fn parse(args: impl IntoIterator<Item = String>) -> Result<Command, U
         "http-hop" => parse_hop(args).map(Command::HttpHop),
         "resync" => parse_resync(args),
         "zmtp-ingest" => parse_ingest(args).map(Command::ZmtpIngest),
+        "pick" => parse_pick(args).map(Command::Pick),
         _ => Err(UsageError::UnknownCommand(command)),
     }
 }
@@ -135,6 +146,22 @@ fn parse_ingest(
             }
             "--batch" => opts.batch = small(&flag, v?, 1, 65_536)? as usize,
             "--timeout" => opts.timeout_secs = number(&flag, v?, 1, 600)?,
+            _ => return Err(UsageError::UnknownFlag(flag)),
+        }
+    }
+    Ok(opts)
+}
+
+fn parse_pick(
+    mut args: impl Iterator<Item = String>,
+) -> Result<crate::pick::PickOptions, UsageError> {
+    let mut opts = crate::pick::PickOptions::default();
+    while let Some(flag) = args.next() {
+        let v = value(&flag, &mut args);
+        match flag.as_str() {
+            "--iterations" => opts.iterations = number(&flag, v?, 100, 100_000_000)?,
+            "--warmup" => opts.warmup = number(&flag, v?, 0, 100_000_000)?,
+            "--seconds" => opts.time = Duration::from_secs(number(&flag, v?, 1, 60)?),
             _ => return Err(UsageError::UnknownFlag(flag)),
         }
     }
@@ -266,6 +293,20 @@ mod tests {
         assert!(parse(args("zmtp-ingest --messages 10")).is_err());
         assert!(parse(args("zmtp-ingest --batch 0")).is_err());
         assert!(parse(args("zmtp-ingest --timeout 601")).is_err());
+    }
+
+    #[test]
+    fn pick_options() {
+        let Ok(Command::Pick(o)) = parse(args("pick --iterations 5000 --seconds 1")) else {
+            panic!("expected pick");
+        };
+        assert_eq!(
+            (o.iterations, o.warmup, o.time),
+            (5000, 20_000, Duration::from_secs(1))
+        );
+        assert!(parse(args("pick --iterations 10")).is_err());
+        assert!(parse(args("pick --seconds 0")).is_err());
+        assert!(parse(args("pick --workers 10")).is_err());
     }
 
     #[test]

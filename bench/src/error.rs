@@ -82,6 +82,9 @@ pub(crate) enum BenchError {
     /// `zmtp-ingest` could not measure its baseline.
     #[error("zmtp-ingest: {0}")]
     Ingest(#[from] crate::zmtp_ingest::IngestError),
+    /// `pick` could not measure.
+    #[error("pick: {0}")]
+    Pick(#[from] crate::pick::PickError),
     /// The backend's runtime could not be built or its socket bound.
     #[error("backend: {0}")]
     Backend(io::Error),

@@ -3,8 +3,9 @@
 //!
 //! Subcommands: `http-hop` (router hop vs nginx hop, see `hop`), `resync`
 //! (discovery resync time and registry memory, see `resync`), `zmtp-ingest`
-//! (the router's kv_metrics SUB path vs the zeromq crate, see `zmtp_ingest`)
-//! and `backend` (the fast canned OpenAI-ish backend the hop benchmark
+//! (the router's kv_metrics SUB path vs the zeromq crate, see `zmtp_ingest`),
+//! `pick` (one worker pick at 10, 100 and 1,000 workers vs round-robin, see
+//! `pick`) and `backend` (the fast canned OpenAI-ish backend the hop benchmark
 //! spawns).
 //! Invariant: the report goes to stdout, progress and diagnostics to
 //! stderr; nothing is written outside a temp dir; exit code 0 only if the
@@ -17,6 +18,7 @@ mod cli;
 mod cpu;
 mod error;
 mod hop;
+mod pick;
 mod probe;
 mod report;
 mod resync;
@@ -63,6 +65,11 @@ fn run() -> Result<(), BenchError> {
         cli::Command::ZmtpIngest(opts) => {
             let report = zmtp_ingest::run(opts)?;
             write!(std::io::stdout(), "{report}").map_err(BenchError::io("writing report"))
+        }
+        cli::Command::Pick(opts) => {
+            let report = pick::run(opts)?;
+            write!(std::io::stdout(), "{}", report.render())
+                .map_err(BenchError::io("writing report"))
         }
         cli::Command::HttpHop(opts) => {
             signals::install();

@@ -1,0 +1,396 @@
+//! One simulated shard of `pick` and the fleet's load around it.
+//!
+//! Role: owns a real [`LoadStore`] whose live set is the fleet's, two simulated shards'
+//! [`DispatchLedger`]s (this shard's and the other's, whose [`InflightTable`]s every pick reads)
+//! and the shard-local picker state, and runs one operation at a time ([`Sim::op`]): the `rr`
+//! baseline, the production pick path, or one of two diagnostics ([`Kind`]). Between timed batches the caller lets the fleet publish
+//! ([`Sim::advance`]): every `ROUND_EVERY` operations each `(worker, rank)` gets a fresh sample
+//! with new pseudo-random loads (answering this shard's dispatches) and the other shard
+//! dispatches to a quarter of the keys.
+//!
+//! Invariants: time is simulated (the core clock's [`Instant`], `STEP` per operation), so every
+//! sample is fresh and no dispatch expires or stalls; the sequence of picks is deterministic for a
+//! given operation order; nothing in [`Sim::op`] is timed by this module.
+
+use std::hint::black_box;
+use std::sync::Arc;
+use std::time::Duration;
+
+use continuum_core::clock::Instant;
+use continuum_core::discovery::{FleetView, InstanceId, PublisherId};
+use continuum_core::headers::PinHeaders;
+use continuum_core::load::{
+    ApplyOutcome, DEFAULT_MAX_STALENESS, DispatchLedger, DispatchLoad, DispatchRole,
+    InflightReader, InflightTable, LiveSet, LoadKey, LoadStore, Sample,
+};
+use continuum_core::picker::{
+    LoadBasedPicker, PickInput, PickScratch, PickerCursors, SelectionReason, StoreLoads,
+    WorkerPicker, estimate_prompt_tokens,
+};
+
+use super::PickError;
+use super::fleet::{
+    AGG_MODEL, BLOCK_SIZE, MAX_BATCHED_TOKENS, NAMESPACE, PD_MODEL, TOTAL_KV_BLOCKS,
+};
+use crate::alloc::thread_allocations;
+
+/// Simulated time per operation (a shard picking 10,000 times a second).
+pub(crate) const STEP: Duration = Duration::from_micros(100);
+/// Operations between two fleet-wide sample rounds (every 20 ms of simulated time).
+pub(crate) const ROUND_EVERY: u64 = 200;
+/// Prompt tokens of each of the other shard's dispatches.
+const OTHER_SHARD_PROMPT: u64 = 512;
+
+/// What one operation does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// Baseline: next worker of `fleet.workers` in turn, plus the same pin-header rendering.
+    Rr,
+    /// The production pick path for the aggregated model.
+    PickAgg,
+    /// The production pick path for the prefill/decode model.
+    PickPd,
+    /// Diagnostic: `estimate_prompt_tokens` over the chat body alone.
+    Estimate,
+    /// Diagnostic: `DispatchLedger::refresh` (documented as "call before each pick"), then the
+    /// prefill/decode pick path. Run on a `Sim` of its own: refreshing empties the ledger, which
+    /// would change what the other rows' dispatches do.
+    RefreshPickPd,
+}
+
+/// Number of [`Kind`]s.
+const KINDS: usize = 5;
+
+impl Kind {
+    /// Row label.
+    pub(crate) const fn label(self) -> &'static str {
+        match self {
+            Kind::Rr => "rr",
+            Kind::PickAgg => "pick agg",
+            Kind::PickPd => "pick p/d",
+            Kind::Estimate => "estimate",
+            Kind::RefreshPickPd => "refresh+p/d",
+        }
+    }
+
+    /// Whether the row runs the pick path.
+    pub(crate) const fn is_pick(self) -> bool {
+        self.model().is_some()
+    }
+
+    const fn model(self) -> Option<&'static str> {
+        match self {
+            Kind::Rr | Kind::Estimate => None,
+            Kind::PickAgg => Some(AGG_MODEL),
+            Kind::PickPd | Kind::RefreshPickPd => Some(PD_MODEL),
+        }
+    }
+}
+
+/// What the picks of one kind chose (to show that the loads, not round-robin, decided).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Outcomes {
+    /// Operations run.
+    pub(crate) ops: u64,
+    /// Decode sides chosen by load (`reason = load`).
+    pub(crate) by_load: u64,
+    /// Picks that carried a prefill worker.
+    pub(crate) with_prefill: u64,
+    /// Allocations made inside `DispatchLedger::dispatch` (counted around its calls).
+    pub(crate) dispatch_allocs: u64,
+}
+
+impl Outcomes {
+    /// What happened since `before` (an earlier reading of the same kind).
+    pub(crate) fn since(self, before: Self) -> Self {
+        Self {
+            ops: self.ops.wrapping_sub(before.ops),
+            by_load: self.by_load.wrapping_sub(before.by_load),
+            with_prefill: self.with_prefill.wrapping_sub(before.with_prefill),
+            dispatch_allocs: self.dispatch_allocs.wrapping_sub(before.dispatch_allocs),
+        }
+    }
+}
+
+/// One store key with its publisher.
+#[derive(Debug, Clone, Copy)]
+struct KeySpec {
+    key: LoadKey,
+    publisher: PublisherId,
+}
+
+/// This shard's picker state and everything around it (module docs).
+#[derive(Debug)]
+pub(crate) struct Sim<'f> {
+    fleet: &'f FleetView,
+    body: &'f [u8],
+    namespaces: [&'static str; 1],
+    store: LoadStore,
+    keys: Vec<KeySpec>,
+    ledger: DispatchLedger,
+    other: DispatchLedger,
+    tables: Vec<Arc<InflightTable>>,
+    cursors: PickerCursors,
+    scratch: PickScratch,
+    headers: Vec<u8>,
+    rr: usize,
+    now: Instant,
+    rng: u64,
+    sequence: u64,
+    since_round: u64,
+    outcomes: [Outcomes; KINDS],
+}
+
+/// splitmix64 step.
+fn next(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+impl<'f> Sim<'f> {
+    /// A shard over `fleet` whose store holds a fresh sample for every `(worker, rank)` and whose
+    /// ledger has dispatched once to every key (the steady state of a busy shard).
+    pub(crate) fn new(fleet: &'f FleetView, body: &'f [u8]) -> Result<Self, PickError> {
+        let store = LoadStore::new();
+        let report = store.set_live_and_retain(&LiveSet::from_fleet(fleet));
+        let mut keys = Vec::with_capacity(report.keys);
+        for w in &fleet.workers {
+            let start = w.dp_start_rank.unwrap_or(0);
+            for rank in start..start.saturating_add(w.dp_size.unwrap_or(1).max(1)) {
+                keys.push(KeySpec {
+                    key: LoadKey::new(w.instance_id, rank),
+                    publisher: PublisherId::new(w.instance_id.get() ^ 0x5a5a),
+                });
+            }
+        }
+        let ledger = DispatchLedger::new();
+        let other = DispatchLedger::new();
+        let tables = vec![ledger.table(), other.table()];
+        let mut sim = Self {
+            fleet,
+            body,
+            namespaces: [NAMESPACE],
+            store,
+            keys,
+            ledger,
+            other,
+            tables,
+            cursors: PickerCursors::default(),
+            scratch: PickScratch::new(),
+            headers: Vec::with_capacity(256),
+            rr: 0,
+            now: Instant::from_origin(Duration::from_secs(1_000)),
+            rng: 0x00C0_FFEE,
+            sequence: 1,
+            since_round: 0,
+            outcomes: [Outcomes::default(); KINDS],
+        };
+        let applied = sim.round();
+        if applied != sim.keys.len() || report.keys != sim.keys.len() {
+            return Err(PickError::Store {
+                keys: sim.keys.len(),
+                admitted: report.keys,
+                applied,
+            });
+        }
+        let prompt = estimate_prompt_tokens(body).get();
+        let view = sim.store.view();
+        sim.now = sim.now.saturating_add(STEP);
+        for k in &sim.keys {
+            let load = DispatchLoad::for_role(DispatchRole::Aggregated, prompt, Some(BLOCK_SIZE));
+            sim.ledger.dispatch(&view, k.key, load, sim.now);
+        }
+        drop(view);
+        Ok(sim)
+    }
+
+    /// `(worker, rank)` keys in the store.
+    pub(crate) fn keys(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// What the operations of `kind` chose so far.
+    pub(crate) fn outcomes(&self, kind: Kind) -> Outcomes {
+        self.outcomes
+            .get(kind as usize)
+            .copied()
+            .unwrap_or_default()
+    }
+
+    /// Applies a fresh sample with new loads to every key, then lets the other shard dispatch to
+    /// a quarter of the keys. Returns how many samples applied.
+    fn round(&mut self) -> usize {
+        let view = self.store.view();
+        let mut applied = 0;
+        for k in &self.keys {
+            let decode = next(&mut self.rng) % (TOTAL_KV_BLOCKS / 2);
+            let sample = Sample {
+                publisher_id: k.publisher,
+                sequence: self.sequence,
+                active_decode_blocks: Some(decode),
+                active_prefill_tokens: Some(next(&mut self.rng) % MAX_BATCHED_TOKENS),
+                kv_used_blocks: Some(decode + decode / 4),
+            };
+            if view.apply(k.key, &sample, self.now) == ApplyOutcome::Applied {
+                applied += 1;
+            }
+        }
+        self.sequence += 1;
+        let len = self.keys.len() as u64;
+        for _ in 0..(len / 4).max(1) {
+            let i = (next(&mut self.rng) % len.max(1)) as usize;
+            if let Some(k) = self.keys.get(i) {
+                let load = DispatchLoad::for_role(
+                    DispatchRole::Aggregated,
+                    OTHER_SHARD_PROMPT,
+                    Some(BLOCK_SIZE),
+                );
+                self.other.dispatch(&view, k.key, load, self.now);
+            }
+        }
+        applied
+    }
+
+    /// Lets `ops` operations' worth of fleet activity happen (untimed): a sample round whenever
+    /// `ROUND_EVERY` operations have run since the last one.
+    pub(crate) fn advance(&mut self, ops: u64) {
+        self.since_round += ops;
+        if self.since_round >= ROUND_EVERY {
+            self.since_round = 0;
+            self.round();
+        }
+    }
+
+    /// Runs one operation (the part that is timed). Returns the rendered header length.
+    pub(crate) fn op(&mut self, kind: Kind) -> Result<usize, PickError> {
+        self.now = self.now.saturating_add(STEP);
+        let Some(model) = kind.model() else {
+            return Ok(match kind {
+                Kind::Estimate => self.estimate_only(),
+                _ => self.round_robin(),
+            });
+        };
+        let view = self.store.view();
+        if kind == Kind::RefreshPickPd {
+            self.ledger.refresh(&view, self.now);
+        }
+        let reader = InflightReader::new(&self.tables);
+        let loads = StoreLoads::new(&view, &reader);
+        let prompt = estimate_prompt_tokens(self.body);
+        let input = PickInput {
+            fleet: self.fleet,
+            loads: &loads,
+            model,
+            namespaces: &self.namespaces,
+            prompt_tokens: prompt,
+            now: self.now,
+            max_staleness: DEFAULT_MAX_STALENESS,
+        };
+        let pick = LoadBasedPicker
+            .pick(&input, &mut self.cursors, &mut self.scratch)
+            .map_err(|_| PickError::NoWorker {
+                model,
+                workers: self.fleet.workers.len(),
+            })?;
+        self.headers.clear();
+        pick.pin_headers().write_to(&mut self.headers);
+        let block_size = |id: InstanceId| {
+            self.fleet
+                .workers
+                .binary_search_by(|w| {
+                    (w.namespace.as_str(), w.instance_id).cmp(&(pick.namespace, id))
+                })
+                .ok()
+                .and_then(|i| self.fleet.workers.get(i))
+                .and_then(|w| w.block_size)
+        };
+        let decode_role = if pick.prefill.is_some() {
+            DispatchRole::PairDecode
+        } else {
+            DispatchRole::Aggregated
+        };
+        let d = pick.decode;
+        let load = DispatchLoad::for_role(decode_role, prompt.get(), block_size(d.instance_id));
+        let key = LoadKey::new(d.instance_id, d.dp_rank);
+        let allocs_before = thread_allocations();
+        black_box(self.ledger.dispatch(&view, key, load, self.now));
+        if let Some(p) = pick.prefill {
+            let load = DispatchLoad::for_role(
+                DispatchRole::PairPrefill,
+                prompt.get(),
+                block_size(p.instance_id),
+            );
+            let key = LoadKey::new(p.instance_id, p.dp_rank);
+            black_box(self.ledger.dispatch(&view, key, load, self.now));
+        }
+        let dispatch_allocs = thread_allocations().wrapping_sub(allocs_before);
+        if let Some(o) = self.outcomes.get_mut(kind as usize) {
+            o.ops += 1;
+            o.by_load += u64::from(d.reason == SelectionReason::Load);
+            o.with_prefill += u64::from(pick.prefill.is_some());
+            o.dispatch_allocs += dispatch_allocs;
+        }
+        Ok(black_box(&self.headers).len())
+    }
+
+    /// The prompt estimate alone.
+    fn estimate_only(&mut self) -> usize {
+        if let Some(o) = self.outcomes.get_mut(Kind::Estimate as usize) {
+            o.ops += 1;
+        }
+        estimate_prompt_tokens(black_box(self.body)).get() as usize
+    }
+
+    /// The baseline: the next worker in turn, its pin header rendered the same way.
+    fn round_robin(&mut self) -> usize {
+        let workers = &self.fleet.workers;
+        self.rr = if self.rr + 1 >= workers.len() {
+            0
+        } else {
+            self.rr + 1
+        };
+        let Some(w) = workers.get(self.rr) else {
+            return 0;
+        };
+        let pins = PinHeaders {
+            worker: w.instance_id.get(),
+            worker_rank: w.dp_size.map(|_| w.dp_start_rank.unwrap_or(0)),
+            prefill: None,
+            prefill_rank: None,
+        };
+        self.headers.clear();
+        pins.write_to(&mut self.headers);
+        if let Some(o) = self.outcomes.get_mut(Kind::Rr as usize) {
+            o.ops += 1;
+        }
+        black_box(&self.headers).len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pick::fleet;
+
+    #[test]
+    fn picks_follow_the_loads_and_carry_prefill_for_pd() {
+        let f = fleet::build(100).unwrap();
+        let body = fleet::chat_body(PD_MODEL);
+        let mut sim = Sim::new(&f.view, body.as_bytes()).unwrap();
+        assert_eq!(sim.keys(), f.keys);
+        for _ in 0..1_000 {
+            for kind in [Kind::Rr, Kind::PickAgg, Kind::PickPd] {
+                assert!(sim.op(kind).unwrap() > 0);
+            }
+            sim.advance(3);
+        }
+        let agg = sim.outcomes(Kind::PickAgg);
+        let pd = sim.outcomes(Kind::PickPd);
+        assert_eq!((agg.ops, agg.by_load, agg.with_prefill), (1_000, 1_000, 0));
+        assert_eq!((pd.ops, pd.by_load, pd.with_prefill), (1_000, 1_000, 1_000));
+        assert_eq!(sim.outcomes(Kind::Rr).ops, 1_000);
+    }
+}
