@@ -2,7 +2,8 @@
 //! cost.
 //!
 //! Method, per fleet size: each row (operation kind) is warmed up, then calibrated (the fastest
-//! of four short timed runs gives its rough cost per operation, which sets its batch size: one operation per timed batch
+//! of four short timed runs, 256 operations each or 1/8 of the iteration cap if less, gives its
+//! rough cost per operation, which sets its batch size: one operation per timed batch
 //! unless the timer's own cost would exceed 5% of a batch, then just enough operations per batch
 //! to bring it under that). The rows are then measured **interleaved**, a slice of
 //! `SLICE_BATCHES` batches each in turn, so that load from other processes hits every row alike,
@@ -197,7 +198,7 @@ pub(crate) fn rows(
         }
         // Calibration: the rough cost of one operation (the least of a few short runs, so a
         // preemption does not inflate it) sets the batch size.
-        let calib = 256u64;
+        let calib = (budget.iterations / 8).clamp(16, 256);
         let mut per_op_ns = f64::INFINITY;
         for _ in 0..4 {
             let t = Instant::now();

@@ -413,8 +413,8 @@ mod tests {
     #[test]
     fn tiny_run_reports_every_size_and_row() {
         let report = run(PickOptions {
-            iterations: 2_000,
-            warmup: 2_000,
+            iterations: 400,
+            warmup: 400,
             time: Duration::from_secs(5),
         })
         .unwrap();
