@@ -11,26 +11,15 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::fleet::{Fleet, FleetSpec, Role};
-use common::{RouterConfig, RouterProcess, chat, metric_value};
+use common::{RouterProcess, chat, metric_value};
 use continuum_core::discovery::PublisherId;
 use continuum_core::subscriptions::shard_of;
 
 const SHARDS: usize = 2;
 
 fn router_for(fleet: &Fleet) -> RouterProcess {
-    let agg = fleet.info.frontends["agg"][0].clone();
-    let disagg = fleet.info.frontends["disagg"][0].clone();
-    let mut cfg = RouterConfig::default()
-        .backend("fe-agg", &agg, &["tiny-agg"])
-        .backend("fe-disagg", &disagg, &["tiny-disagg"]);
+    let mut cfg = fleet.router_config();
     cfg.shards = SHARDS.to_string();
-    cfg.disaggregated_serving = true;
-    cfg.extra_yaml = format!(
-        "dynamo:\n  enabled: true\n  discovery:\n    source: etcd\n    etcd:\n      endpoints: [\"{}\"]\n      \
-         namespaces: [agg, disagg]\n  load:\n    direct_allow_cidrs: [\"127.0.0.0/8\"]\n  shim:\n    pools:\n      \
-         - {{ namespace: agg, backends: [fe-agg] }}\n      - {{ namespace: disagg, backends: [fe-disagg] }}\n",
-        fleet.info.etcd_endpoint
-    );
     RouterProcess::start(&cfg)
 }
 

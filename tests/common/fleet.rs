@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use super::config::TempDir;
+use super::config::{RouterConfig, TempDir};
 
 /// The fleet script.
 pub const FLEET_SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fleet/fleet.py");
@@ -419,6 +419,41 @@ impl Fleet {
             info,
             scratch,
         }
+    }
+
+    /// A router config over this fleet: per namespace, one plain backend `fe-<ns>` (its first
+    /// frontend, serving that namespace's models; also the unified fallback) and a shim pool of
+    /// it; etcd discovery of those namespaces; direct `kv_metrics` subscriptions on loopback;
+    /// disaggregated serving on.
+    pub fn router_config(&self) -> RouterConfig {
+        let mut models: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+        for (model, m) in self.info.raw["models"].as_object().into_iter().flatten() {
+            if let Some(ns) = m["namespace"].as_str() {
+                models.entry(ns).or_default().push(model);
+            }
+        }
+        let mut cfg = RouterConfig::default();
+        let mut pools = String::new();
+        for (ns, urls) in &self.info.frontends {
+            let url = urls
+                .first()
+                .unwrap_or_else(|| panic!("no frontend for {ns}"));
+            let served = models.get(ns.as_str()).cloned().unwrap_or_default();
+            cfg = cfg.backend(&format!("fe-{ns}"), url, &served);
+            pools.push_str(&format!(
+                "      - {{ namespace: {ns}, backends: [fe-{ns}] }}\n"
+            ));
+        }
+        let namespaces: Vec<&str> = self.info.frontends.keys().map(String::as_str).collect();
+        cfg.disaggregated_serving = true;
+        cfg.extra_yaml = format!(
+            "dynamo:\n  enabled: true\n  discovery:\n    source: etcd\n    etcd:\n      endpoints: \
+             [\"{}\"]\n      namespaces: [{}]\n  load:\n    direct_allow_cidrs: [\"127.0.0.0/8\"]\n  \
+             shim:\n    pools:\n{pools}",
+            self.info.etcd_endpoint,
+            namespaces.join(", ")
+        );
+        cfg
     }
 
     /// Workers serving `model`.

@@ -10,7 +10,9 @@
 //! - [`filestore`]: a Dynamo file store written as Dynamo writes it;
 //! - [`shim`]: the recorded fleet behind scripted shim replicas;
 //! - [`etcd`]: [`etcd::EtcdServer`], a real etcd on loopback (restart, TLS, auth, etcdctl
-//!   helpers) for the discovery tests.
+//!   helpers) for the discovery tests;
+//! - [`fleet`]: a real Dynamo 1.6.1 fleet (`tests/fleet/`);
+//! - [`pyclient`]: the official Python API clients (`tests/clients/`) run with the fleet venv.
 //!
 //! Everything binds 127.0.0.1 only; every wait is bounded by a deadline.
 
@@ -24,6 +26,7 @@ pub mod discovery;
 pub mod etcd;
 pub mod filestore;
 pub mod fleet;
+pub mod pyclient;
 pub mod router;
 pub mod shim;
 pub mod zmq;
