@@ -342,3 +342,22 @@ fn anthropic_messages_are_pinned_and_the_rejection_is_anthropic_shaped() {
         "disaggregated_prefill_decode_unavailable"
     );
 }
+
+/// A request the frontend finds invalid is the client's error: relayed as the frontend sent it,
+/// neither counted as a shim failure nor sent again without pins.
+#[test]
+fn the_frontends_validation_400_is_relayed_to_the_client() {
+    let s = setup(true, None);
+    let body = "{\"message\":\"Validation: stream_options can only be set with stream\",\
+                \"type\":\"Bad Request\",\"code\":400}";
+    s.shim_agg.push_reply(error_body(400, body));
+    let resp = chat(s.router.addr(), &chat_body(AGG, "invalid", false), &[]);
+    assert_eq!(resp.status, 400);
+    assert_eq!(resp.text(), body);
+    assert_eq!(resp.header("x-continuum-routing-path"), Some("unified"));
+    assert_eq!(s.unified.request_count(), 0);
+    assert_eq!(
+        metric(&s, "disaggregated_errors_total", &[("phase", "decode")]),
+        0.0
+    );
+}

@@ -218,3 +218,28 @@ pub fn is_direct_mode_rejection(status: u16, body: &[u8]) -> bool {
         && status != 500
         && memchr::memmem::find(body, DIRECT_MODE_PREFILL_ID_ERROR.as_bytes()).is_some()
 }
+
+/// The message the Dynamo 1.6.1 frontend answers, with 400, for a pin it cannot use (unknown,
+/// departed, of another model, hex, missing): `{"message":"Invalid request","type":"Bad
+/// Request","code":400}`. Its request validation errors carry other messages.
+pub const PIN_REJECTION_MESSAGE: &str = "Invalid request";
+
+/// Whether a non-2xx shim answer is the client's own error (its request is invalid, whoever it
+/// is sent to), to be relayed rather than treated as a shim failure: 401, 403, 413, 415, 422, and
+/// a 400 whose message is not the frontend's pin rejection ([`PIN_REJECTION_MESSAGE`]). A 400
+/// without a readable message counts as a pin rejection, so a doubtful answer still falls back.
+pub fn is_client_error(status: u16, body: &[u8]) -> bool {
+    match status {
+        400 => {
+            let v: Option<Value> = serde_json::from_slice(body).ok();
+            let message = v.as_ref().and_then(|v| {
+                v.get("message")
+                    .or_else(|| v.pointer("/error/message"))
+                    .and_then(Value::as_str)
+            });
+            message.is_some_and(|m| m != PIN_REJECTION_MESSAGE)
+        }
+        401 | 403 | 413 | 415 | 422 => true,
+        _ => false,
+    }
+}

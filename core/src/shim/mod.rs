@@ -16,14 +16,18 @@
 //!   streaming request falls back only on a pre-stream transport failure or a 5xx, 429 or 408,
 //!   and any other 4xx is relayed to the client (SHIM-21); a stray 1xx/3xx final status (the
 //!   router follows no redirects) counts as a failure, like a 5xx;
-//! - a buffered non-2xx answer is a shim failure whatever its status (SHIM-20 names no
-//!   exception; the real frontend answers 400 when a pin names a worker it no longer knows).
+//! - a buffered non-2xx answer is a shim failure (SHIM-20; the real frontend answers 400
+//!   `Invalid request` when a pin names a worker it no longer knows), except the client's own
+//!   errors ([`is_client_error`]: a 400 with another message, such as the frontend's request
+//!   validation, and 401/403/413/415/422), which are relayed like a streaming request's 4xx:
+//!   sending an invalid request again without pins cannot help, and it is not the fleet's
+//!   failure.
 
 mod routes;
 
 pub use routes::ShimRoutes;
 
-use crate::ingress::errors::{ErrorClass, is_direct_mode_rejection};
+use crate::ingress::errors::{ErrorClass, is_client_error, is_direct_mode_rejection};
 
 /// Whether the client asked for a stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -187,7 +191,8 @@ pub fn decide(
         ShimOutcome::Answered { status, body } if is_direct_mode_rejection(status, body) => {
             ShimDecision::Fail(ErrorClass::DisaggregatedPrefillDecodeUnavailable)
         }
-        ShimOutcome::Answered { status, .. } => match mode {
+        ShimOutcome::Answered { status, body } => match mode {
+            RequestMode::Buffered if is_client_error(status, body) => ShimDecision::Relay,
             RequestMode::Buffered => decode_failure,
             RequestMode::Streaming
                 if (400..500).contains(&status) && status != 408 && status != 429 =>

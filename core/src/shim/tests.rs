@@ -6,6 +6,11 @@ const REJECTION: &[u8] =
     br#"{"error":{"message":"Prefill worker ID required in Direct routing mode","code":400}}"#;
 const WRAPPED: &[u8] = br#"{"message":"Failed to generate completions: Prefill worker ID required in Direct routing mode"}"#;
 const OTHER: &[u8] = br#"{"error":{"message":"worker 42 not found"}}"#;
+/// The real 1.6.1 frontend's answer to an unusable pin.
+const PIN_400: &[u8] = br#"{"message":"Invalid request","type":"Bad Request","code":400}"#;
+/// The real 1.6.1 frontend's request validation error.
+const VALIDATION_400: &[u8] =
+    br#"{"message":"Validation: stream_options can only be set with stream","type":"Bad Request","code":400}"#;
 
 use RequestMode::{Buffered, Streaming};
 use UnifiedFallback::{Allowed, Disabled};
@@ -81,7 +86,9 @@ fn shim_20_other_failures_fall_back_or_fail_as_configured() {
     for outcome in [
         ShimOutcome::TransportFailed,
         answered(502, OTHER),
-        answered(400, OTHER),
+        answered(400, PIN_400),
+        answered(400, b"not json"),
+        answered(404, OTHER),
     ] {
         let d = decide(outcome, Buffered, Allowed, true);
         assert_eq!(d, ShimDecision::FallbackUnified, "{outcome:?}");
@@ -89,6 +96,25 @@ fn shim_20_other_failures_fall_back_or_fail_as_configured() {
         let d = decide(outcome, Buffered, Disabled, true);
         assert_eq!(d, ShimDecision::Fail(ErrorClass::DisaggregatedDecodeFailed));
         assert_eq!(d.error_phase(), Some(ErrorPhase::Decode));
+    }
+}
+
+#[test]
+fn the_clients_own_errors_are_relayed_not_retried() {
+    for (status, body) in [
+        (400, VALIDATION_400),
+        (400, OTHER),
+        (401, OTHER),
+        (413, b"" as &[u8]),
+        (422, OTHER),
+    ] {
+        for mode in [Buffered, Streaming] {
+            for fb in [Allowed, Disabled] {
+                let d = decide(answered(status, body), mode, fb, true);
+                assert_eq!(d, ShimDecision::Relay, "{status} {mode:?}");
+                assert_eq!(d.error_phase(), None);
+            }
+        }
     }
 }
 
@@ -128,7 +154,14 @@ fn ingress_07_success_is_relayed_even_with_the_rejection_text_inside() {
 #[test]
 fn invariants_over_every_status() {
     for status in 100..600u16 {
-        for body in [REJECTION, WRAPPED, OTHER, b"" as &[u8]] {
+        for body in [
+            REJECTION,
+            WRAPPED,
+            OTHER,
+            PIN_400,
+            VALIDATION_400,
+            b"" as &[u8],
+        ] {
             for mode in [Buffered, Streaming] {
                 for fb in [Allowed, Disabled] {
                     for left in [true, false] {
@@ -147,14 +180,16 @@ fn invariants_over_every_status() {
                         if ok {
                             assert_eq!(d, ShimDecision::Relay);
                         }
-                        // Fallback happens only when allowed; a relayed failure only when
-                        // streaming and a plain 4xx.
+                        // Fallback happens only when allowed; a relayed failure only for a
+                        // plain 4xx, and when buffered only for the client's own error.
                         if d == ShimDecision::FallbackUnified {
                             assert_eq!(fb, Allowed);
                         }
                         if d == ShimDecision::Relay && !ok {
-                            assert_eq!(mode, Streaming);
                             assert!((400..500).contains(&status) && status != 408 && status != 429);
+                            if mode == Buffered {
+                                assert!(is_client_error(status, body), "{status}");
+                            }
                         }
                     }
                 }
