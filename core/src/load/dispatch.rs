@@ -256,15 +256,23 @@ impl DispatchLedger {
                 slot: *slot,
                 epoch: entry.epoch,
             });
-            match read {
-                Some(read) => entry.prune(&read, t),
-                None => entry.records.clear(),
-            }
+            let live = match read {
+                Some(read) => {
+                    entry.prune(&read, t);
+                    true
+                }
+                None => {
+                    entry.records.clear();
+                    false
+                }
+            };
             if entry.records.is_empty() {
                 entry.prefill = 0;
                 entry.decode = 0;
                 entry.publish_words(table, *slot, [0; WORDS]);
-                false
+                // A live key keeps its (empty) entry and its queue's capacity, so the next
+                // dispatch to it allocates nothing; a departed key's entry goes.
+                live
             } else {
                 entry.publish(table, *slot);
                 true
@@ -274,7 +282,7 @@ impl DispatchLedger {
 
     /// Keys with records on this shard.
     pub fn tracked_keys(&self) -> usize {
-        self.slots.len()
+        self.slots.values().filter(|e| !e.records.is_empty()).count()
     }
 }
 
