@@ -282,7 +282,10 @@ impl DispatchLedger {
 
     /// Keys with records on this shard.
     pub fn tracked_keys(&self) -> usize {
-        self.slots.values().filter(|e| !e.records.is_empty()).count()
+        self.slots
+            .values()
+            .filter(|e| !e.records.is_empty())
+            .count()
     }
 }
 
