@@ -144,7 +144,7 @@ fn banner(addr: SocketAddr, fleet: &SimFleet, shim: SocketAddr) -> String {
     if !cfg!(feature = "dynamo") {
         s.push_str(
             "\nnote: this build has no `dynamo` feature, so the router cannot read the simulated \
-             fleet;\n      run `cargo run --release --features dynamo -- demo` to see it route.\n",
+             fleet;\n      run `deploy/demo.sh` (or `cargo run --release --features dynamo -- demo`) to see it route.\n",
         );
     }
     s.push_str("Ctrl-C drains and exits. Worker table every second below.\n");
