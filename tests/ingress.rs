@@ -23,6 +23,34 @@ fn post(r: &RouterProcess, path: &str, body: &Value) -> common::Response {
     common::client::roundtrip(r.addr(), &raw).unwrap()
 }
 
+/// POST `body` to `path` on a client thread (the test feeds the backend meanwhile).
+fn post_in_thread(
+    r: &RouterProcess,
+    path: &'static str,
+    body: Value,
+) -> std::thread::JoinHandle<common::Response> {
+    let addr = r.addr();
+    std::thread::spawn(move || {
+        let bytes = serde_json::to_vec(&body).unwrap();
+        let raw = common::request_bytes(
+            "POST",
+            path,
+            &[("Content-Type", "application/json")],
+            Some(&bytes),
+        );
+        common::client::roundtrip(addr, &raw).unwrap()
+    })
+}
+
+/// One upstream chat chunk event.
+fn chunk(id: &str, delta: Value, finish: Value) -> String {
+    format!(
+        "data: {}\n\n",
+        json!({"id": id, "object": "chat.completion.chunk", "created": 1,
+               "model": "m", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+    )
+}
+
 fn messages_body(stream: bool) -> Value {
     json!({
         "model": "m",
@@ -70,28 +98,19 @@ fn streamed_messages_become_anthropic_events() {
     let b = MockBackend::start("b");
     let r = router(&b);
     let sse = b.push_sse();
-    let addr = r.addr();
-    let client = std::thread::spawn(move || {
-        let bytes = serde_json::to_vec(&messages_body(true)).unwrap();
-        let raw = common::request_bytes(
-            "POST",
-            "/v1/messages",
-            &[("Content-Type", "application/json")],
-            Some(&bytes),
-        );
-        common::client::roundtrip(addr, &raw).unwrap()
-    });
+    let client = post_in_thread(&r, "/v1/messages", messages_body(true));
     b.wait_requests(1, STEP);
-    let chunk = |delta: Value, finish: Value| {
-        format!(
-            "data: {}\n\n",
-            json!({"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1,
-                   "model": "m", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+    let id = "chatcmpl-1";
+    sse.send(
+        chunk(
+            id,
+            json!({"role": "assistant", "content": "Hel"}),
+            Value::Null,
         )
-    };
-    sse.send(chunk(json!({"role": "assistant", "content": "Hel"}), Value::Null).as_bytes());
-    sse.send(chunk(json!({"content": "lo"}), Value::Null).as_bytes());
-    sse.send(chunk(json!({}), json!("stop")).as_bytes());
+        .as_bytes(),
+    );
+    sse.send(chunk(id, json!({"content": "lo"}), Value::Null).as_bytes());
+    sse.send(chunk(id, json!({}), json!("stop")).as_bytes());
     sse.send(b"data: [DONE]\n\n");
     sse.finish();
     let resp = client.join().unwrap();
@@ -239,28 +258,22 @@ fn streamed_responses_are_converted_to_response_events() {
     let b = MockBackend::start("b");
     let r = responses_router(&b);
     let sse = b.push_sse();
-    let addr = r.addr();
-    let client = std::thread::spawn(move || {
-        let bytes =
-            serde_json::to_vec(&json!({"model": "m", "input": "hi", "stream": true})).unwrap();
-        let raw = common::request_bytes(
-            "POST",
-            "/v1/responses",
-            &[("Content-Type", "application/json")],
-            Some(&bytes),
-        );
-        common::client::roundtrip(addr, &raw).unwrap()
-    });
+    let client = post_in_thread(
+        &r,
+        "/v1/responses",
+        json!({"model": "m", "input": "hi", "stream": true}),
+    );
     b.wait_requests(1, STEP);
-    let chunk = |delta: Value, finish: Value| {
-        format!(
-            "data: {}\n\n",
-            json!({"id": "chatcmpl-9", "object": "chat.completion.chunk", "created": 1,
-                   "model": "m", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+    let id = "chatcmpl-9";
+    sse.send(
+        chunk(
+            id,
+            json!({"role": "assistant", "content": "He"}),
+            Value::Null,
         )
-    };
-    sse.send(chunk(json!({"role": "assistant", "content": "He"}), Value::Null).as_bytes());
-    sse.send(chunk(json!({"content": "y"}), json!("stop")).as_bytes());
+        .as_bytes(),
+    );
+    sse.send(chunk(id, json!({"content": "y"}), json!("stop")).as_bytes());
     sse.send(b"data: [DONE]\n\n");
     sse.finish();
     let resp = client.join().unwrap();

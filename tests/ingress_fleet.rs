@@ -46,6 +46,27 @@ fn fleet_and_router() -> (Fleet, RouterProcess) {
     (fleet, r)
 }
 
+/// The client script's arguments: the base URL, both models, 2 requests each way, 8 tokens.
+fn client_args(base_url: String, tokens_flag: &str) -> Vec<String> {
+    [
+        "--base-url",
+        &base_url,
+        "--model",
+        AGG,
+        "--model",
+        DISAGG,
+        "--n",
+        "2",
+        tokens_flag,
+        "8",
+        "--timeout",
+        "10",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
 fn path_count(r: &RouterProcess, path: &str) -> f64 {
     metric_value(
         &r.metrics(),
@@ -58,23 +79,7 @@ fn path_count(r: &RouterProcess, path: &str) -> f64 {
 #[test]
 fn official_anthropic_client_buffered_and_streamed_on_both_models() {
     let (_fleet, r) = fleet_and_router();
-    let args: Vec<String> = [
-        "--base-url",
-        &format!("http://{}", r.addr()),
-        "--model",
-        AGG,
-        "--model",
-        DISAGG,
-        "--n",
-        "2",
-        "--max-tokens",
-        "8",
-        "--timeout",
-        "10",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    let args = client_args(format!("http://{}", r.addr()), "--max-tokens");
     let results = run_script(ANTHROPIC, &args, Duration::from_secs(120));
     assert_eq!(results.len(), 8, "{results:#?}");
     for res in &results {
@@ -117,21 +122,7 @@ fn official_anthropic_client_buffered_and_streamed_on_both_models() {
 #[test]
 fn official_openai_client_responses_pass_through_pinned_on_both_models() {
     let (_fleet, r) = fleet_and_router();
-    let args: Vec<String> = [
-        "--base-url",
-        &format!("http://{}/v1", r.addr()),
-        "--model",
-        AGG,
-        "--model",
-        DISAGG,
-        "--n",
-        "2",
-        "--max-output-tokens",
-        "8",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    let args = client_args(format!("http://{}/v1", r.addr()), "--max-output-tokens");
     let results = run_script(RESPONSES, &args, Duration::from_secs(120));
     assert_eq!(results.len(), 8, "{results:#?}");
     for res in &results {

@@ -34,8 +34,7 @@ use continuum_core::ingress::responses_stream::ResponsesStream;
 use monoio::net::TcpStream;
 
 use super::relay::{
-    BodyState, Framing, ParsedHead, RelayEnd, hold, read_upstream, write_client,
-    write_router_headers,
+    BodyState, Framing, ParsedHead, RelayEnd, end_head, hold, read_upstream, write_client,
 };
 use super::{Attempt, AttemptError, CHAT_PATH, Ingress};
 use crate::conn::{BodyRef, ClientConn, Outcome};
@@ -246,10 +245,7 @@ pub(super) async fn relay_converted(
     if chunked {
         c.wbuf.extend_from_slice(b"transfer-encoding: chunked\r\n");
     }
-    write_router_headers(c, backend, attempt);
-    let persistence = Persistence::of(keep_alive, c.head.http10);
-    c.wbuf.extend_from_slice(persistence.header().as_bytes());
-    c.wbuf.extend_from_slice(b"\r\n");
+    end_head(c, backend, attempt, keep_alive);
     let mut conv = StreamConv::new(conv);
     let mut body = BodyState::new(parsed, true);
     let mut plain = Vec::new();
@@ -367,10 +363,7 @@ async fn buffered(
         respond::reason(status),
         body.len()
     );
-    write_router_headers(c, backend, attempt);
-    let persistence = Persistence::of(keep_alive, c.head.http10);
-    c.wbuf.extend_from_slice(persistence.header().as_bytes());
-    c.wbuf.extend_from_slice(b"\r\n");
+    end_head(c, backend, attempt, keep_alive);
     c.wbuf.extend_from_slice(&body);
     Ok((RelayEnd::Relayed(Outcome { status, keep_alive }), reusable))
 }

@@ -249,10 +249,7 @@ pub(super) fn write_held(
         c.wbuf.extend_from_slice(&c.held_type);
         c.wbuf.extend_from_slice(b"\r\n");
     }
-    write_router_headers(c, backend, attempt);
-    let persistence = Persistence::of(keep_alive, c.head.http10);
-    c.wbuf.extend_from_slice(persistence.header().as_bytes());
-    c.wbuf.extend_from_slice(b"\r\n");
+    end_head(c, backend, attempt, keep_alive);
     if c.head.method != Method::Head {
         let ClientConn { wbuf, held, .. } = c;
         wbuf.extend_from_slice(held);
@@ -260,12 +257,22 @@ pub(super) fn write_held(
     Outcome { status, keep_alive }
 }
 
-/// `x-backend` (only when the client asked, SHIM-15) and the routing headers of `attempt`.
-pub(super) fn write_router_headers(
+/// End a client-facing response head in `c.wbuf`: the router's headers, the persistence
+/// header, the blank line.
+pub(super) fn end_head(
     c: &mut ClientConn,
     backend: &BackendConfig,
     attempt: &Attempt<'_>,
+    keep_alive: bool,
 ) {
+    write_router_headers(c, backend, attempt);
+    let persistence = Persistence::of(keep_alive, c.head.http10);
+    c.wbuf.extend_from_slice(persistence.header().as_bytes());
+    c.wbuf.extend_from_slice(b"\r\n");
+}
+
+/// `x-backend` (only when the client asked, SHIM-15) and the routing headers of `attempt`.
+fn write_router_headers(c: &mut ClientConn, backend: &BackendConfig, attempt: &Attempt<'_>) {
     let disclosure = if c.head.wants_backend {
         let _ = write!(
             c.wbuf,
@@ -490,8 +497,5 @@ fn write_client_head(
         }
         Framing::UntilClose => {}
     }
-    write_router_headers(c, backend, attempt);
-    let persistence = Persistence::of(keep_alive, c.head.http10);
-    c.wbuf.extend_from_slice(persistence.header().as_bytes());
-    c.wbuf.extend_from_slice(b"\r\n");
+    end_head(c, backend, attempt, keep_alive);
 }
