@@ -72,6 +72,7 @@ pub(crate) fn start(
         bind: config.server.bind_address,
         cpus: shard_cpus(&config),
         driver: DriverChoice::from_env_value(std::env::var("CONTINUUM_DRIVER").ok().as_deref()),
+        picker: continuum_shards::load_based_picker,
     };
     let load_store = Arc::new(LoadStore::new());
     if let Err(e) = load_store.set_max_staleness(config.dynamo.load.max_staleness) {

@@ -30,4 +30,7 @@ mod signal;
 mod spawn;
 pub mod subscribe;
 
-pub use spawn::{ShardSet, ShardSetError, ShardSpec, pin_current_thread, spawn_shards};
+pub use spawn::{
+    PickerFactory, ShardSet, ShardSetError, ShardSpec, load_based_picker, pin_current_thread,
+    spawn_shards,
+};

@@ -24,7 +24,7 @@ use crate::subscribe::status::SubTable;
 use crate::subscribe::{LoadShared, Subscriptions};
 use continuum_core::load::DispatchLedger;
 use continuum_core::load::metrics::LoadEventCounters;
-use continuum_core::picker::{LoadBasedPicker, PickScratch, PickerCursors, WorkerPicker};
+use continuum_core::picker::{PickScratch, PickerCursors, WorkerPicker};
 
 /// A snapshot as a shard holds it: requests clone the `Rc` around it (non-atomic), never the
 /// `Arc` inside (whose counter every core would contend on).
@@ -84,6 +84,7 @@ impl Shard {
         control: Arc<ControlStats>,
         load: Arc<LoadShared>,
         ledger: DispatchLedger,
+        picker: Box<dyn WorkerPicker>,
     ) -> Self {
         let snapshot = RefCell::new(Rc::new(LocalSnapshot(cell.load())));
         let metrics = all_metrics
@@ -107,7 +108,7 @@ impl Shard {
             rng: Cell::new(
                 0x9E37_79B9_7F4A_7C15 ^ (id as u64 + 1).wrapping_mul(0xBF58_476D_1CE4_E5B9),
             ),
-            picker: Box::new(LoadBasedPicker::new()),
+            picker,
             pick_state: RefCell::new(PickState {
                 // Start each shard's cursors apart so shards do not round-robin in lockstep.
                 cursors: PickerCursors {

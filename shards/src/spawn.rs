@@ -22,6 +22,7 @@ use crate::runtime::{self, DriverChoice, DriverKind};
 use crate::shard::{self, Shard};
 use crate::subscribe::LoadShared;
 use continuum_core::load::{DispatchLedger, LoadStore};
+use continuum_core::picker::{LoadBasedPicker, WorkerPicker};
 
 /// What to start.
 #[derive(Debug, Clone)]
@@ -32,6 +33,17 @@ pub struct ShardSpec {
     pub cpus: Vec<Option<usize>>,
     /// Which I/O drivers may be used.
     pub driver: DriverChoice,
+    /// Builds each shard's worker picker (PICK-17: the KV-aware picker replaces the default
+    /// here, without changes to the data plane).
+    pub picker: PickerFactory,
+}
+
+/// Builds one shard's [`WorkerPicker`]; called once per shard, on its thread.
+pub type PickerFactory = fn() -> Box<dyn WorkerPicker>;
+
+/// The default picker: [`LoadBasedPicker`] (PICK-01).
+pub fn load_based_picker() -> Box<dyn WorkerPicker> {
+    Box::new(LoadBasedPicker::new())
 }
 
 /// Why the shards could not start.
@@ -163,6 +175,7 @@ pub fn spawn_shards(
             control: control.clone(),
             load: load.clone(),
             ledger,
+            picker: spec.picker,
             mailbox: rx,
             ready: ready_tx,
             exit: exit_tx.clone(),
@@ -195,6 +208,7 @@ struct ShardStart {
     control: Arc<ControlStats>,
     load: Arc<LoadShared>,
     ledger: DispatchLedger,
+    picker: PickerFactory,
     mailbox: MailboxReceiver,
     ready: mpsc::Sender<Result<(SocketAddr, DriverKind), ShardSetError>>,
     exit: crossbeam_channel::Sender<usize>,
@@ -248,6 +262,7 @@ fn shard_main(start: ShardStart) {
             start.control,
             start.load,
             start.ledger,
+            (start.picker)(),
         ));
         shard::run(shard, listener, start.mailbox).await;
     });
