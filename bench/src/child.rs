@@ -9,7 +9,7 @@
 
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, ChildStdin, ChildStdout, Command, ExitStatus, Stdio};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
@@ -36,11 +36,40 @@ impl Supervised {
         cpus: &[usize],
         log: Option<&Path>,
     ) -> Result<Self, BenchError> {
+        cmd.stdin(Stdio::null());
+        Self::spawn_as_set(what, cmd, cpus, log)
+    }
+
+    /// Like [`spawn`](Self::spawn), but with stdin and stdout piped to the
+    /// driver (for a child driven by commands on stdin, such as fleet.py).
+    /// The caller sets stderr.
+    pub(crate) fn spawn_piped(
+        what: &'static str,
+        mut cmd: Command,
+        cpus: &[usize],
+        log: Option<&Path>,
+    ) -> Result<(Self, ChildStdin, ChildStdout), BenchError> {
+        cmd.stdin(Stdio::piped()).stdout(Stdio::piped());
+        let mut s = Self::spawn_as_set(what, cmd, cpus, log)?;
+        match (s.child.stdin.take(), s.child.stdout.take()) {
+            (Some(stdin), Some(stdout)) => Ok((s, stdin, stdout)),
+            _ => Err(BenchError::io(format!("piping {what}"))(std::io::Error::other(
+                "stdin or stdout not piped",
+            ))),
+        }
+    }
+
+    /// Spawns `cmd` as configured by the caller, pinned and tied to the driver.
+    fn spawn_as_set(
+        what: &'static str,
+        mut cmd: Command,
+        cpus: &[usize],
+        log: Option<&Path>,
+    ) -> Result<Self, BenchError> {
         let program = cmd.get_program().to_string_lossy().into_owned();
         let set = cpu_set(cpus);
         // SAFETY: getpid has no preconditions.
         let driver = unsafe { libc::getpid() };
-        cmd.stdin(Stdio::null());
         // SAFETY: the closure only makes async-signal-safe syscalls
         // (sched_setaffinity, prctl, getppid) on data copied before fork.
         unsafe {
@@ -113,7 +142,7 @@ impl Supervised {
     }
 
     /// Polls for exit for up to `grace`, ignoring interrupts (used on drop).
-    fn reaped_within(&mut self, grace: Duration) -> bool {
+    pub(crate) fn reaped_within(&mut self, grace: Duration) -> bool {
         let deadline = Instant::now() + grace;
         while Instant::now() < deadline {
             if !matches!(self.child.try_wait(), Ok(None)) {

@@ -12,6 +12,7 @@ use crate::error::UsageError;
 pub(crate) const USAGE: &str = "\
 usage:
   continuum-bench http-hop [options]   router hop vs nginx hop, same backend, same load
+  continuum-bench fleet-hop [options]  router vs direct-to-frontend on a real Dynamo fleet (needs the fleet venv)
   continuum-bench backend --port N     the fast OpenAI-ish backend alone (pinning is up to you)
   continuum-bench resync [--workers N] [--rounds N]
                                        discovery resync time and registry memory (default 16384 workers)
@@ -31,6 +32,21 @@ http-hop options:
   --nginx-bin PATH     nginx binary (default: nginx on PATH)
   --wrk-bin PATH       wrk binary (default: wrk on PATH)
   --ready-timeout SECS how long a server may take to pass its probe (default 15)
+
+fleet-hop options:
+  --duration SECS      measured wrk run per path (default 10, max 600)
+  --warmup SECS        unmeasured wrk run before each measurement (default 2, 0 = none)
+  --connections LIST   wrk connection counts, comma separated, one comparison each (default 1,8)
+  --rounds N           direct/router pairs per connection count (default 1, max 20)
+  --workers N          mocker workers of the aggregated model (default 2, max 8)
+  --max-tokens N       max_tokens of every request (default 4)
+  --speedup-ratio N    the mockers' --speedup-ratio (default 1000)
+  --router-bin PATH    router built with --features dynamo (default: continuum-router next to this binary)
+  --wrk-bin PATH       wrk binary (default: wrk on PATH)
+  --python PATH        the fleet venv's python (default: $CONTINUUM_FLEET_VENV or
+                       ~/.cache/continuum-fleet/venv, then bin/python)
+  --fleet-script PATH  tests/fleet/fleet.py (default: the one of this source tree)
+  --ready-timeout SECS how long the fleet, then the router, may take to be ready (default 60)
 
 zmtp-ingest options:
   --messages N         messages per subscriber (default 2000000, min 1000)
@@ -54,6 +70,8 @@ pub(crate) enum Command {
     },
     /// Run the router-vs-nginx comparison.
     HttpHop(HopOptions),
+    /// Run the router-vs-direct comparison on a real Dynamo fleet.
+    FleetHop(crate::fleet_hop::FleetHopOptions),
     /// Measure a discovery resync.
     Resync(crate::resync::ResyncOptions),
     /// Compare the router's kv_metrics SUB path with the zeromq crate's.
@@ -109,6 +127,7 @@ pub(crate) fn parse(args: impl IntoIterator<Item = String>) -> Result<Command, U
         "help" | "--help" | "-h" => Ok(Command::Help),
         "backend" => parse_backend(args),
         "http-hop" => parse_hop(args).map(Command::HttpHop),
+        "fleet-hop" => parse_fleet_hop(args).map(Command::FleetHop),
         "resync" => parse_resync(args),
         "zmtp-ingest" => parse_ingest(args).map(Command::ZmtpIngest),
         "pick" => parse_pick(args).map(Command::Pick),
@@ -212,6 +231,48 @@ fn parse_hop(mut args: impl Iterator<Item = String>) -> Result<HopOptions, Usage
     Ok(opts)
 }
 
+fn parse_fleet_hop(
+    mut args: impl Iterator<Item = String>,
+) -> Result<crate::fleet_hop::FleetHopOptions, UsageError> {
+    let mut opts = crate::fleet_hop::FleetHopOptions::default();
+    while let Some(flag) = args.next() {
+        let v = value(&flag, &mut args);
+        match flag.as_str() {
+            "--duration" => opts.duration_secs = number(&flag, v?, 1, 600)?,
+            "--warmup" => opts.warmup_secs = number(&flag, v?, 0, 60)?,
+            "--connections" => opts.connections = connection_list(&flag, v?)?,
+            "--rounds" => opts.rounds = small(&flag, v?, 1, 20)?,
+            "--workers" => opts.workers = small(&flag, v?, 1, 8)?,
+            "--max-tokens" => opts.max_tokens = small(&flag, v?, 1, 4096)?,
+            "--speedup-ratio" => opts.speedup_ratio = number(&flag, v?, 1, 1_000_000)?,
+            "--router-bin" => opts.router_bin = Some(PathBuf::from(v?)),
+            "--wrk-bin" => opts.wrk_bin = PathBuf::from(v?),
+            "--python" => opts.python = Some(PathBuf::from(v?)),
+            "--fleet-script" => opts.fleet_script = PathBuf::from(v?),
+            "--ready-timeout" => opts.ready_timeout_secs = number(&flag, v?, 1, 300)?,
+            _ => return Err(UsageError::UnknownFlag(flag)),
+        }
+    }
+    Ok(opts)
+}
+
+fn connection_list(flag: &str, value: String) -> Result<Vec<u32>, UsageError> {
+    let mut list = Vec::new();
+    for part in value.split(',') {
+        match part.trim().parse::<u32>() {
+            Ok(n) if (1..=1024).contains(&n) => list.push(n),
+            _ => {
+                return Err(bad(
+                    flag,
+                    value,
+                    "expected a comma separated list of connection counts, each 1 to 1024",
+                ));
+            }
+        }
+    }
+    Ok(list)
+}
+
 fn value(flag: &str, args: &mut impl Iterator<Item = String>) -> Result<String, UsageError> {
     args.next()
         .ok_or_else(|| UsageError::MissingValue(flag.to_owned()))
@@ -307,6 +368,37 @@ mod tests {
         assert!(parse(args("pick --iterations 10")).is_err());
         assert!(parse(args("pick --seconds 0")).is_err());
         assert!(parse(args("pick --workers 10")).is_err());
+    }
+
+    #[test]
+    fn fleet_hop_options() {
+        let Ok(Command::FleetHop(o)) = parse(args("fleet-hop")) else {
+            panic!("expected fleet-hop");
+        };
+        assert_eq!((o.duration_secs, o.warmup_secs, o.rounds), (10, 2, 1));
+        assert_eq!(o.connections, vec![1, 8]);
+        assert_eq!((o.workers, o.max_tokens, o.speedup_ratio), (2, 4, 1000));
+        assert!(o.fleet_script.ends_with("tests/fleet/fleet.py"));
+        let Ok(Command::FleetHop(o)) = parse(args(
+            "fleet-hop --duration 3 --connections 1,4,16 --rounds 3 --workers 1 --max-tokens 8 \
+             --python /v/bin/python --warmup 0",
+        )) else {
+            panic!("expected fleet-hop");
+        };
+        assert_eq!((o.duration_secs, o.warmup_secs, o.rounds), (3, 0, 3));
+        assert_eq!(o.connections, vec![1, 4, 16]);
+        assert_eq!((o.workers, o.max_tokens), (1, 8));
+        assert_eq!(o.python, Some(PathBuf::from("/v/bin/python")));
+        for bad in [
+            "fleet-hop --connections 0",
+            "fleet-hop --connections 1,x",
+            "fleet-hop --rounds 0",
+            "fleet-hop --workers 9",
+            "fleet-hop --duration 0",
+            "fleet-hop --shards 1",
+        ] {
+            assert!(parse(args(bad)).is_err(), "{bad}");
+        }
     }
 
     #[test]

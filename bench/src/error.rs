@@ -85,6 +85,9 @@ pub(crate) enum BenchError {
     /// `pick` could not measure.
     #[error("pick: {0}")]
     Pick(#[from] crate::pick::PickError),
+    /// `fleet-hop`'s fleet could not be started or described.
+    #[error("fleet: {0}")]
+    Fleet(#[from] crate::fleet_hop::FleetError),
     /// The backend's runtime could not be built or its socket bound.
     #[error("backend: {0}")]
     Backend(io::Error),

@@ -133,6 +133,7 @@ impl Hop<'_> {
             Server::Router => servers::start_router(router_bin, self.dir, &p, ready)?,
         };
         let load_cpus = [LOAD_CPU];
+        let script = self.dir.path().join("post.lua");
         let mut run = WrkRun {
             bin: &o.wrk_bin,
             port: p.port,
@@ -140,6 +141,7 @@ impl Hop<'_> {
             connections: o.connections,
             secs: o.warmup_secs,
             cpus: &load_cpus,
+            script: &script,
         };
         if o.warmup_secs > 0 {
             run.run(self.dir)?;

@@ -1,7 +1,8 @@
 //! `continuum-bench`: benchmarks of continuum-router, each reported as a
 //! ratio against a baseline measured in the same command.
 //!
-//! Subcommands: `http-hop` (router hop vs nginx hop, see `hop`), `resync`
+//! Subcommands: `http-hop` (router hop vs nginx hop, see `hop`), `fleet-hop`
+//! (router vs direct-to-frontend on a real Dynamo fleet, see `fleet_hop`), `resync`
 //! (discovery resync time and registry memory, see `resync`), `zmtp-ingest`
 //! (the router's kv_metrics SUB path vs the zeromq crate, see `zmtp_ingest`),
 //! `pick` (one worker pick at 10, 100 and 1,000 workers vs round-robin, see
@@ -17,6 +18,7 @@ mod child;
 mod cli;
 mod cpu;
 mod error;
+mod fleet_hop;
 mod hop;
 mod pick;
 mod probe;
@@ -74,6 +76,10 @@ fn run() -> Result<(), BenchError> {
         cli::Command::HttpHop(opts) => {
             signals::install();
             hop::run(&opts)
+        }
+        cli::Command::FleetHop(opts) => {
+            signals::install();
+            fleet_hop::run(&opts)
         }
     }
 }

@@ -58,29 +58,74 @@ pub(crate) fn free_port() -> Result<u16, BenchError> {
 
 /// Sends `probe` to `127.0.0.1:port`, returns the response status code.
 pub(crate) fn status(port: u16, probe: Probe) -> std::io::Result<u16> {
+    request(port, probe.method, probe.path, &[], probe.body).map(|r| r.status)
+}
+
+/// A response read by [`request`].
+#[derive(Debug, Clone)]
+pub(crate) struct Response {
+    /// Status code.
+    pub(crate) status: u16,
+    /// Status line and headers, as sent.
+    pub(crate) head: String,
+    /// Body bytes (at most 1 MiB of the message is read), not de-chunked.
+    pub(crate) body: Vec<u8>,
+}
+
+impl Response {
+    /// The first value of header `name` (case-insensitive), trimmed.
+    pub(crate) fn header(&self, name: &str) -> Option<&str> {
+        self.head.lines().skip(1).find_map(|line| {
+            let (k, v) = line.split_once(':')?;
+            k.trim().eq_ignore_ascii_case(name).then(|| v.trim())
+        })
+    }
+
+    /// The body as text (lossy), for messages.
+    pub(crate) fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+/// Sends one request to `127.0.0.1:port` with `Connection: close` and reads
+/// the whole response (bounded by [`PROBE_TIMEOUT`] per operation and 1 MiB).
+pub(crate) fn request(
+    port: u16,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> std::io::Result<Response> {
     let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
     let mut s = TcpStream::connect_timeout(&addr, PROBE_TIMEOUT)?;
     s.set_read_timeout(Some(PROBE_TIMEOUT))?;
     s.set_write_timeout(Some(PROBE_TIMEOUT))?;
-    let req = format!(
-        "{} {} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\nConnection: close\r\n\r\n{}",
-        probe.method,
-        probe.path,
-        probe.body.len(),
-        probe.body
+    let mut req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n",
+        body.len(),
     );
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    req.push_str(body);
     s.write_all(req.as_bytes())?;
     let mut resp = Vec::new();
-    s.take(64 * 1024).read_to_end(&mut resp)?;
+    s.take(1024 * 1024).read_to_end(&mut resp)?;
     let bad = || std::io::Error::new(std::io::ErrorKind::InvalidData, "not an HTTP response");
-    let line = resp.split(|&b| b == b'\r').next().ok_or_else(bad)?;
-    let code = std::str::from_utf8(line)
-        .ok()
-        .and_then(|l| l.split_whitespace().nth(1))
+    let split = resp.windows(4).position(|w| w == b"\r\n\r\n").ok_or_else(bad)?;
+    let head = String::from_utf8_lossy(&resp[..split]).into_owned();
+    let status = head
+        .split_whitespace()
+        .nth(1)
         .and_then(|c| c.parse().ok())
         .ok_or_else(bad)?;
-    Ok(code)
+    Ok(Response {
+        status,
+        head,
+        body: resp[split + 4..].to_vec(),
+    })
 }
 
 /// Probes until the server answers 200, the child exits, or `timeout`.

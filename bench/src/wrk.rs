@@ -27,6 +27,15 @@ pub(crate) fn post_lua() -> String {
     )
 }
 
+/// A Lua `done()` that prints p50 and p99 in whole microseconds, for
+/// [`parse`] to prefer over wrk's 2-decimal table.
+pub(crate) const PRECISE_LATENCY_LUA: &str = "\
+function done(summary, latency, requests)
+  io.write(string.format(\"latency-us p50 %d p99 %d\\n\",
+    latency:percentile(50), latency:percentile(99)))
+end
+";
+
 /// What one wrk run measured.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct WrkReport {
@@ -59,11 +68,13 @@ pub(crate) struct WrkRun<'a> {
     pub(crate) secs: u64,
     /// CPUs wrk is pinned to.
     pub(crate) cpus: &'a [usize],
+    /// The Lua script (`-s`).
+    pub(crate) script: &'a Path,
 }
 
 impl WrkRun<'_> {
-    /// Runs wrk to completion and parses its report. `post.lua` must
-    /// already exist in `dir`.
+    /// Runs wrk to completion and parses its report; its output goes to
+    /// `wrk.out` in `dir`.
     pub(crate) fn run(&self, dir: &TempDir) -> Result<WrkReport, BenchError> {
         let out = dir.path().join("wrk.out");
         let mut cmd = Command::new(self.bin);
@@ -72,7 +83,7 @@ impl WrkRun<'_> {
             .arg(format!("-d{}s", self.secs))
             .arg("--latency")
             .arg("-s")
-            .arg(dir.path().join("post.lua"))
+            .arg(self.script)
             .arg(format!(
                 "http://127.0.0.1:{}/v1/chat/completions",
                 self.port
@@ -115,12 +126,21 @@ pub(crate) fn parse(text: &str) -> Result<WrkReport, BenchError> {
         non_2xx: 0,
         socket_errors: 0,
     };
+    let mut precise: Option<(f64, f64)> = None;
     for line in text.lines().map(str::trim) {
         let words: Vec<&str> = line.split_whitespace().collect();
         match words.as_slice() {
             ["Requests/sec:", v] => r.rps = v.parse().map_err(|_| missing("Requests/sec"))?,
             ["50%", v] => r.p50_us = duration_us(v).ok_or_else(|| missing("50% latency"))?,
             ["99%", v] => r.p99_us = duration_us(v).ok_or_else(|| missing("99% latency"))?,
+            // Printed by a script's `done()` (see `PRECISE_LATENCY_LUA`): whole
+            // microseconds, so it replaces the 10 us resolution of the table.
+            ["latency-us", "p50", a, "p99", b] => {
+                precise = Some((
+                    a.parse().map_err(|_| missing("latency-us p50"))?,
+                    b.parse().map_err(|_| missing("latency-us p99"))?,
+                ));
+            }
             [n, "requests", "in", ..] => r.requests = n.parse().map_err(|_| missing("requests"))?,
             ["Non-2xx", "or", "3xx", "responses:", n] => {
                 r.non_2xx = n.parse().map_err(|_| missing("Non-2xx"))?;
@@ -136,6 +156,9 @@ pub(crate) fn parse(text: &str) -> Result<WrkReport, BenchError> {
     }
     if r.rps.is_nan() {
         return Err(missing("Requests/sec"));
+    }
+    if let Some((p50, p99)) = precise {
+        (r.p50_us, r.p99_us) = (p50, p99);
     }
     if r.p50_us.is_nan() || r.p99_us.is_nan() {
         return Err(missing("latency distribution (was --latency passed?)"));
@@ -188,6 +211,15 @@ Transfer/sec:     15.00MB
         assert!((r.p50_us - 1500.0).abs() < 1e-6);
         assert!((r.p99_us - 2500.0).abs() < 1e-6);
         assert_eq!((r.non_2xx, r.socket_errors), (7, 3));
+    }
+
+    #[test]
+    fn precise_latency_line_wins() {
+        let text = format!("{SAMPLE}latency-us p50 1503 p99 2468\n");
+        let r = parse(&text).unwrap();
+        assert!((r.p50_us - 1503.0).abs() < 1e-9);
+        assert!((r.p99_us - 2468.0).abs() < 1e-9);
+        assert!(PRECISE_LATENCY_LUA.contains("latency-us p50 %d p99 %d\\n"));
     }
 
     #[test]

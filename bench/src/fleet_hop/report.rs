@@ -1,0 +1,338 @@
+//! Rendering of `fleet-hop` measurements: per concurrency, one row per
+//! measured run (direct, router), then the router's added latency, its CPU
+//! per request as a share of the frontend's, and the issue's goals.
+//!
+//! Invariants: pure formatting over [`Sample`]s; a missing router prints
+//! the reason instead of comparisons, never made-up numbers; with several
+//! rounds, latency deltas are the median of per-round deltas (each round
+//! pairs a direct run with the router run right after it) and CPU figures
+//! are totals over all rounds divided by total requests.
+
+use std::io::Write;
+
+use crate::cpu::CpuTime;
+use crate::wrk::WrkReport;
+
+/// Goal of the issue: added p50 latency, microseconds.
+pub(crate) const GOAL_ADDED_P50_US: f64 = 100.0;
+/// Goal of the issue: router CPU per request as a share of the frontend's, percent.
+pub(crate) const GOAL_CPU_SHARE_PCT: f64 = 5.0;
+
+/// Which way the requests went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Path {
+    /// Straight to the frontend, pinned by the bench.
+    Direct,
+    /// Through the router, unpinned.
+    Router,
+}
+
+/// One measured wrk run and the CPU used around it.
+#[derive(Debug, Clone)]
+pub(crate) struct Sample {
+    /// Direct or through the router.
+    pub(crate) path: Path,
+    /// 1-based round.
+    pub(crate) round: u32,
+    /// wrk's report.
+    pub(crate) wrk: WrkReport,
+    /// Wall time of the run, seconds.
+    pub(crate) elapsed: f64,
+    /// The router process (idle in direct runs: discovery, kv_metrics ingest).
+    pub(crate) router_cpu: CpuTime,
+    /// The frontend process.
+    pub(crate) frontend_cpu: CpuTime,
+    /// All mocker workers.
+    pub(crate) workers_cpu: CpuTime,
+    /// wrk.
+    pub(crate) wrk_cpu: CpuTime,
+    /// Busy CPU of everything else on the machine.
+    pub(crate) other_cpu: f64,
+}
+
+impl Sample {
+    fn label(&self) -> String {
+        let p = match self.path {
+            Path::Direct => "direct",
+            Path::Router => "router",
+        };
+        format!("{p}#{}", self.round)
+    }
+
+    fn errors(&self) -> u64 {
+        self.wrk.non_2xx + self.wrk.socket_errors
+    }
+}
+
+/// Microseconds of `cpu` per request over `samples`.
+fn us_per_req(samples: &[Sample], cpu: impl Fn(&Sample) -> CpuTime) -> f64 {
+    let requests: u64 = samples.iter().map(|s| s.wrk.requests).sum();
+    let secs: f64 = samples.iter().map(|s| cpu(s).total()).sum();
+    if requests == 0 {
+        f64::NAN
+    } else {
+        secs * 1e6 / requests as f64
+    }
+}
+
+/// The comparison of one concurrency level.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Summary {
+    /// Median over rounds of router p50 − direct p50, microseconds.
+    pub(crate) added_p50_us: f64,
+    /// Median over rounds of router p99 − direct p99, microseconds.
+    pub(crate) added_p99_us: f64,
+    /// Router CPU per request in the router runs, microseconds.
+    pub(crate) router_us: f64,
+    /// Router CPU per direct request while it only watched the fleet, microseconds.
+    pub(crate) router_idle_us: f64,
+    /// Frontend CPU per request in the router runs, microseconds.
+    pub(crate) frontend_us: f64,
+    /// Frontend CPU per request in the direct runs, microseconds.
+    pub(crate) frontend_direct_us: f64,
+}
+
+impl Summary {
+    /// Router CPU per request as a share of the frontend's, percent.
+    pub(crate) fn cpu_share_pct(&self) -> f64 {
+        100.0 * self.router_us / self.frontend_us
+    }
+}
+
+/// Compares the runs of one concurrency level; `None` without a router run.
+pub(crate) fn summarize(direct: &[Sample], router: &[Sample]) -> Option<Summary> {
+    if router.is_empty() || direct.is_empty() {
+        return None;
+    }
+    let deltas = |f: fn(&WrkReport) -> f64| {
+        let v: Vec<f64> = direct
+            .iter()
+            .zip(router)
+            .map(|(d, r)| f(&r.wrk) - f(&d.wrk))
+            .collect();
+        median(v)
+    };
+    Some(Summary {
+        added_p50_us: deltas(|w| w.p50_us),
+        added_p99_us: deltas(|w| w.p99_us),
+        router_us: us_per_req(router, |s| s.router_cpu),
+        router_idle_us: us_per_req(direct, |s| s.router_cpu),
+        frontend_us: us_per_req(router, |s| s.frontend_cpu),
+        frontend_direct_us: us_per_req(direct, |s| s.frontend_cpu),
+    })
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+const COLUMNS: &str = "run           req/s        p50        p99  fe cpu-s  fe util  fe us/req  \
+                       rtr cpu-s  rtr us/req  wkr cpu-s  wrk cpu-s  other cpu-s  errors";
+
+/// Prints one concurrency level: its rows, the comparison and the goals.
+pub(crate) fn block(
+    out: &mut impl Write,
+    connections: u32,
+    direct: &[Sample],
+    router: Result<&[Sample], &str>,
+) -> std::io::Result<()> {
+    writeln!(out, "\n== -c {connections} ==")?;
+    writeln!(out, "{COLUMNS}")?;
+    let routed = router.unwrap_or_default();
+    for s in direct.iter().chain(routed) {
+        row(out, s)?;
+    }
+    let summary = match router {
+        Err(why) => {
+            writeln!(out, "router        (not measured: {why})")?;
+            None
+        }
+        Ok(r) => summarize(direct, r),
+    };
+    if let Some(s) = summary {
+        let rounds = direct.len().min(routed.len());
+        let over = if rounds > 1 {
+            format!(" (median of {rounds} rounds)")
+        } else {
+            String::new()
+        };
+        writeln!(
+            out,
+            "added latency (router - direct){over}: p50 {}, p99 {}",
+            signed_us(s.added_p50_us),
+            signed_us(s.added_p99_us),
+        )?;
+        writeln!(
+            out,
+            "router CPU per request: {:.1} us = {:.1}% of the frontend's {:.0} us/request \
+             ({:.0} us/request in the direct runs); router idle in the direct runs: {:.1} us/request",
+            s.router_us,
+            s.cpu_share_pct(),
+            s.frontend_us,
+            s.frontend_direct_us,
+            s.router_idle_us,
+        )?;
+        let verdict = |ok: bool| if ok { "met" } else { "NOT met" };
+        writeln!(
+            out,
+            "goal: added p50 <= {GOAL_ADDED_P50_US:.0} us: {} ({})",
+            verdict(s.added_p50_us <= GOAL_ADDED_P50_US),
+            signed_us(s.added_p50_us),
+        )?;
+        writeln!(
+            out,
+            "goal: router CPU/request <= {GOAL_CPU_SHARE_PCT:.0}% of the frontend's: {} ({:.1}%)",
+            verdict(s.cpu_share_pct() <= GOAL_CPU_SHARE_PCT),
+            s.cpu_share_pct(),
+        )?;
+    }
+    for s in direct.iter().chain(routed).filter(|s| s.errors() > 0) {
+        writeln!(
+            out,
+            "warning: {}: {} non-2xx responses, {} socket errors; its figures include failures",
+            s.label(),
+            s.wrk.non_2xx,
+            s.wrk.socket_errors
+        )?;
+    }
+    Ok(())
+}
+
+fn row(out: &mut impl Write, s: &Sample) -> std::io::Result<()> {
+    let per_req = |cpu: CpuTime| {
+        if s.wrk.requests == 0 {
+            f64::NAN
+        } else {
+            cpu.total() * 1e6 / s.wrk.requests as f64
+        }
+    };
+    // In a direct run the router serves nothing: its CPU is in parentheses.
+    let rtr_us = match s.path {
+        Path::Direct => format!("({:.1})", per_req(s.router_cpu)),
+        Path::Router => format!("{:.1}", per_req(s.router_cpu)),
+    };
+    writeln!(
+        out,
+        "{:<9} {:>9.0} {:>10} {:>10} {:>9.2} {:>7.0}% {:>10.0} {:>10.2} {:>11} {:>10.2} {:>10.2} {:>12.2} {:>7}",
+        s.label(),
+        s.wrk.rps,
+        latency(s.wrk.p50_us),
+        latency(s.wrk.p99_us),
+        s.frontend_cpu.total(),
+        100.0 * s.frontend_cpu.total() / s.elapsed,
+        per_req(s.frontend_cpu),
+        s.router_cpu.total(),
+        rtr_us,
+        s.workers_cpu.total(),
+        s.wrk_cpu.total(),
+        s.other_cpu,
+        s.errors(),
+    )
+}
+
+/// Microseconds with a unit, to the microsecond.
+fn latency(us: f64) -> String {
+    if us < 1e3 {
+        format!("{us:.0}us")
+    } else if us < 1e6 {
+        format!("{:.3}ms", us / 1e3)
+    } else {
+        format!("{:.3}s", us / 1e6)
+    }
+}
+
+/// A latency difference with its sign.
+fn signed_us(us: f64) -> String {
+    let sign = if us < 0.0 { "-" } else { "+" };
+    format!("{sign}{}", latency(us.abs()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(path: Path, round: u32, p50: f64, p99: f64, router: f64, fe: f64) -> Sample {
+        Sample {
+            path,
+            round,
+            wrk: WrkReport {
+                requests: 10_000,
+                rps: 1000.0,
+                p50_us: p50,
+                p99_us: p99,
+                non_2xx: 0,
+                socket_errors: 0,
+            },
+            elapsed: 10.0,
+            router_cpu: CpuTime {
+                user: router,
+                system: 0.0,
+            },
+            frontend_cpu: CpuTime {
+                user: fe,
+                system: 0.0,
+            },
+            workers_cpu: CpuTime::default(),
+            wrk_cpu: CpuTime::default(),
+            other_cpu: 0.0,
+        }
+    }
+
+    #[test]
+    fn goals_met_and_missed() {
+        // 10,000 requests: 0.3 s of router = 30 us/req; 8 s of frontend = 800 us/req.
+        let d = [sample(Path::Direct, 1, 1500.0, 4000.0, 0.05, 8.0)];
+        let r = [sample(Path::Router, 1, 1580.0, 4300.0, 0.3, 8.0)];
+        let mut buf = Vec::new();
+        block(&mut buf, 1, &d, Ok(&r)).unwrap();
+        let s = String::from_utf8(buf).unwrap();
+        assert!(s.contains("p50 +80us, p99 +300us"), "{s}");
+        assert!(s.contains("30.0 us = 3.8% of the frontend's 800 us/request"), "{s}");
+        assert!(s.contains("idle in the direct runs: 5.0 us/request"), "{s}");
+        assert!(s.contains("goal: added p50 <= 100 us: met (+80us)"), "{s}");
+        assert!(s.contains("<= 5% of the frontend's: met (3.8%)"), "{s}");
+        assert!(s.contains("direct#1") && s.contains("(5.0)") && s.contains("1.500ms"));
+
+        let r = [sample(Path::Router, 1, 1700.0, 3900.0, 0.92, 8.0)];
+        let mut buf = Vec::new();
+        block(&mut buf, 8, &d, Ok(&r)).unwrap();
+        let s = String::from_utf8(buf).unwrap();
+        assert!(s.contains("== -c 8 =="), "{s}");
+        assert!(s.contains("p50 +200us, p99 -100us"), "{s}");
+        assert!(s.contains("goal: added p50 <= 100 us: NOT met (+200us)"), "{s}");
+        assert!(s.contains("NOT met (11.5%)"), "{s}");
+    }
+
+    #[test]
+    fn rounds_take_the_median_delta_and_pooled_cpu() {
+        let d = [
+            sample(Path::Direct, 1, 1000.0, 2000.0, 0.0, 8.0),
+            sample(Path::Direct, 2, 2000.0, 2000.0, 0.0, 8.0),
+            sample(Path::Direct, 3, 1000.0, 2000.0, 0.0, 8.0),
+        ];
+        let r = [
+            sample(Path::Router, 1, 1050.0, 2100.0, 0.2, 8.0),
+            sample(Path::Router, 2, 1900.0, 2100.0, 0.4, 8.0),
+            sample(Path::Router, 3, 1070.0, 2100.0, 0.3, 8.0),
+        ];
+        let s = summarize(&d, &r).unwrap();
+        assert!((s.added_p50_us - 50.0).abs() < 1e-9, "{s:?}");
+        assert!((s.router_us - 30.0).abs() < 1e-9, "{s:?}");
+        assert!((s.cpu_share_pct() - 3.75).abs() < 1e-9, "{s:?}");
+        assert_eq!(median(vec![3.0, 1.0]), 2.0);
+    }
+
+    #[test]
+    fn missing_router_prints_the_reason() {
+        let d = [sample(Path::Direct, 1, 1500.0, 4000.0, 0.0, 8.0)];
+        let mut buf = Vec::new();
+        block(&mut buf, 1, &d, Err("no binary")).unwrap();
+        let s = String::from_utf8(buf).unwrap();
+        assert!(s.contains("not measured: no binary") && !s.contains("goal:"), "{s}");
+    }
+}
