@@ -47,6 +47,7 @@ fleet-hop options:
                        ~/.cache/continuum-fleet/venv, then bin/python)
   --fleet-script PATH  tests/fleet/fleet.py (default: the one of this source tree)
   --ready-timeout SECS how long the fleet, then the router, may take to be ready (default 60)
+  --router-cpu 0|1     the router's CPU (default 0; the fleet and wrk are on CPU 1, so 1 = one CPU for all)
 
 zmtp-ingest options:
   --messages N         messages per subscriber (default 2000000, min 1000)
@@ -250,6 +251,7 @@ fn parse_fleet_hop(
             "--python" => opts.python = Some(PathBuf::from(v?)),
             "--fleet-script" => opts.fleet_script = PathBuf::from(v?),
             "--ready-timeout" => opts.ready_timeout_secs = number(&flag, v?, 1, 300)?,
+            "--router-cpu" => opts.router_cpu = small(&flag, v?, 0, 1)? as usize,
             _ => return Err(UsageError::UnknownFlag(flag)),
         }
     }
@@ -396,6 +398,7 @@ mod tests {
             "fleet-hop --workers 9",
             "fleet-hop --duration 0",
             "fleet-hop --shards 1",
+            "fleet-hop --router-cpu 2",
         ] {
             assert!(parse(args(bad)).is_err(), "{bad}");
         }

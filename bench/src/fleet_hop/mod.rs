@@ -14,9 +14,9 @@
 //! the router, unpinned; each after its own unmeasured warm-up. The report
 //! ([`report`]) compares latency and CPU per request.
 //!
-//! Invariants: the router runs alone on CPU 0; the fleet and wrk share
-//! CPU 1 (with 2+ CPUs), identically in both runs, so the frontend has the
-//! same capacity in both; only one load runs at a time; every child is
+//! Invariants: the router runs alone on CPU 0 (unless `--router-cpu 1`);
+//! the fleet and wrk share CPU 1 (with 2+ CPUs), identically in both runs,
+//! so the frontend has the same CPU in both; only one load runs at a time; every child is
 //! owned by a [`Supervised`] or the [`Fleet`] and torn down on any exit
 //! path (router first, then the fleet); every wait is bounded.
 
@@ -72,6 +72,8 @@ pub(crate) struct FleetHopOptions {
     pub(crate) fleet_script: PathBuf,
     /// Seconds the fleet, then the router, may take to be ready.
     pub(crate) ready_timeout_secs: u64,
+    /// CPU of the router (the fleet and wrk are on CPU 1); 1 puts all on one CPU.
+    pub(crate) router_cpu: usize,
 }
 
 impl Default for FleetHopOptions {
@@ -92,6 +94,7 @@ impl Default for FleetHopOptions {
                 "/../tests/fleet/fleet.py"
             )),
             ready_timeout_secs: 60,
+            router_cpu: 0,
         }
     }
 }
@@ -105,8 +108,12 @@ struct Placement {
 
 /// Runs the benchmark and prints the report on stdout.
 pub(crate) fn run(opts: &FleetHopOptions) -> Result<(), BenchError> {
-    let place = if child::available_cpus() >= 2 {
-        Placement { router: 0, load: 1 }
+    let cpus = child::available_cpus();
+    let place = if cpus >= 2 {
+        Placement {
+            router: opts.router_cpu.min(cpus - 1),
+            load: 1,
+        }
     } else {
         eprintln!("warning: fewer than 2 CPUs: router, fleet and wrk all share CPU 0");
         Placement { router: 0, load: 0 }
@@ -301,7 +308,8 @@ fn header(
     writeln!(
         out,
         "fleet-hop: Dynamo 1.6.1 fleet: {} mocker workers of {MODEL} (--speedup-ratio {}), \
-         1 frontend (--router-mode direct), etcd; fleet + wrk on CPU {}, router (1 shard) on CPU {}",
+         1 frontend (--router-mode direct), etcd; fleet + wrk pinned to CPU {}, \
+         router (1 shard) to CPU {}",
         info.workers.len(),
         opts.speedup_ratio,
         place.load,

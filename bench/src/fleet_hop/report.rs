@@ -84,6 +84,8 @@ pub(crate) struct Summary {
     pub(crate) added_p99_us: f64,
     /// Router CPU per request in the router runs, microseconds.
     pub(crate) router_us: f64,
+    /// Share of that CPU spent in the kernel, percent.
+    pub(crate) router_sys_pct: f64,
     /// Router CPU per direct request while it only watched the fleet, microseconds.
     pub(crate) router_idle_us: f64,
     /// Frontend CPU per request in the router runs, microseconds.
@@ -116,6 +118,11 @@ pub(crate) fn summarize(direct: &[Sample], router: &[Sample]) -> Option<Summary>
         added_p50_us: deltas(|w| w.p50_us),
         added_p99_us: deltas(|w| w.p99_us),
         router_us: us_per_req(router, |s| s.router_cpu),
+        router_sys_pct: {
+            let sys: f64 = router.iter().map(|s| s.router_cpu.system).sum();
+            let all: f64 = router.iter().map(|s| s.router_cpu.total()).sum();
+            100.0 * sys / all
+        },
         router_idle_us: us_per_req(direct, |s| s.router_cpu),
         frontend_us: us_per_req(router, |s| s.frontend_cpu),
         frontend_direct_us: us_per_req(direct, |s| s.frontend_cpu),
@@ -144,8 +151,11 @@ pub(crate) fn block(
     writeln!(out, "\n== -c {connections} ==")?;
     writeln!(out, "{COLUMNS}")?;
     let routed = router.unwrap_or_default();
-    for s in direct.iter().chain(routed) {
-        row(out, s)?;
+    // In the order they ran: direct#1, router#1, direct#2, ...
+    for i in 0..direct.len().max(routed.len()) {
+        for s in direct.get(i).into_iter().chain(routed.get(i)) {
+            row(out, s)?;
+        }
     }
     let summary = match router {
         Err(why) => {
@@ -169,9 +179,11 @@ pub(crate) fn block(
         )?;
         writeln!(
             out,
-            "router CPU per request: {:.1} us = {:.1}% of the frontend's {:.0} us/request \
-             ({:.0} us/request in the direct runs); router idle in the direct runs: {:.1} us/request",
+            "router CPU per request: {:.1} us ({:.0}% in the kernel) = {:.1}% of the frontend's \
+             {:.0} us/request ({:.0} us/request in the direct runs); router idle in the direct \
+             runs: {:.1} us/request",
             s.router_us,
+            s.router_sys_pct,
             s.cpu_share_pct(),
             s.frontend_us,
             s.frontend_direct_us,
@@ -292,7 +304,7 @@ mod tests {
         block(&mut buf, 1, &d, Ok(&r)).unwrap();
         let s = String::from_utf8(buf).unwrap();
         assert!(s.contains("p50 +80us, p99 +300us"), "{s}");
-        assert!(s.contains("30.0 us = 3.8% of the frontend's 800 us/request"), "{s}");
+        assert!(s.contains("30.0 us (0% in the kernel) = 3.8% of the frontend's 800 us/request"), "{s}");
         assert!(s.contains("idle in the direct runs: 5.0 us/request"), "{s}");
         assert!(s.contains("goal: added p50 <= 100 us: met (+80us)"), "{s}");
         assert!(s.contains("<= 5% of the frontend's: met (3.8%)"), "{s}");
@@ -325,6 +337,12 @@ mod tests {
         assert!((s.router_us - 30.0).abs() < 1e-9, "{s:?}");
         assert!((s.cpu_share_pct() - 3.75).abs() < 1e-9, "{s:?}");
         assert_eq!(median(vec![3.0, 1.0]), 2.0);
+        let mut buf = Vec::new();
+        block(&mut buf, 1, &d, Ok(&r)).unwrap();
+        let text = String::from_utf8(buf).unwrap();
+        let at = |l: &str| text.find(l).unwrap();
+        assert!(at("direct#1") < at("router#1") && at("router#1") < at("direct#2"));
+        assert!(text.contains("(median of 3 rounds): p50 +50us"), "{text}");
     }
 
     #[test]
