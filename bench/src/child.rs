@@ -53,9 +53,9 @@ impl Supervised {
         let mut s = Self::spawn_as_set(what, cmd, cpus, log)?;
         match (s.child.stdin.take(), s.child.stdout.take()) {
             (Some(stdin), Some(stdout)) => Ok((s, stdin, stdout)),
-            _ => Err(BenchError::io(format!("piping {what}"))(std::io::Error::other(
-                "stdin or stdout not piped",
-            ))),
+            _ => Err(BenchError::io(format!("piping {what}"))(
+                std::io::Error::other("stdin or stdout not piped"),
+            )),
         }
     }
 

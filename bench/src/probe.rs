@@ -114,7 +114,10 @@ pub(crate) fn request(
     let mut resp = Vec::new();
     s.take(1024 * 1024).read_to_end(&mut resp)?;
     let bad = || std::io::Error::new(std::io::ErrorKind::InvalidData, "not an HTTP response");
-    let split = resp.windows(4).position(|w| w == b"\r\n\r\n").ok_or_else(bad)?;
+    let split = resp
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .ok_or_else(bad)?;
     let head = String::from_utf8_lossy(&resp[..split]).into_owned();
     let status = head
         .split_whitespace()

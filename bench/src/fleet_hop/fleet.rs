@@ -237,7 +237,11 @@ pub(crate) fn parse_info(line: &str, model: &str) -> Result<FleetInfo, FleetErro
         source,
     })?;
     let missing = |what: &str| FleetError::Missing(what.to_owned());
-    let str_at = |p: &str| v.pointer(p).and_then(Value::as_str).ok_or_else(|| missing(p));
+    let str_at = |p: &str| {
+        v.pointer(p)
+            .and_then(Value::as_str)
+            .ok_or_else(|| missing(p))
+    };
     let namespace = str_at(&format!("/models/{model}/namespace"))?.to_owned();
     let frontend_url = str_at(&format!("/frontends/{namespace}/0"))?.to_owned();
     let frontend_port = frontend_url

@@ -29,9 +29,8 @@ pub(crate) const DP_RANK_PIN: &str = "x-dynamo-dp-rank";
 /// The chat completion every request sends.
 pub(crate) fn chat_body(model: &str, max_tokens: u32) -> String {
     let model = serde_json::Value::String(model.to_owned());
-    format!(
-        r#"{{"model":{model},"messages":[{{"role":"system","content":"You are terse."}},"#
-    ) + &format!(r#"{{"role":"user","content":"Say hello."}}],"max_tokens":{max_tokens}}}"#)
+    format!(r#"{{"model":{model},"messages":[{{"role":"system","content":"You are terse."}},"#)
+        + &format!(r#"{{"role":"user","content":"Say hello."}}],"max_tokens":{max_tokens}}}"#)
 }
 
 /// The pin headers of each direct request variant, one per worker.
@@ -205,9 +204,15 @@ mod tests {
              [\"x-dynamo-dp-rank\"] = \"0\"},\n"
         ));
         assert!(s.contains("[\"x-dynamo-worker-instance-id\"] = \"7\""));
-        assert!(s.contains(r#"local body = "{\"model\":\"tiny-agg\","#), "{s}");
+        assert!(
+            s.contains(r#"local body = "{\"model\":\"tiny-agg\","#),
+            "{s}"
+        );
         assert!(body.ends_with(r#""max_tokens":4}"#), "{body}");
-        assert!(serde_json::from_str::<serde_json::Value>(&body).is_ok(), "{body}");
+        assert!(
+            serde_json::from_str::<serde_json::Value>(&body).is_ok(),
+            "{body}"
+        );
         assert!(s.contains("function request()") && s.contains("function done("));
         let router = lua_script(&body, &[Vec::new()]);
         assert!(!router.contains("x-dynamo"));

@@ -130,7 +130,10 @@ pub(crate) fn run(opts: &FleetHopOptions) -> Result<(), BenchError> {
     let ready = Duration::from_secs(opts.ready_timeout_secs);
     let load_cpus = [place.load];
 
-    eprintln!("fleet-hop: starting the fleet ({} workers) ...", opts.workers);
+    eprintln!(
+        "fleet-hop: starting the fleet ({} workers) ...",
+        opts.workers
+    );
     let mut fleet = Fleet::start(&FleetSpec {
         python: &python,
         script: &opts.fleet_script,
@@ -146,7 +149,10 @@ pub(crate) fn run(opts: &FleetHopOptions) -> Result<(), BenchError> {
         "fleet-hop: fleet ready: frontend {} (pid {}), workers {:?}",
         info.frontend_url,
         info.frontend_pid,
-        info.workers.iter().map(|w| w.instance_id).collect::<Vec<_>>()
+        info.workers
+            .iter()
+            .map(|w| w.instance_id)
+            .collect::<Vec<_>>()
     );
     let body = load::chat_body(MODEL, opts.max_tokens);
     let pins = load::direct_pins(&info.workers);

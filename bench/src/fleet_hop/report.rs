@@ -304,7 +304,10 @@ mod tests {
         block(&mut buf, 1, &d, Ok(&r)).unwrap();
         let s = String::from_utf8(buf).unwrap();
         assert!(s.contains("p50 +80us, p99 +300us"), "{s}");
-        assert!(s.contains("30.0 us (0% in the kernel) = 3.8% of the frontend's 800 us/request"), "{s}");
+        assert!(
+            s.contains("30.0 us (0% in the kernel) = 3.8% of the frontend's 800 us/request"),
+            "{s}"
+        );
         assert!(s.contains("idle in the direct runs: 5.0 us/request"), "{s}");
         assert!(s.contains("goal: added p50 <= 100 us: met (+80us)"), "{s}");
         assert!(s.contains("<= 5% of the frontend's: met (3.8%)"), "{s}");
@@ -316,7 +319,10 @@ mod tests {
         let s = String::from_utf8(buf).unwrap();
         assert!(s.contains("== -c 8 =="), "{s}");
         assert!(s.contains("p50 +200us, p99 -100us"), "{s}");
-        assert!(s.contains("goal: added p50 <= 100 us: NOT met (+200us)"), "{s}");
+        assert!(
+            s.contains("goal: added p50 <= 100 us: NOT met (+200us)"),
+            "{s}"
+        );
         assert!(s.contains("NOT met (11.5%)"), "{s}");
     }
 
@@ -351,6 +357,9 @@ mod tests {
         let mut buf = Vec::new();
         block(&mut buf, 1, &d, Err("no binary")).unwrap();
         let s = String::from_utf8(buf).unwrap();
-        assert!(s.contains("not measured: no binary") && !s.contains("goal:"), "{s}");
+        assert!(
+            s.contains("not measured: no binary") && !s.contains("goal:"),
+            "{s}"
+        );
     }
 }

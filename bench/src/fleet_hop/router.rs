@@ -88,7 +88,9 @@ pub(crate) fn start(
     probe::wait_ready(&mut router, port, probe::HEALTH, ready)?;
     let deadline = Instant::now() + ready;
     wait_for(&mut router, deadline, ready, || discovered(port, fleet))?;
-    wait_for(&mut router, deadline, ready, || shim_answers(port, chat_body))?;
+    wait_for(&mut router, deadline, ready, || {
+        shim_answers(port, chat_body)
+    })?;
     Ok((router, port))
 }
 
@@ -218,7 +220,9 @@ mod tests {
     #[test]
     fn yaml_pins_one_shard_and_uses_the_shim_pool() {
         let y = yaml(9000, 0, &fleet(), "tiny-agg");
-        assert!(y.contains("bind_address: \"127.0.0.1:9000\"\n  shards: 1\n  cpu_affinity: [0]\n  control_cpu: 0\n"));
+        assert!(y.contains(
+            "bind_address: \"127.0.0.1:9000\"\n  shards: 1\n  cpu_affinity: [0]\n  control_cpu: 0\n"
+        ));
         assert!(y.contains("url: \"http://127.0.0.1:8000\"\n    models: [\"tiny-agg\"]"));
         assert!(y.contains("endpoints: [\"http://127.0.0.1:2379\"]"));
         assert!(y.contains("- { namespace: \"agg\", backends: [fe-agg] }"));
