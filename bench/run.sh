@@ -2,17 +2,31 @@
 # bench/run.sh — build the router and the bench (release), then run
 # `continuum-bench http-hop` with any extra options, e.g.:
 #   bench/run.sh --duration 10 --connections 64 --shards 1,2
+# Opt-in: `bench/run.sh --fleet [fleet-hop options]` runs `fleet-hop` instead
+# (router vs direct-to-frontend on a real Dynamo 1.6.1 fleet): it builds the
+# router with `--features dynamo` (needs protoc) and makes sure the fleet venv
+# exists (tests/fleet/install.sh, idempotent), e.g.:
+#   bench/run.sh --fleet --duration 10 --rounds 3
 # Invariant: writes nothing into the repo besides cargo's target dir; if the
-# router does not build, the nginx baseline is still measured and the
-# driver says why the router row is missing (or warns that it may be stale).
+# router does not build, the baseline (nginx, or the direct frontend) is
+# still measured and the driver says why the router row is missing (or
+# warns that it may be stale).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 target="${CARGO_TARGET_DIR:-target}"
-if ! cargo build --release -p continuum-router -p continuum-bench; then
+bench=http-hop
+features=()
+if [ "${1:-}" = "--fleet" ]; then
+    shift
+    bench=fleet-hop
+    features=(--features continuum-router/dynamo)
+    tests/fleet/install.sh
+fi
+if ! cargo build --release -p continuum-router "${features[@]}" -p continuum-bench; then
     echo "run.sh: building continuum-router failed; building the bench alone." >&2
     if [ -e "$target/release/continuum-router" ]; then
         echo "run.sh: WARNING: the router row below comes from a STALE $target/release/continuum-router." >&2
     fi
     cargo build --release -p continuum-bench
 fi
-exec "$target/release/continuum-bench" http-hop "$@"
+exec "$target/release/continuum-bench" "$bench" "$@"
