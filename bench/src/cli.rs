@@ -48,6 +48,8 @@ fleet-hop options:
   --fleet-script PATH  tests/fleet/fleet.py (default: the one of this source tree)
   --ready-timeout SECS how long the fleet, then the router, may take to be ready (default 60)
   --router-cpu 0|1     the router's CPU (default 0; the fleet and wrk are on CPU 1, so 1 = one CPU for all)
+  --nice N             nice value of every process of the run, e.g. -10 on a machine shared with
+                       builds (default 0 = unchanged; negative needs root or CAP_SYS_NICE)
 
 zmtp-ingest options:
   --messages N         messages per subscriber (default 2000000, min 1000)
@@ -252,10 +254,18 @@ fn parse_fleet_hop(
             "--fleet-script" => opts.fleet_script = PathBuf::from(v?),
             "--ready-timeout" => opts.ready_timeout_secs = number(&flag, v?, 1, 300)?,
             "--router-cpu" => opts.router_cpu = small(&flag, v?, 0, 1)? as usize,
+            "--nice" => opts.nice = nice(&flag, v?)?,
             _ => return Err(UsageError::UnknownFlag(flag)),
         }
     }
     Ok(opts)
+}
+
+fn nice(flag: &str, value: String) -> Result<i32, UsageError> {
+    match value.parse::<i32>() {
+        Ok(n) if (-20..=19).contains(&n) => Ok(n),
+        _ => Err(bad(flag, value, "expected a nice value from -20 to 19")),
+    }
 }
 
 fn connection_list(flag: &str, value: String) -> Result<Vec<u32>, UsageError> {
@@ -383,7 +393,7 @@ mod tests {
         assert!(o.fleet_script.ends_with("tests/fleet/fleet.py"));
         let Ok(Command::FleetHop(o)) = parse(args(
             "fleet-hop --duration 3 --connections 1,4,16 --rounds 3 --workers 1 --max-tokens 8 \
-             --python /v/bin/python --warmup 0",
+             --python /v/bin/python --warmup 0 --nice -10",
         )) else {
             panic!("expected fleet-hop");
         };
@@ -391,6 +401,7 @@ mod tests {
         assert_eq!(o.connections, vec![1, 4, 16]);
         assert_eq!((o.workers, o.max_tokens), (1, 8));
         assert_eq!(o.python, Some(PathBuf::from("/v/bin/python")));
+        assert_eq!(o.nice, -10);
         for bad in [
             "fleet-hop --connections 0",
             "fleet-hop --connections 1,x",
@@ -399,6 +410,8 @@ mod tests {
             "fleet-hop --duration 0",
             "fleet-hop --shards 1",
             "fleet-hop --router-cpu 2",
+            "fleet-hop --nice -21",
+            "fleet-hop --nice x",
         ] {
             assert!(parse(args(bad)).is_err(), "{bad}");
         }

@@ -74,6 +74,9 @@ pub(crate) struct FleetHopOptions {
     pub(crate) ready_timeout_secs: u64,
     /// CPU of the router (the fleet and wrk are on CPU 1); 1 puts all on one CPU.
     pub(crate) router_cpu: usize,
+    /// Nice value the driver takes before spawning anything, so that every
+    /// process of the benchmark inherits it; 0 leaves it unchanged.
+    pub(crate) nice: i32,
 }
 
 impl Default for FleetHopOptions {
@@ -95,6 +98,7 @@ impl Default for FleetHopOptions {
             )),
             ready_timeout_secs: 60,
             router_cpu: 0,
+            nice: 0,
         }
     }
 }
@@ -126,6 +130,9 @@ pub(crate) fn run(opts: &FleetHopOptions) -> Result<(), BenchError> {
         return Err(FleetError::NoScript(opts.fleet_script.clone()).into());
     }
     let router_bin = router_bin(opts)?;
+    if opts.nice != 0 {
+        set_nice(opts.nice)?;
+    }
     let dir = TempDir::new()?;
     let ready = Duration::from_secs(opts.ready_timeout_secs);
     let load_cpus = [place.load];
@@ -324,8 +331,8 @@ fn header(
     writeln!(
         out,
         "load: wrk -t1 -d{}s (+{} s warm-up) per run, {} round(s) per concurrency; \
-         POST /v1/chat/completions, max_tokens {}",
-        opts.duration_secs, opts.warmup_secs, opts.rounds, opts.max_tokens,
+         POST /v1/chat/completions, max_tokens {}; nice {}",
+        opts.duration_secs, opts.warmup_secs, opts.rounds, opts.max_tokens, opts.nice,
     )?;
     writeln!(
         out,
@@ -356,6 +363,20 @@ fn selections(out: &mut impl Write, port: u16) -> std::io::Result<()> {
             picks.join(", ")
         }
     )
+}
+
+/// Sets the driver's nice value; every child spawned afterwards inherits it.
+fn set_nice(nice: i32) -> Result<(), BenchError> {
+    // SAFETY: setpriority has no memory-safety preconditions. `who = 0` is
+    // the calling thread, which is still the driver's only thread; threads
+    // and children created later inherit the value.
+    let rc = unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, nice) };
+    if rc != 0 {
+        return Err(BenchError::io(format!(
+            "setting nice {nice} (a negative value needs CAP_SYS_NICE)"
+        ))(std::io::Error::last_os_error()));
+    }
+    Ok(())
 }
 
 /// `$CONTINUUM_FLEET_VENV/bin/python`, else `~/.cache/continuum-fleet/venv/bin/python`.
