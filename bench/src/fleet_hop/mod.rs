@@ -11,7 +11,8 @@
 //! ([`router`]). Then, for each wrk concurrency and round, the same load
 //! runs twice ([`load`]): (a) straight to the frontend, pinned by the bench
 //! (round-robin over the workers' decimal instance ids), then (b) through
-//! the router, unpinned; each after its own unmeasured warm-up. The report
+//! the router, unpinned; each after its own unmeasured warm-up. Round 1
+//! runs (a) first; later rounds alternate the order. The report
 //! ([`report`]) compares latency and CPU per request.
 //!
 //! Invariants: the router runs alone on CPU 0 (unless `--router-cpu 1`);
@@ -190,61 +191,64 @@ pub(crate) fn run(opts: &FleetHopOptions) -> Result<(), BenchError> {
     let mut out = std::io::stdout().lock();
     header(&mut out, opts, &info, place).map_err(BenchError::io("writing the report"))?;
     for &connections in &opts.connections {
-        let mut direct = Vec::new();
-        let mut through = Vec::new();
+        let mut runs = Vec::new();
         for round in 1..=opts.rounds {
-            if crate::signals::interrupted() {
-                return Err(BenchError::Interrupted);
-            }
-            let mut pids = Pids {
-                router: routed.as_ref().ok().map(|(r, _)| r.pid()),
-                frontend: info.frontend_pid,
-                workers: info.workers.iter().map(|w| w.pid).collect(),
+            // Round 1 measures the baseline first; later rounds alternate
+            // (A B, B A, A B, ...) so that a slow drift of the fleet cancels
+            // out of the per-round differences.
+            let order = if round % 2 == 1 {
+                [Path::Direct, Path::Router]
+            } else {
+                [Path::Router, Path::Direct]
             };
-            let mut run = WrkRun {
-                bin: &opts.wrk_bin,
-                port: info.frontend_port,
-                threads: 1,
-                connections,
-                secs: opts.duration_secs,
-                cpus: &load_cpus,
-                script: &direct_script,
-            };
-            eprintln!("-c {connections} round {round}: direct ...");
-            let d = measure(opts, run, &dir, &pids, Path::Direct, round)?;
-            fleet.ensure_running()?;
-            direct.push(d);
-            let failed = if let Ok((router, port)) = &mut routed {
+            for path in order {
+                if crate::signals::interrupted() {
+                    return Err(BenchError::Interrupted);
+                }
+                let pids = Pids {
+                    router: routed.as_ref().ok().map(|(r, _)| r.pid()),
+                    frontend: info.frontend_pid,
+                    workers: info.workers.iter().map(|w| w.pid).collect(),
+                };
+                let mut run = WrkRun {
+                    bin: &opts.wrk_bin,
+                    port: info.frontend_port,
+                    threads: 1,
+                    connections,
+                    secs: opts.duration_secs,
+                    cpus: &load_cpus,
+                    script: &direct_script,
+                };
+                if path == Path::Direct {
+                    eprintln!("-c {connections} round {round}: direct ...");
+                    runs.push(measure(opts, run, &dir, &pids, path, round)?);
+                    fleet.ensure_running()?;
+                    continue;
+                }
+                let Ok((router, port)) = &mut routed else {
+                    continue;
+                };
                 eprintln!("-c {connections} round {round}: router ...");
                 run.port = *port;
                 run.script = &router_script;
-                pids.router = Some(router.pid());
-                let r = measure(opts, run, &dir, &pids, Path::Router, round)
+                let r = measure(opts, run, &dir, &pids, path, round)
                     .and_then(|s| router.ensure_running().map(|()| s));
                 fleet.ensure_running()?;
                 match r {
-                    Ok(s) => {
-                        through.push(s);
-                        None
-                    }
+                    Ok(s) => runs.push(s),
                     Err(BenchError::Interrupted) => return Err(BenchError::Interrupted),
                     Err(e) => {
                         eprintln!("router failed: {e}");
-                        Some(format!("router failed: {e}"))
+                        routed = Err(format!("router failed: {e}"));
                     }
                 }
-            } else {
-                None
-            };
-            if let Some(why) = failed {
-                routed = Err(why);
             }
         }
-        let router_rows = match &routed {
-            Ok(_) => Ok(through.as_slice()),
-            Err(why) => Err(why.lines().next().unwrap_or_default()),
-        };
-        report::block(&mut out, connections, &direct, router_rows)
+        let missing = routed
+            .as_ref()
+            .err()
+            .map(|why| why.lines().next().unwrap_or_default());
+        report::block(&mut out, connections, &runs, missing)
             .map_err(BenchError::io("writing the report"))?;
     }
     if let Ok((_, port)) = &routed {

@@ -5,8 +5,9 @@
 //! Invariants: pure formatting over [`Sample`]s; a missing router prints
 //! the reason instead of comparisons, never made-up numbers; with several
 //! rounds, latency deltas are the median of per-round deltas (each round
-//! pairs a direct run with the router run right after it) and CPU figures
-//! are totals over all rounds divided by total requests.
+//! pairs a direct run with the router run next to it) and CPU figures are
+//! totals over all rounds divided by total requests; the CPU goal divides
+//! by the frontend's CPU per request in the direct runs.
 
 use std::io::Write;
 
@@ -65,7 +66,7 @@ impl Sample {
 }
 
 /// Microseconds of `cpu` per request over `samples`.
-fn us_per_req(samples: &[Sample], cpu: impl Fn(&Sample) -> CpuTime) -> f64 {
+fn us_per_req(samples: &[&Sample], cpu: impl Fn(&Sample) -> CpuTime) -> f64 {
     let requests: u64 = samples.iter().map(|s| s.wrk.requests).sum();
     let secs: f64 = samples.iter().map(|s| cpu(s).total()).sum();
     if requests == 0 {
@@ -76,9 +77,11 @@ fn us_per_req(samples: &[Sample], cpu: impl Fn(&Sample) -> CpuTime) -> f64 {
 }
 
 /// The comparison of one concurrency level.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Summary {
-    /// Median over rounds of router p50 − direct p50, microseconds.
+    /// Router p50 − direct p50 of each round with both runs, microseconds.
+    pub(crate) p50_deltas_us: Vec<f64>,
+    /// Median of [`p50_deltas_us`](Self::p50_deltas_us).
     pub(crate) added_p50_us: f64,
     /// Median over rounds of router p99 − direct p99, microseconds.
     pub(crate) added_p99_us: f64,
@@ -88,44 +91,47 @@ pub(crate) struct Summary {
     pub(crate) router_sys_pct: f64,
     /// Router CPU per direct request while it only watched the fleet, microseconds.
     pub(crate) router_idle_us: f64,
-    /// Frontend CPU per request in the router runs, microseconds.
+    /// Frontend CPU per request in the direct runs, microseconds: the
+    /// denominator of the goal.
     pub(crate) frontend_us: f64,
-    /// Frontend CPU per request in the direct runs, microseconds.
-    pub(crate) frontend_direct_us: f64,
+    /// Frontend CPU per request in the router runs, microseconds.
+    pub(crate) frontend_routed_us: f64,
 }
 
 impl Summary {
-    /// Router CPU per request as a share of the frontend's, percent.
+    /// Router CPU per request as a share of the frontend's (direct runs), percent.
     pub(crate) fn cpu_share_pct(&self) -> f64 {
         100.0 * self.router_us / self.frontend_us
     }
 }
 
-/// Compares the runs of one concurrency level; `None` without a router run.
-pub(crate) fn summarize(direct: &[Sample], router: &[Sample]) -> Option<Summary> {
-    if router.is_empty() || direct.is_empty() {
+/// Compares the runs of one concurrency level (in any order); rounds are
+/// paired by number. `None` unless some round has both runs.
+pub(crate) fn summarize(runs: &[Sample]) -> Option<Summary> {
+    let of = |p: Path| -> Vec<&Sample> { runs.iter().filter(|s| s.path == p).collect() };
+    let (direct, router) = (of(Path::Direct), of(Path::Router));
+    let pairs: Vec<(&Sample, &Sample)> = direct
+        .iter()
+        .filter_map(|d| Some((*d, *router.iter().find(|r| r.round == d.round)?)))
+        .collect();
+    if pairs.is_empty() {
         return None;
     }
-    let deltas = |f: fn(&WrkReport) -> f64| {
-        let v: Vec<f64> = direct
-            .iter()
-            .zip(router)
-            .map(|(d, r)| f(&r.wrk) - f(&d.wrk))
-            .collect();
-        median(v)
+    let deltas = |f: fn(&WrkReport) -> f64| -> Vec<f64> {
+        pairs.iter().map(|(d, r)| f(&r.wrk) - f(&d.wrk)).collect()
     };
+    let p50_deltas_us = deltas(|w| w.p50_us);
+    let sys: f64 = router.iter().map(|s| s.router_cpu.system).sum();
+    let all: f64 = router.iter().map(|s| s.router_cpu.total()).sum();
     Some(Summary {
-        added_p50_us: deltas(|w| w.p50_us),
-        added_p99_us: deltas(|w| w.p99_us),
-        router_us: us_per_req(router, |s| s.router_cpu),
-        router_sys_pct: {
-            let sys: f64 = router.iter().map(|s| s.router_cpu.system).sum();
-            let all: f64 = router.iter().map(|s| s.router_cpu.total()).sum();
-            100.0 * sys / all
-        },
-        router_idle_us: us_per_req(direct, |s| s.router_cpu),
-        frontend_us: us_per_req(router, |s| s.frontend_cpu),
-        frontend_direct_us: us_per_req(direct, |s| s.frontend_cpu),
+        added_p50_us: median(p50_deltas_us.clone()),
+        p50_deltas_us,
+        added_p99_us: median(deltas(|w| w.p99_us)),
+        router_us: us_per_req(&router, |s| s.router_cpu),
+        router_sys_pct: 100.0 * sys / all,
+        router_idle_us: us_per_req(&direct, |s| s.router_cpu),
+        frontend_us: us_per_req(&direct, |s| s.frontend_cpu),
+        frontend_routed_us: us_per_req(&router, |s| s.frontend_cpu),
     })
 }
 
@@ -141,31 +147,32 @@ fn median(mut v: Vec<f64>) -> f64 {
 const COLUMNS: &str = "run           req/s        p50        p99  fe cpu-s  fe util  fe us/req  \
                        rtr cpu-s  rtr us/req  wkr cpu-s  wrk cpu-s  other cpu-s  errors";
 
-/// Prints one concurrency level: its rows, the comparison and the goals.
+/// Prints one concurrency level: its rows (`runs`, in the order they ran),
+/// the comparison and the goals; `router_missing` replaces the comparison.
 pub(crate) fn block(
     out: &mut impl Write,
     connections: u32,
-    direct: &[Sample],
-    router: Result<&[Sample], &str>,
+    runs: &[Sample],
+    router_missing: Option<&str>,
 ) -> std::io::Result<()> {
     writeln!(out, "\n== -c {connections} ==")?;
     writeln!(out, "{COLUMNS}")?;
-    let routed = router.unwrap_or_default();
-    // In the order they ran: direct#1, router#1, direct#2, ...
-    for i in 0..direct.len().max(routed.len()) {
-        for s in direct.get(i).into_iter().chain(routed.get(i)) {
-            row(out, s)?;
-        }
+    for s in runs {
+        row(out, s)?;
     }
-    let summary = match router {
-        Err(why) => {
+    let summary = match router_missing {
+        Some(why) => {
             writeln!(out, "router        (not measured: {why})")?;
             None
         }
-        Ok(r) => summarize(direct, r),
+        None => summarize(runs),
     };
     if let Some(s) = summary {
-        let rounds = direct.len().min(routed.len());
+        let rounds = s.p50_deltas_us.len();
+        if rounds > 1 {
+            let each: Vec<String> = s.p50_deltas_us.iter().map(|&d| signed_us(d)).collect();
+            writeln!(out, "p50 router - direct, per round: {}", each.join(" "))?;
+        }
         let over = if rounds > 1 {
             format!(" (median of {rounds} rounds)")
         } else {
@@ -180,13 +187,13 @@ pub(crate) fn block(
         writeln!(
             out,
             "router CPU per request: {:.1} us ({:.0}% in the kernel) = {:.1}% of the frontend's \
-             {:.0} us/request ({:.0} us/request in the direct runs); router idle in the direct \
-             runs: {:.1} us/request",
+             {:.0} us/request in the direct runs ({:.0} us/request in the router runs); router \
+             idle in the direct runs: {:.1} us/request",
             s.router_us,
             s.router_sys_pct,
             s.cpu_share_pct(),
             s.frontend_us,
-            s.frontend_direct_us,
+            s.frontend_routed_us,
             s.router_idle_us,
         )?;
         let verdict = |ok: bool| if ok { "met" } else { "NOT met" };
@@ -203,7 +210,7 @@ pub(crate) fn block(
             s.cpu_share_pct(),
         )?;
     }
-    for s in direct.iter().chain(routed).filter(|s| s.errors() > 0) {
+    for s in runs.iter().filter(|s| s.errors() > 0) {
         writeln!(
             out,
             "warning: {}: {} non-2xx responses, {} socket errors; its figures include failures",
@@ -298,24 +305,33 @@ mod tests {
     #[test]
     fn goals_met_and_missed() {
         // 10,000 requests: 0.3 s of router = 30 us/req; 8 s of frontend = 800 us/req.
-        let d = [sample(Path::Direct, 1, 1500.0, 4000.0, 0.05, 8.0)];
-        let r = [sample(Path::Router, 1, 1580.0, 4300.0, 0.3, 8.0)];
+        let runs = [
+            sample(Path::Direct, 1, 1500.0, 4000.0, 0.05, 8.0),
+            sample(Path::Router, 1, 1580.0, 4300.0, 0.3, 9.0),
+        ];
         let mut buf = Vec::new();
-        block(&mut buf, 1, &d, Ok(&r)).unwrap();
+        block(&mut buf, 1, &runs, None).unwrap();
         let s = String::from_utf8(buf).unwrap();
         assert!(s.contains("p50 +80us, p99 +300us"), "{s}");
         assert!(
-            s.contains("30.0 us (0% in the kernel) = 3.8% of the frontend's 800 us/request"),
+            s.contains(
+                "30.0 us (0% in the kernel) = 3.8% of the frontend's 800 us/request in the \
+                 direct runs (900 us/request in the router runs)"
+            ),
             "{s}"
         );
         assert!(s.contains("idle in the direct runs: 5.0 us/request"), "{s}");
         assert!(s.contains("goal: added p50 <= 100 us: met (+80us)"), "{s}");
         assert!(s.contains("<= 5% of the frontend's: met (3.8%)"), "{s}");
         assert!(s.contains("direct#1") && s.contains("(5.0)") && s.contains("1.500ms"));
+        assert!(!s.contains("per round"), "{s}");
 
-        let r = [sample(Path::Router, 1, 1700.0, 3900.0, 0.92, 8.0)];
+        let runs = [
+            sample(Path::Direct, 1, 1500.0, 4000.0, 0.05, 8.0),
+            sample(Path::Router, 1, 1700.0, 3900.0, 0.92, 8.0),
+        ];
         let mut buf = Vec::new();
-        block(&mut buf, 8, &d, Ok(&r)).unwrap();
+        block(&mut buf, 8, &runs, None).unwrap();
         let s = String::from_utf8(buf).unwrap();
         assert!(s.contains("== -c 8 =="), "{s}");
         assert!(s.contains("p50 +200us, p99 -100us"), "{s}");
@@ -327,39 +343,41 @@ mod tests {
     }
 
     #[test]
-    fn rounds_take_the_median_delta_and_pooled_cpu() {
-        let d = [
+    fn rounds_pair_by_number_take_the_median_delta_and_pool_cpu() {
+        // Run order A B B A A B: round 2 ran router first.
+        let runs = [
             sample(Path::Direct, 1, 1000.0, 2000.0, 0.0, 8.0),
-            sample(Path::Direct, 2, 2000.0, 2000.0, 0.0, 8.0),
-            sample(Path::Direct, 3, 1000.0, 2000.0, 0.0, 8.0),
-        ];
-        let r = [
             sample(Path::Router, 1, 1050.0, 2100.0, 0.2, 8.0),
             sample(Path::Router, 2, 1900.0, 2100.0, 0.4, 8.0),
+            sample(Path::Direct, 2, 2000.0, 2000.0, 0.0, 8.0),
+            sample(Path::Direct, 3, 1000.0, 2000.0, 0.0, 8.0),
             sample(Path::Router, 3, 1070.0, 2100.0, 0.3, 8.0),
         ];
-        let s = summarize(&d, &r).unwrap();
+        let s = summarize(&runs).unwrap();
+        assert_eq!(s.p50_deltas_us, vec![50.0, -100.0, 70.0]);
         assert!((s.added_p50_us - 50.0).abs() < 1e-9, "{s:?}");
         assert!((s.router_us - 30.0).abs() < 1e-9, "{s:?}");
         assert!((s.cpu_share_pct() - 3.75).abs() < 1e-9, "{s:?}");
         assert_eq!(median(vec![3.0, 1.0]), 2.0);
         let mut buf = Vec::new();
-        block(&mut buf, 1, &d, Ok(&r)).unwrap();
+        block(&mut buf, 1, &runs, None).unwrap();
         let text = String::from_utf8(buf).unwrap();
         let at = |l: &str| text.find(l).unwrap();
-        assert!(at("direct#1") < at("router#1") && at("router#1") < at("direct#2"));
+        assert!(at("router#2") < at("direct#2") && at("direct#2") < at("direct#3"));
+        assert!(text.contains("per round: +50us -100us +70us"), "{text}");
         assert!(text.contains("(median of 3 rounds): p50 +50us"), "{text}");
     }
 
     #[test]
     fn missing_router_prints_the_reason() {
-        let d = [sample(Path::Direct, 1, 1500.0, 4000.0, 0.0, 8.0)];
+        let runs = [sample(Path::Direct, 1, 1500.0, 4000.0, 0.0, 8.0)];
         let mut buf = Vec::new();
-        block(&mut buf, 1, &d, Err("no binary")).unwrap();
+        block(&mut buf, 1, &runs, Some("no binary")).unwrap();
         let s = String::from_utf8(buf).unwrap();
         assert!(
             s.contains("not measured: no binary") && !s.contains("goal:"),
             "{s}"
         );
+        assert!(summarize(&runs).is_none());
     }
 }
