@@ -177,7 +177,15 @@ impl Fleet {
                 }
             }
         };
-        let info = parse_info(&line, spec.model)?;
+        let info = match parse_info(&line, spec.model) {
+            Ok(info) => info,
+            Err(e) => {
+                // Let fleet.py tear its fleet down (EOF) before it is killed.
+                drop(stdin);
+                let _ = proc.reaped_within(TEARDOWN);
+                return Err(e.into());
+            }
+        };
         Ok(Self {
             proc: Some(proc),
             stdin: Some(stdin),
