@@ -174,6 +174,7 @@ pub(crate) fn measure(
         wrk,
         elapsed,
         router_cpu,
+        router_ran: pids.router.is_some(),
         frontend_cpu,
         workers_cpu,
         wrk_cpu,

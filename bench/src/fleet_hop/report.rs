@@ -41,6 +41,8 @@ pub(crate) struct Sample {
     pub(crate) elapsed: f64,
     /// The router process (idle in direct runs: discovery, kv_metrics ingest).
     pub(crate) router_cpu: CpuTime,
+    /// Whether the router was running (and so sampled) during the run.
+    pub(crate) router_ran: bool,
     /// The frontend process.
     pub(crate) frontend_cpu: CpuTime,
     /// All mocker workers.
@@ -231,13 +233,20 @@ fn row(out: &mut impl Write, s: &Sample) -> std::io::Result<()> {
         }
     };
     // In a direct run the router serves nothing: its CPU is in parentheses.
-    let rtr_us = match s.path {
-        Path::Direct => format!("({:.1})", per_req(s.router_cpu)),
-        Path::Router => format!("{:.1}", per_req(s.router_cpu)),
+    let (rtr_cpu, rtr_us) = match (s.router_ran, s.path) {
+        (false, _) => ("-".to_owned(), "-".to_owned()),
+        (true, Path::Direct) => (
+            format!("{:.2}", s.router_cpu.total()),
+            format!("({:.1})", per_req(s.router_cpu)),
+        ),
+        (true, Path::Router) => (
+            format!("{:.2}", s.router_cpu.total()),
+            format!("{:.1}", per_req(s.router_cpu)),
+        ),
     };
     writeln!(
         out,
-        "{:<9} {:>9.0} {:>10} {:>10} {:>9.2} {:>7.0}% {:>10.0} {:>10.2} {:>11} {:>10.2} {:>10.2} {:>12.2} {:>7}",
+        "{:<9} {:>9.0} {:>10} {:>10} {:>9.2} {:>7.0}% {:>10.0} {:>10} {:>11} {:>10.2} {:>10.2} {:>12.2} {:>7}",
         s.label(),
         s.wrk.rps,
         latency(s.wrk.p50_us),
@@ -245,7 +254,7 @@ fn row(out: &mut impl Write, s: &Sample) -> std::io::Result<()> {
         s.frontend_cpu.total(),
         100.0 * s.frontend_cpu.total() / s.elapsed,
         per_req(s.frontend_cpu),
-        s.router_cpu.total(),
+        rtr_cpu,
         rtr_us,
         s.workers_cpu.total(),
         s.wrk_cpu.total(),
@@ -292,6 +301,7 @@ mod tests {
                 user: router,
                 system: 0.0,
             },
+            router_ran: true,
             frontend_cpu: CpuTime {
                 user: fe,
                 system: 0.0,
@@ -370,10 +380,12 @@ mod tests {
 
     #[test]
     fn missing_router_prints_the_reason() {
-        let runs = [sample(Path::Direct, 1, 1500.0, 4000.0, 0.0, 8.0)];
+        let mut runs = [sample(Path::Direct, 1, 1500.0, 4000.0, 0.0, 8.0)];
+        runs[0].router_ran = false;
         let mut buf = Vec::new();
         block(&mut buf, 1, &runs, Some("no binary")).unwrap();
         let s = String::from_utf8(buf).unwrap();
+        assert!(s.contains("          -           -"), "{s}");
         assert!(
             s.contains("not measured: no binary") && !s.contains("goal:"),
             "{s}"
