@@ -84,11 +84,13 @@ impl AnthropicStream {
 
     /// Ends the stream with an Anthropic `error` event (nothing if already ended).
     pub fn fail(&mut self, err: &ClassifiedError) -> Vec<u8> {
+        let mut out = std::mem::take(&mut self.walk.pending);
         if self.walk.done {
-            return Vec::new();
+            return out;
         }
         self.walk.done = true;
-        err.anthropic_sse_event()
+        out.extend(err.anthropic_sse_event());
+        out
     }
 
     fn close_block(&mut self, out: &mut Vec<u8>) {

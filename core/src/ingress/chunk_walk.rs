@@ -6,7 +6,9 @@
 //! choice's text and tool-call deltas, and its `finish_reason`. This module does that walk once and
 //! calls a [`ChunkSink`] for each step; each converter only decides what to emit.
 //!
-//! Invariants: after the sink reports it is done, input is ignored; an upstream `error` chunk (an
+//! Invariants: after the sink reports it is done, input is ignored; the converted output is a
+//! function of the concatenated input only (an error keeps the bytes converted before it for
+//! `fail`, which sends them first); an upstream `error` chunk (an
 //! `error` key or `event: error`) ends the stream through [`ChunkSink::fail`]; an upstream EOF
 //! before any `finish_reason` fails the stream rather than completing it.
 
@@ -27,6 +29,9 @@ pub(crate) struct WalkState {
     pub(crate) finish_reason: Option<String>,
     /// The last usage object seen.
     pub(crate) usage: Option<Value>,
+    /// Bytes converted by the call that then failed, owed to the client ahead of the error event
+    /// (so the output does not depend on how the input was split).
+    pub(crate) pending: Vec<u8>,
 }
 
 impl WalkState {
@@ -37,6 +42,7 @@ impl WalkState {
             done: false,
             finish_reason: None,
             usage: None,
+            pending: Vec::new(),
         }
     }
 }
@@ -62,25 +68,43 @@ pub(crate) trait ChunkSink {
     fn fail_with(&mut self, err: &ClassifiedError) -> Vec<u8>;
 }
 
+/// Converts the events framed before a framing error (`framed`), in order, stopping at the
+/// first error; on an error the bytes converted so far are kept in [`WalkState::pending`] for
+/// the converter's `fail` to send first.
+fn convert_events<S: ChunkSink>(
+    sink: &mut S,
+    events: Vec<SseEvent>,
+    framed: Result<(), IngressError>,
+) -> Result<Vec<u8>, IngressError> {
+    let mut out = Vec::new();
+    let mut result = framed;
+    for e in events {
+        if let Err(err) = on_event(sink, e, &mut out) {
+            result = Err(err);
+            break;
+        }
+    }
+    match result {
+        Ok(()) => Ok(out),
+        Err(err) => {
+            sink.walk().pending.extend(out);
+            Err(err)
+        }
+    }
+}
+
 /// Feeds upstream bytes through the sink's framer; returns the converted bytes they complete.
 pub(crate) fn feed<S: ChunkSink>(sink: &mut S, bytes: &[u8]) -> Result<Vec<u8>, IngressError> {
     let mut events = Vec::new();
-    sink.walk().framer.push(bytes, &mut events)?;
-    let mut out = Vec::new();
-    for e in events {
-        on_event(sink, e, &mut out)?;
-    }
-    Ok(out)
+    let framed = sink.walk().framer.push(bytes, &mut events);
+    convert_events(sink, events, framed)
 }
 
 /// Upstream EOF: flushes the framer and ends the stream if it has not ended yet.
 pub(crate) fn finish<S: ChunkSink>(sink: &mut S) -> Result<Vec<u8>, IngressError> {
     let mut events = Vec::new();
-    sink.walk().framer.finish(&mut events)?;
-    let mut out = Vec::new();
-    for e in events {
-        on_event(sink, e, &mut out)?;
-    }
+    let framed = sink.walk().framer.finish(&mut events);
+    let mut out = convert_events(sink, events, framed)?;
     if !sink.walk().done {
         if sink.walk().finish_reason.is_some() {
             sink.complete(&mut out);

@@ -90,11 +90,12 @@ impl ResponsesStream {
 
     /// Ends the stream with an `error` event and `response.failed` (nothing if ended).
     pub fn fail(&mut self, err: &ClassifiedError) -> Vec<u8> {
+        let mut out = std::mem::take(&mut self.walk.pending);
         if self.walk.done {
-            return Vec::new();
+            return out;
         }
         self.walk.done = true;
-        let mut out = err.responses_sse_event(self.next_seq());
+        out.extend(err.responses_sse_event(self.next_seq()));
         if self.started {
             let mut r = response_object(
                 &self.ctx,

@@ -284,3 +284,41 @@ fn text_after_tool_opens_a_new_block() {
     assert_eq!(stops, 2);
     assert_eq!(ev[ev.len() - 2].1["delta"]["stop_reason"], "tool_use");
 }
+
+/// Found by `fuzz/` (target `ingress`): a malformed event followed, in the same read, by a
+/// non-UTF-8 one gave a different error (and lost the bytes converted before it) than the same
+/// input split between the two. The output is a function of the whole input only.
+#[test]
+fn an_error_mid_batch_gives_the_same_output_however_the_input_is_split() {
+    let mut input = chunk(json!({"role":"assistant","content":"Hi"}), Value::Null).into_bytes();
+    input.extend_from_slice(b"data: {\"id\":\"x\",\"bad\"}]}\n\n");
+    input.extend_from_slice(b"data: [D\x01\x00\xff\xff\n\n");
+    let run = |parts: &[&[u8]]| {
+        let mut st = AnthropicStream::new(ctx());
+        let mut out = Vec::new();
+        for p in parts {
+            match st.feed(p) {
+                Ok(b) => out.extend(b),
+                Err(e) => {
+                    out.extend(st.fail(&ClassifiedError::from(&e)));
+                    return out;
+                }
+            }
+        }
+        out.extend(st.finish().unwrap());
+        out
+    };
+    let whole = run(&[&input]);
+    for cut in 0..=input.len() {
+        assert_eq!(run(&[&input[..cut], &input[cut..]]), whole, "cut at {cut}");
+    }
+    let text = String::from_utf8_lossy(&whole);
+    assert!(
+        text.contains("\"Hi\""),
+        "the text before the error is sent: {text}"
+    );
+    assert!(
+        text.contains("SSE chunk"),
+        "the first error is reported: {text}"
+    );
+}
