@@ -1,4 +1,5 @@
-//! Fuzz `json_scan::top_level_string` and `json_scan::unescape_simple` (the request `model`).
+//! Fuzz `json_scan::top_level_string`, `json_scan::request_fields` and
+//! `json_scan::unescape_simple` (the request `model`, `stream` and the fields sanitising removes).
 //!
 //! Input layout: 1 byte `k`, then a key of `k % 16` bytes, then the document. The document is
 //! scanned for that key and for `model`.
@@ -20,7 +21,8 @@
 use std::collections::HashMap;
 use std::fmt;
 
-use continuum_core::json_scan::{ScanError, top_level_string, unescape_simple};
+use continuum_core::ingress::sanitize::TOP_LEVEL_STRIPPED;
+use continuum_core::json_scan::{ScanError, request_fields, top_level_string, unescape_simple};
 use libfuzzer_sys::fuzz_target;
 use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, Visitor};
 
@@ -126,6 +128,49 @@ fn check(doc: &[u8], key: &[u8], serde: Option<&Serde>) {
     }
 }
 
+/// `request_fields` agrees with `top_level_string` on `model` and with serde_json on `stream`
+/// and on whether the body carries a field sanitising removes (keys after unescaping).
+fn check_fields(doc: &[u8], serde: Option<&Serde>) {
+    let f = request_fields(doc);
+    if let Ok(f) = &f {
+        assert_eq!(
+            Ok(f.model.clone()),
+            top_level_string(doc, b"model"),
+            "model differs from top_level_string"
+        );
+    }
+    let Some(sj) = serde else {
+        return;
+    };
+    let dup = ["model", "stream", "nvext"]
+        .iter()
+        .chain(TOP_LEVEL_STRIPPED)
+        .any(|k| sj.counts.get(*k).copied().unwrap_or(0) > 1);
+    match &f {
+        Err(ScanError::DuplicateKey) => assert!(dup, "duplicate reported for distinct keys"),
+        Err(ScanError::NotABool) => assert!(
+            !matches!(
+                sj.obj.get("stream"),
+                None | Some(serde_json::Value::Bool(_) | serde_json::Value::Null)
+            ),
+            "a boolean stream refused"
+        ),
+        Err(ScanError::NotAString) => {}
+        Err(e) => panic!("valid JSON object rejected: {e:?}"),
+        Ok(f) => {
+            assert!(!dup, "duplicate routing field not refused");
+            assert_eq!(
+                f.stream,
+                sj.obj.get("stream") == Some(&serde_json::Value::Bool(true)),
+                "stream differs from serde_json"
+            );
+            let sanitize = sj.obj.contains_key("nvext")
+                || TOP_LEVEL_STRIPPED.iter().any(|k| sj.obj.contains_key(*k));
+            assert_eq!(f.needs_sanitize, sanitize, "needs_sanitize differs");
+        }
+    }
+}
+
 fuzz_target!(|data: &[u8]| {
     let Some((&k, rest)) = data.split_first() else {
         return;
@@ -146,5 +191,6 @@ fuzz_target!(|data: &[u8]| {
         });
     check(doc, key, serde.as_ref());
     check(doc, b"model", serde.as_ref());
+    check_fields(doc, serde.as_ref());
     check_unescape_any(doc);
 });
