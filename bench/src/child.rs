@@ -210,3 +210,27 @@ fn cpu_set(cpus: &[usize]) -> libc::cpu_set_t {
 pub(crate) fn available_cpus() -> usize {
     std::thread::available_parallelism().map_or(1, usize::from)
 }
+
+/// `explicit`, else the program `name` next to this executable (where cargo
+/// puts the router next to the bench).
+pub(crate) fn sibling_or(explicit: Option<&Path>, name: &str) -> Result<PathBuf, BenchError> {
+    if let Some(p) = explicit {
+        return Ok(p.to_path_buf());
+    }
+    let exe = std::env::current_exe().map_err(BenchError::io("locating continuum-bench"))?;
+    Ok(exe.with_file_name(name))
+}
+
+/// Sets the driver's nice value; every child spawned afterwards inherits it.
+pub(crate) fn set_nice(nice: i32) -> Result<(), BenchError> {
+    // SAFETY: setpriority has no memory-safety preconditions. `who = 0` is
+    // the calling thread, which is still the driver's only thread; threads
+    // and children created later inherit the value.
+    let rc = unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, nice) };
+    if rc != 0 {
+        return Err(BenchError::io(format!(
+            "setting nice {nice} (a negative value needs CAP_SYS_NICE)"
+        ))(std::io::Error::last_os_error()));
+    }
+    Ok(())
+}

@@ -8,7 +8,6 @@
 //! baseline.
 
 use std::io::Write;
-use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -47,7 +46,7 @@ pub(crate) fn run(opts: &HopOptions) -> Result<(), BenchError> {
     }
     let dir = TempDir::new()?;
     dir.write("post.lua", &wrk::post_lua())?;
-    let router_bin = router_bin(opts)?;
+    let router_bin = child::sibling_or(opts.router_bin.as_deref(), "continuum-router")?;
     let router_missing = (!router_bin.is_file()).then(|| {
         format!(
             "{} not found; run `cargo build --release -p continuum-router` (or bench/run.sh)",
@@ -195,15 +194,6 @@ fn start_backend(dir: &TempDir, port: u16, ready_secs: u64) -> Result<Supervised
         Duration::from_secs(ready_secs),
     )?;
     Ok(backend)
-}
-
-/// `--router-bin`, else `continuum-router` next to this executable.
-fn router_bin(opts: &HopOptions) -> Result<PathBuf, BenchError> {
-    if let Some(p) = &opts.router_bin {
-        return Ok(p.clone());
-    }
-    let exe = std::env::current_exe().map_err(BenchError::io("locating continuum-bench"))?;
-    Ok(exe.with_file_name("continuum-router"))
 }
 
 fn title(shards: u8) -> String {

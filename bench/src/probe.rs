@@ -68,7 +68,7 @@ pub(crate) struct Response {
     pub(crate) status: u16,
     /// Status line and headers, as sent.
     pub(crate) head: String,
-    /// Body bytes (at most 1 MiB of the message is read), not de-chunked.
+    /// Body bytes (at most the read cap of the message), not de-chunked.
     pub(crate) body: Vec<u8>,
 }
 
@@ -96,6 +96,18 @@ pub(crate) fn request(
     headers: &[(&str, &str)],
     body: &str,
 ) -> std::io::Result<Response> {
+    request_capped(port, method, path, headers, body, 1024 * 1024)
+}
+
+/// [`request`], reading at most `max_bytes` of the response.
+pub(crate) fn request_capped(
+    port: u16,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+    max_bytes: u64,
+) -> std::io::Result<Response> {
     let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
     let mut s = TcpStream::connect_timeout(&addr, PROBE_TIMEOUT)?;
     s.set_read_timeout(Some(PROBE_TIMEOUT))?;
@@ -112,7 +124,7 @@ pub(crate) fn request(
     req.push_str(body);
     s.write_all(req.as_bytes())?;
     let mut resp = Vec::new();
-    s.take(1024 * 1024).read_to_end(&mut resp)?;
+    s.take(max_bytes).read_to_end(&mut resp)?;
     let bad = || std::io::Error::new(std::io::ErrorKind::InvalidData, "not an HTTP response");
     let split = resp
         .windows(4)

@@ -35,12 +35,14 @@ use crate::child::{self, Supervised};
 use crate::cpu;
 use crate::error::BenchError;
 use crate::probe;
+use crate::router_probe;
+use crate::shim_load::{self, Path};
 use crate::tempdir::TempDir;
 use crate::wrk::WrkRun;
 pub(crate) use fleet::FleetError;
 use fleet::{Fleet, FleetInfo, FleetSpec};
 use load::Pids;
-use report::{Path, Sample};
+use report::Sample;
 
 /// The aggregated model fleet.py serves (tokenizer of the shared tiny model).
 const MODEL: &str = "tiny-agg";
@@ -130,9 +132,9 @@ pub(crate) fn run(opts: &FleetHopOptions) -> Result<(), BenchError> {
     if !opts.fleet_script.is_file() {
         return Err(FleetError::NoScript(opts.fleet_script.clone()).into());
     }
-    let router_bin = router_bin(opts)?;
+    let router_bin = child::sibling_or(opts.router_bin.as_deref(), "continuum-router")?;
     if opts.nice != 0 {
-        set_nice(opts.nice)?;
+        child::set_nice(opts.nice)?;
     }
     let dir = TempDir::new()?;
     let ready = Duration::from_secs(opts.ready_timeout_secs);
@@ -162,11 +164,11 @@ pub(crate) fn run(opts: &FleetHopOptions) -> Result<(), BenchError> {
             .map(|w| w.instance_id)
             .collect::<Vec<_>>()
     );
-    let body = load::chat_body(MODEL, opts.max_tokens);
+    let body = shim_load::chat_body(MODEL, opts.max_tokens);
     let pins = load::direct_pins(&info.workers);
     check_direct(&info, &pins, &body, ready)?;
-    let direct_script = dir.write("direct.lua", &load::lua_script(&body, &pins))?;
-    let router_script = dir.write("router.lua", &load::lua_script(&body, &[Vec::new()]))?;
+    let direct_script = dir.write("direct.lua", &shim_load::lua_script(&body, &pins))?;
+    let router_script = dir.write("router.lua", &shim_load::lua_script(&body, &[Vec::new()]))?;
 
     // Declared after `fleet`, so dropped (killed) before the fleet's teardown.
     let mut routed: Result<(Supervised, u16), String> = if router_bin.is_file() {
@@ -342,9 +344,9 @@ fn header(
         out,
         "direct = frontend with the bench's pins ({} round-robin over the {} workers, decimal, \
          + {} 0); router = no pins; 1-min loadavg at start: {}",
-        load::WORKER_PIN,
+        shim_load::WORKER_PIN,
         info.workers.len(),
-        load::DP_RANK_PIN,
+        shim_load::DP_RANK_PIN,
         cpu::loadavg().map_or("?".into(), |l| format!("{l:.2}")),
     )
 }
@@ -354,7 +356,7 @@ fn selections(out: &mut impl Write, port: u16) -> std::io::Result<()> {
     let Ok(r) = probe::request(port, "GET", "/metrics", &[], "") else {
         return Ok(());
     };
-    let picks: Vec<String> = router::decode_selections(&r.text())
+    let picks: Vec<String> = router_probe::decode_selections(&r.text())
         .into_iter()
         .map(|(reason, n)| format!("{reason}={n}"))
         .collect();
@@ -369,20 +371,6 @@ fn selections(out: &mut impl Write, port: u16) -> std::io::Result<()> {
     )
 }
 
-/// Sets the driver's nice value; every child spawned afterwards inherits it.
-fn set_nice(nice: i32) -> Result<(), BenchError> {
-    // SAFETY: setpriority has no memory-safety preconditions. `who = 0` is
-    // the calling thread, which is still the driver's only thread; threads
-    // and children created later inherit the value.
-    let rc = unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, nice) };
-    if rc != 0 {
-        return Err(BenchError::io(format!(
-            "setting nice {nice} (a negative value needs CAP_SYS_NICE)"
-        ))(std::io::Error::last_os_error()));
-    }
-    Ok(())
-}
-
 /// `$CONTINUUM_FLEET_VENV/bin/python`, else `~/.cache/continuum-fleet/venv/bin/python`.
 fn default_python() -> PathBuf {
     let venv = std::env::var_os("CONTINUUM_FLEET_VENV")
@@ -392,13 +380,4 @@ fn default_python() -> PathBuf {
             home.join(".cache/continuum-fleet/venv")
         });
     venv.join("bin/python")
-}
-
-/// `--router-bin`, else `continuum-router` next to this executable.
-fn router_bin(opts: &FleetHopOptions) -> Result<PathBuf, BenchError> {
-    if let Some(p) = &opts.router_bin {
-        return Ok(p.clone());
-    }
-    let exe = std::env::current_exe().map_err(BenchError::io("locating continuum-bench"))?;
-    Ok(exe.with_file_name("continuum-router"))
 }

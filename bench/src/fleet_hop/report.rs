@@ -12,21 +12,14 @@
 use std::io::Write;
 
 use crate::cpu::CpuTime;
+use crate::numbers::{latency, median, signed_us};
+pub(crate) use crate::shim_load::Path;
 use crate::wrk::WrkReport;
 
 /// Goal of the issue: added p50 latency, microseconds.
 pub(crate) const GOAL_ADDED_P50_US: f64 = 100.0;
 /// Goal of the issue: router CPU per request as a share of the frontend's, percent.
 pub(crate) const GOAL_CPU_SHARE_PCT: f64 = 5.0;
-
-/// Which way the requests went.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Path {
-    /// Straight to the frontend, pinned by the bench.
-    Direct,
-    /// Through the router, unpinned.
-    Router,
-}
 
 /// One measured wrk run and the CPU used around it.
 #[derive(Debug, Clone)]
@@ -55,11 +48,7 @@ pub(crate) struct Sample {
 
 impl Sample {
     fn label(&self) -> String {
-        let p = match self.path {
-            Path::Direct => "direct",
-            Path::Router => "router",
-        };
-        format!("{p}#{}", self.round)
+        format!("{}#{}", self.path.as_str(), self.round)
     }
 
     fn errors(&self) -> u64 {
@@ -135,15 +124,6 @@ pub(crate) fn summarize(runs: &[Sample]) -> Option<Summary> {
         frontend_us: us_per_req(&direct, |s| s.frontend_cpu),
         frontend_routed_us: us_per_req(&router, |s| s.frontend_cpu),
     })
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    match v.len() {
-        0 => f64::NAN,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
 }
 
 const COLUMNS: &str = "run           req/s        p50        p99  fe cpu-s  fe util  fe us/req  \
@@ -263,23 +243,6 @@ fn row(out: &mut impl Write, s: &Sample) -> std::io::Result<()> {
     )
 }
 
-/// Microseconds with a unit, to the microsecond.
-fn latency(us: f64) -> String {
-    if us < 1e3 {
-        format!("{us:.0}us")
-    } else if us < 1e6 {
-        format!("{:.3}ms", us / 1e3)
-    } else {
-        format!("{:.3}s", us / 1e6)
-    }
-}
-
-/// A latency difference with its sign.
-fn signed_us(us: f64) -> String {
-    let sign = if us < 0.0 { "-" } else { "+" };
-    format!("{sign}{}", latency(us.abs()))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -368,7 +331,6 @@ mod tests {
         assert!((s.added_p50_us - 50.0).abs() < 1e-9, "{s:?}");
         assert!((s.router_us - 30.0).abs() < 1e-9, "{s:?}");
         assert!((s.cpu_share_pct() - 3.75).abs() < 1e-9, "{s:?}");
-        assert_eq!(median(vec![3.0, 1.0]), 2.0);
         let mut buf = Vec::new();
         block(&mut buf, 1, &runs, None).unwrap();
         let text = String::from_utf8(buf).unwrap();

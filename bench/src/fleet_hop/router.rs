@@ -11,7 +11,6 @@
 
 use std::path::Path;
 use std::process::Command;
-use std::thread::sleep;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -20,11 +19,9 @@ use super::fleet::FleetInfo;
 use crate::child::Supervised;
 use crate::error::BenchError;
 use crate::probe;
+use crate::router_probe::{discovered, shim_answers, wait_for};
 use crate::servers::set_log;
 use crate::tempdir::TempDir;
-
-/// Header the shim path sets on every response it produced.
-pub(crate) const ROUTING_PATH: &str = "x-continuum-routing-path";
 
 /// Router YAML: `port` on loopback, one shard on `cpu`, the fleet's frontend
 /// as the shim pool of its namespace, serving `model`.
@@ -87,114 +84,12 @@ pub(crate) fn start(
     let mut router = Supervised::spawn("router", cmd, &[cpu], Some(&log))?;
     probe::wait_ready(&mut router, port, probe::HEALTH, ready)?;
     let deadline = Instant::now() + ready;
-    wait_for(&mut router, deadline, ready, || discovered(port, fleet))?;
+    let ids: Vec<u64> = fleet.workers.iter().map(|w| w.instance_id).collect();
+    wait_for(&mut router, deadline, ready, || discovered(port, &ids))?;
     wait_for(&mut router, deadline, ready, || {
         shim_answers(port, chat_body)
     })?;
     Ok((router, port))
-}
-
-/// Polls `check` (`Ok(())` when done, `Err(detail)` otherwise) until the deadline.
-fn wait_for(
-    router: &mut Supervised,
-    deadline: Instant,
-    ready: Duration,
-    mut check: impl FnMut() -> Result<(), String>,
-) -> Result<(), BenchError> {
-    loop {
-        if crate::signals::interrupted() {
-            return Err(BenchError::Interrupted);
-        }
-        router.ensure_running()?;
-        let detail = match check() {
-            Ok(()) => return Ok(()),
-            Err(d) => d,
-        };
-        if Instant::now() >= deadline {
-            return Err(BenchError::NotReady {
-                what: "router",
-                secs: ready.as_secs(),
-                detail,
-                log: router.log_tail(),
-            });
-        }
-        sleep(Duration::from_millis(100));
-    }
-}
-
-/// Whether `GET /admin/dynamo/workers` lists every worker of the fleet.
-fn discovered(port: u16, fleet: &FleetInfo) -> Result<(), String> {
-    let r = probe::request(port, "GET", "/admin/dynamo/workers", &[], "")
-        .map_err(|e| format!("GET /admin/dynamo/workers: {e}"))?;
-    if r.status != 200 {
-        return Err(format!(
-            "GET /admin/dynamo/workers answered {}: {}",
-            r.status,
-            r.text()
-        ));
-    }
-    let listed = listed_worker_ids(&r.body);
-    let missing: Vec<u64> = fleet
-        .workers
-        .iter()
-        .map(|w| w.instance_id)
-        .filter(|id| !listed.contains(id))
-        .collect();
-    if missing.is_empty() {
-        Ok(())
-    } else {
-        Err(format!(
-            "workers not discovered yet: {missing:?} (listed: {listed:?})"
-        ))
-    }
-}
-
-/// The decimal `worker_id`s of an `/admin/dynamo/workers` body.
-pub(crate) fn listed_worker_ids(body: &[u8]) -> Vec<u64> {
-    let Ok(v) = serde_json::from_slice::<Value>(body) else {
-        return Vec::new();
-    };
-    v["workers"]
-        .as_array()
-        .map(|ws| {
-            ws.iter()
-                .filter_map(|w| w["worker_id"].as_str()?.parse().ok())
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-/// Whether a chat completion through the router comes back 200 from the
-/// shim path.
-fn shim_answers(port: u16, chat_body: &str) -> Result<(), String> {
-    let r = probe::request(port, "POST", "/v1/chat/completions", &[], chat_body)
-        .map_err(|e| format!("POST /v1/chat/completions: {e}"))?;
-    match (r.status, r.header(ROUTING_PATH)) {
-        (200, Some(_)) => Ok(()),
-        (200, None) => Err(format!(
-            "200 without {ROUTING_PATH}: the request did not take the shim path"
-        )),
-        (code, _) => Err(format!(
-            "POST /v1/chat/completions answered {code}: {}",
-            r.text()
-        )),
-    }
-}
-
-/// The router's `continuum_dynamo_selection_total` lines for decode picks,
-/// as `reason=count` pairs (to show how the shim picked during the run).
-pub(crate) fn decode_selections(metrics: &str) -> Vec<(String, u64)> {
-    const PREFIX: &str = "continuum_dynamo_selection_total{role=\"decode\",reason=\"";
-    metrics
-        .lines()
-        .filter_map(|l| {
-            let rest = l.strip_prefix(PREFIX)?;
-            let (reason, count) = rest.split_once("\"}")?;
-            let n = count.trim().parse::<f64>().ok()?;
-            // Counters are whole numbers printed as floats.
-            (n > 0.0).then(|| (reason.to_owned(), n as u64))
-        })
-        .collect()
 }
 
 #[cfg(test)]
@@ -228,17 +123,5 @@ mod tests {
         assert!(y.contains("- { namespace: \"agg\", backends: [fe-agg] }"));
         assert!(y.contains("disaggregated_serving: { enabled: true"));
         assert!(y.contains("direct_allow_cidrs: [\"127.0.0.0/8\"]"));
-    }
-
-    #[test]
-    fn reads_worker_ids_and_selections() {
-        let body = br#"{"workers":[{"worker_id":"42"},{"worker_id":"7"},{"instance_id":"2a"}]}"#;
-        assert_eq!(listed_worker_ids(body), vec![42, 7]);
-        assert!(listed_worker_ids(b"nope").is_empty());
-        let m = "# TYPE x counter\n\
-                 continuum_dynamo_selection_total{role=\"decode\",reason=\"load\"} 120\n\
-                 continuum_dynamo_selection_total{role=\"decode\",reason=\"kv_aware\"} 0\n\
-                 continuum_dynamo_selection_total{role=\"prefill\",reason=\"no_prefill_pool\"} 121\n";
-        assert_eq!(decode_selections(m), vec![("load".to_owned(), 120)]);
     }
 }
