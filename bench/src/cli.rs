@@ -13,6 +13,7 @@ pub(crate) const USAGE: &str = "\
 usage:
   continuum-bench http-hop [options]   router hop vs nginx hop, same backend, same load
   continuum-bench fleet-hop [options]  router vs direct-to-frontend on a real Dynamo fleet (needs the fleet venv)
+  continuum-bench sim-hop [options]    router vs direct-to-shim on the simulated fleet at 10, 100, 1000 workers
   continuum-bench backend --port N     the fast OpenAI-ish backend alone (pinning is up to you)
   continuum-bench resync [--workers N] [--rounds N]
                                        discovery resync time and registry memory (default 16384 workers)
@@ -51,6 +52,24 @@ fleet-hop options:
   --nice N             nice value of every process of the run, e.g. -10 on a machine shared with
                        builds (default 0 = unchanged; negative needs root or CAP_SYS_NICE)
 
+sim-hop options:
+  --workers LIST       fleet sizes, comma separated, ascending (default 10,100,1000; max 5000);
+                       the first is the baseline of the scaling ratios
+  --duration SECS      measured wrk run per path (default 10, max 600)
+  --warmup SECS        unmeasured wrk run before each measurement (default 2, 0 = none)
+  --connections LIST   wrk connection counts, comma separated, one comparison each (default 1,8)
+  --rounds N           direct/router pairs per fleet size and connection count (default 2, max 20)
+  --max-tokens N       max_tokens of every request and the sim's completion tokens (default 4)
+  --publish-ms N       periodic kv_metrics of every simulated worker, ms (default 500; 0 = only
+                       on load changes, as Dynamo)
+  --idle SECS          window without load measuring the router's idle CPU, per fleet (default 5)
+  --router-bin PATH    router built with --features dynamo (default: continuum-router next to this binary)
+  --wrk-bin PATH       wrk binary (default: wrk on PATH)
+  --ready-timeout SECS how long the router may take to be ready, per fleet (default 60)
+  --router-cpu 0|1     the router's CPU (default 0; the sim and wrk are on CPU 1)
+  --router-nofile N    the router's soft RLIMIT_NOFILE (default: inherited from the bench)
+  --nice N             nice value of every process of the run (default 0 = unchanged)
+
 zmtp-ingest options:
   --messages N         messages per subscriber (default 2000000, min 1000)
   --batch N            messages per publisher write (default 1024)
@@ -75,6 +94,8 @@ pub(crate) enum Command {
     HttpHop(HopOptions),
     /// Run the router-vs-direct comparison on a real Dynamo fleet.
     FleetHop(crate::fleet_hop::FleetHopOptions),
+    /// Run the router-vs-direct comparison on simulated fleets of several sizes.
+    SimHop(crate::sim_hop::SimHopOptions),
     /// Measure a discovery resync.
     Resync(crate::resync::ResyncOptions),
     /// Compare the router's kv_metrics SUB path with the zeromq crate's.
@@ -131,6 +152,7 @@ pub(crate) fn parse(args: impl IntoIterator<Item = String>) -> Result<Command, U
         "backend" => parse_backend(args),
         "http-hop" => parse_hop(args).map(Command::HttpHop),
         "fleet-hop" => parse_fleet_hop(args).map(Command::FleetHop),
+        "sim-hop" => parse_sim_hop(args).map(Command::SimHop),
         "resync" => parse_resync(args),
         "zmtp-ingest" => parse_ingest(args).map(Command::ZmtpIngest),
         "pick" => parse_pick(args).map(Command::Pick),
@@ -259,6 +281,51 @@ fn parse_fleet_hop(
         }
     }
     Ok(opts)
+}
+
+fn parse_sim_hop(
+    mut args: impl Iterator<Item = String>,
+) -> Result<crate::sim_hop::SimHopOptions, UsageError> {
+    let mut opts = crate::sim_hop::SimHopOptions::default();
+    while let Some(flag) = args.next() {
+        let v = value(&flag, &mut args);
+        match flag.as_str() {
+            "--workers" => opts.workers = worker_list(&flag, v?)?,
+            "--duration" => opts.duration_secs = number(&flag, v?, 1, 600)?,
+            "--warmup" => opts.warmup_secs = number(&flag, v?, 0, 60)?,
+            "--connections" => opts.connections = connection_list(&flag, v?)?,
+            "--rounds" => opts.rounds = small(&flag, v?, 1, 20)?,
+            "--max-tokens" => opts.max_tokens = small(&flag, v?, 1, 4096)?,
+            "--publish-ms" => opts.publish_ms = number(&flag, v?, 0, 60_000)?,
+            "--idle" => opts.idle_secs = number(&flag, v?, 1, 60)?,
+            "--router-bin" => opts.router_bin = Some(PathBuf::from(v?)),
+            "--wrk-bin" => opts.wrk_bin = PathBuf::from(v?),
+            "--ready-timeout" => opts.ready_timeout_secs = number(&flag, v?, 1, 600)?,
+            "--router-cpu" => opts.router_cpu = small(&flag, v?, 0, 1)? as usize,
+            "--router-nofile" => opts.router_nofile = Some(number(&flag, v?, 16, 1 << 20)?),
+            "--nice" => opts.nice = nice(&flag, v?)?,
+            _ => return Err(UsageError::UnknownFlag(flag)),
+        }
+    }
+    Ok(opts)
+}
+
+/// Fleet sizes: 1 to 5,000 each, strictly ascending.
+fn worker_list(flag: &str, value: String) -> Result<Vec<usize>, UsageError> {
+    let mut list: Vec<usize> = Vec::new();
+    for part in value.split(',') {
+        match part.trim().parse::<usize>() {
+            Ok(n) if (1..=5000).contains(&n) && list.last().is_none_or(|&l| l < n) => list.push(n),
+            _ => {
+                return Err(bad(
+                    flag,
+                    value,
+                    "expected ascending fleet sizes, comma separated, each 1 to 5000",
+                ));
+            }
+        }
+    }
+    Ok(list)
 }
 
 fn nice(flag: &str, value: String) -> Result<i32, UsageError> {
@@ -412,6 +479,52 @@ mod tests {
             "fleet-hop --router-cpu 2",
             "fleet-hop --nice -21",
             "fleet-hop --nice x",
+        ] {
+            assert!(parse(args(bad)).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn sim_hop_options() {
+        let Ok(Command::SimHop(o)) = parse(args("sim-hop")) else {
+            panic!("expected sim-hop");
+        };
+        assert_eq!(o.workers, vec![10, 100, 1000]);
+        assert_eq!(o.connections, vec![1, 8]);
+        assert_eq!((o.duration_secs, o.warmup_secs, o.rounds), (10, 2, 2));
+        assert_eq!(
+            (o.max_tokens, o.publish_ms, o.ready_timeout_secs),
+            (4, 500, 60)
+        );
+        assert_eq!((o.router_cpu, o.router_nofile, o.nice), (0, None, 0));
+        let Ok(Command::SimHop(o)) = parse(args(
+            "sim-hop --workers 5,50,2000 --duration 3 --warmup 0 --connections 4 --rounds 3 \
+             --max-tokens 1 --publish-ms 0 --router-nofile 1024 --router-cpu 1 --nice -5 \
+             --router-bin /r --wrk-bin /w --ready-timeout 120 --idle 5",
+        )) else {
+            panic!("expected sim-hop");
+        };
+        assert_eq!(o.workers, vec![5, 50, 2000]);
+        assert_eq!((o.duration_secs, o.warmup_secs, o.rounds), (3, 0, 3));
+        assert_eq!(o.connections, vec![4]);
+        assert_eq!((o.max_tokens, o.publish_ms), (1, 0));
+        assert_eq!((o.router_nofile, o.router_cpu, o.nice), (Some(1024), 1, -5));
+        assert_eq!(o.router_bin, Some(PathBuf::from("/r")));
+        assert_eq!(o.wrk_bin, PathBuf::from("/w"));
+        assert_eq!((o.ready_timeout_secs, o.idle_secs), (120, 5));
+        for bad in [
+            "sim-hop --workers 0",
+            "sim-hop --workers 100,10",
+            "sim-hop --workers 10,10",
+            "sim-hop --workers 5001",
+            "sim-hop --workers 10,x",
+            "sim-hop --workers",
+            "sim-hop --connections 0",
+            "sim-hop --rounds 21",
+            "sim-hop --router-nofile 8",
+            "sim-hop --router-cpu 2",
+            "sim-hop --idle 0",
+            "sim-hop --shards 1",
         ] {
             assert!(parse(args(bad)).is_err(), "{bad}");
         }

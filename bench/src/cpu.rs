@@ -1,6 +1,7 @@
-//! CPU accounting from `/proc`: per process tree (utime + stime of a pid
-//! and all its live descendants), machine-wide busy time, and reaped
-//! children (for wrk).
+//! CPU accounting from `/proc` and getrusage: per process tree (utime +
+//! stime of a pid and all its live descendants), machine-wide busy time,
+//! reaped children (for wrk) and the driver's own process (for an
+//! in-process fleet).
 //!
 //! Invariant: all figures are in seconds, converted from clock ticks with
 //! the kernel's `_SC_CLK_TCK`; sampling never follows a pid outside the
@@ -130,10 +131,20 @@ pub(crate) fn machine_busy() -> Result<CpuTime, BenchError> {
 
 /// CPU time of all reaped children of the driver (getrusage).
 pub(crate) fn reaped_children() -> CpuTime {
+    rusage(libc::RUSAGE_CHILDREN)
+}
+
+/// CPU time of the driver's own process, all its threads (getrusage), e.g.
+/// an in-process simulated fleet; children are not included.
+pub(crate) fn own_process() -> CpuTime {
+    rusage(libc::RUSAGE_SELF)
+}
+
+fn rusage(who: libc::c_int) -> CpuTime {
     // SAFETY: rusage is plain data; getrusage fills it.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: `ru` is a valid, writable rusage.
-    unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut ru) };
+    unsafe { libc::getrusage(who, &mut ru) };
     let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
     CpuTime {
         user: secs(ru.ru_utime),
@@ -167,5 +178,8 @@ mod tests {
         let me = i32::try_from(std::process::id()).unwrap();
         assert!(tree(me).is_ok());
         assert!(machine_busy().unwrap().total() > 0.0);
+        let spin = std::time::Instant::now();
+        while spin.elapsed() < std::time::Duration::from_millis(30) {}
+        assert!(own_process().total() > 0.0);
     }
 }

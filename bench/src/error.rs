@@ -88,6 +88,9 @@ pub(crate) enum BenchError {
     /// `fleet-hop`'s fleet could not be started or described.
     #[error("fleet: {0}")]
     Fleet(#[from] crate::fleet_hop::FleetError),
+    /// `sim-hop`'s simulated fleet could not be started or checked.
+    #[error("sim-hop: {0}")]
+    SimHop(#[from] crate::sim_hop::SimHopError),
     /// The backend's runtime could not be built or its socket bound.
     #[error("backend: {0}")]
     Backend(io::Error),

@@ -2,7 +2,9 @@
 //! ratio against a baseline measured in the same command.
 //!
 //! Subcommands: `http-hop` (router hop vs nginx hop, see `hop`), `fleet-hop`
-//! (router vs direct-to-frontend on a real Dynamo fleet, see `fleet_hop`), `resync`
+//! (router vs direct-to-frontend on a real Dynamo fleet, see `fleet_hop`),
+//! `sim-hop` (the same on the simulated fleet at 10, 100 and 1,000 workers,
+//! see `sim_hop`), `resync`
 //! (discovery resync time and registry memory, see `resync`), `zmtp-ingest`
 //! (the router's kv_metrics SUB path vs the zeromq crate, see `zmtp_ingest`),
 //! `pick` (one worker pick at 10, 100 and 1,000 workers vs round-robin, see
@@ -29,6 +31,7 @@ mod router_probe;
 mod servers;
 mod shim_load;
 mod signals;
+mod sim_hop;
 mod tempdir;
 mod wrk;
 mod zmtp_ingest;
@@ -83,6 +86,10 @@ fn run() -> Result<(), BenchError> {
         cli::Command::FleetHop(opts) => {
             signals::install();
             fleet_hop::run(&opts)
+        }
+        cli::Command::SimHop(opts) => {
+            signals::install();
+            sim_hop::run(&opts)
         }
     }
 }
