@@ -7,8 +7,13 @@
 # router with `--features dynamo` (needs protoc) and makes sure the fleet venv
 # exists (tests/fleet/install.sh, idempotent), e.g.:
 #   bench/run.sh --fleet --duration 10 --rounds 3
+# Opt-in: `bench/run.sh --sim [sim-hop options]` runs `sim-hop` instead (router
+# vs direct-to-shim on the in-process simulated fleet at 10, 100 and 1,000
+# workers): it builds the router with `--features dynamo` (needs protoc) but
+# needs no venv, e.g.:
+#   bench/run.sh --sim --duration 5
 # Invariant: writes nothing into the repo besides cargo's target dir; if the
-# router does not build, the baseline (nginx, or the direct frontend) is
+# router does not build, the baseline (nginx, the direct frontend or shim) is
 # still measured and the driver says why the router row is missing (or
 # warns that it may be stale).
 set -euo pipefail
@@ -21,6 +26,10 @@ if [ "${1:-}" = "--fleet" ]; then
     bench=fleet-hop
     features=(--features continuum-router/dynamo)
     tests/fleet/install.sh
+elif [ "${1:-}" = "--sim" ]; then
+    shift
+    bench=sim-hop
+    features=(--features continuum-router/dynamo)
 fi
 if ! cargo build --release -p continuum-router "${features[@]}" -p continuum-bench; then
     echo "run.sh: building continuum-router failed; building the bench alone." >&2
