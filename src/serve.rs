@@ -53,6 +53,16 @@ pub(crate) fn start(
     path: Option<std::path::PathBuf>,
     on_ready: impl FnOnce(std::net::SocketAddr),
 ) -> Result<ExitReason, String> {
+    match continuum_shards::limits::raise_open_files_limit() {
+        Ok(l) if l.after < 4096 => tracing::warn!(
+            soft = l.after,
+            hard = l.hard,
+            "open-files limit is low: each kv_metrics publisher, client and upstream connection \
+             holds a descriptor; raise the hard limit (LimitNOFILE) for large fleets"
+        ),
+        Ok(l) => tracing::info!(before = l.before, now = l.after, "open-files limit"),
+        Err(e) => tracing::warn!(error = %e, "cannot read or raise the open-files limit"),
+    }
     let config = Arc::new(config);
     let addrs = continuum_control::resolve_blocking(&config);
     let cell = Arc::new(SnapshotCell::new(RouterSnapshot::build(

@@ -197,3 +197,22 @@ fn epoll_fallback_relays_buffered_and_streamed_chat() {
         r.stderr()
     );
 }
+
+/// A low soft open-files limit (a common 1,024, or less) is raised to the hard limit at startup:
+/// with 1,000 workers the subscriptions alone need more than 1,024 descriptors.
+#[test]
+fn the_soft_open_files_limit_is_raised_to_the_hard_limit() {
+    let b = common::MockBackend::start("b");
+    let mut cfg = common::RouterConfig::default().backend("b", &b.url(), &["m"]);
+    cfg.nofile = Some((256, 4096));
+    let r = common::RouterProcess::start(&cfg);
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", r.pid())).unwrap();
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .unwrap();
+    let nums: Vec<&str> = line.split_whitespace().skip(3).take(2).collect();
+    assert_eq!(nums, ["4096", "4096"], "{line}");
+    let resp = common::chat(r.addr(), &common::chat_body("m", "x", false), &[]);
+    assert_eq!(resp.status, 200);
+}

@@ -18,6 +18,7 @@ mod admin_dynamo;
 mod clock;
 mod conn;
 mod inbox;
+pub mod limits;
 pub mod mailbox;
 pub mod metrics;
 mod metrics_dynamo;

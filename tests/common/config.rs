@@ -56,6 +56,8 @@ pub struct RouterConfig {
     pub backends: Vec<BackendSpec>,
     /// Extra environment for the router process (not part of the YAML).
     pub env: Vec<(String, String)>,
+    /// Start the router with this `(soft, hard)` open-files limit (through `prlimit`).
+    pub nofile: Option<(u64, u64)>,
     /// `disaggregated_serving.enabled`.
     pub disaggregated_serving: bool,
     /// `disaggregated_serving.fallback_to_unified` (default true, as the router's).
@@ -81,6 +83,7 @@ impl Default for RouterConfig {
             token_hash: None,
             backends: Vec::new(),
             env: Vec::new(),
+            nofile: None,
             disaggregated_serving: false,
             fallback_to_unified: true,
             extra_yaml: String::new(),

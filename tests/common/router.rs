@@ -62,7 +62,16 @@ impl RouterProcess {
         let stderr = File::create(&stderr_path).map_err(|e| (e.to_string(), false))?;
         let stdout = File::create(dir.path().join("router.stdout.log"))
             .map_err(|e| (e.to_string(), false))?;
-        let mut cmd = Command::new(router_bin());
+        let mut cmd = match cfg.nofile {
+            Some((soft, hard)) => {
+                let mut c = Command::new("prlimit");
+                c.arg(format!("--nofile={soft}:{hard}"))
+                    .arg("--")
+                    .arg(router_bin());
+                c
+            }
+            None => Command::new(router_bin()),
+        };
         cmd.arg("--config")
             .arg(&config_path)
             .stdin(Stdio::null())
