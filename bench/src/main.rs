@@ -22,6 +22,7 @@ mod cpu;
 mod error;
 mod fleet_hop;
 mod hop;
+mod hop_run;
 mod numbers;
 mod pick;
 mod probe;

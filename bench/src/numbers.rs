@@ -15,6 +15,11 @@ pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     }
 }
 
+/// `num / den`, or NaN unless `den` is positive.
+pub(crate) fn per(num: f64, den: f64) -> f64 {
+    if den > 0.0 { num / den } else { f64::NAN }
+}
+
 /// Microseconds with a unit: `850us`, `1.503ms`, `2.000s`.
 pub(crate) fn latency(us: f64) -> String {
     if us < 1e3 {

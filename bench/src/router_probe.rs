@@ -131,6 +131,18 @@ pub(crate) fn decode_selections(metrics: &str) -> Vec<(String, u64)> {
         .collect()
 }
 
+/// Selections as `reason=count, ...`, or `none`.
+pub(crate) fn selections_text(selections: &[(String, u64)]) -> String {
+    if selections.is_empty() {
+        return "none".to_owned();
+    }
+    let picks: Vec<String> = selections
+        .iter()
+        .map(|(reason, n)| format!("{reason}={n}"))
+        .collect();
+    picks.join(", ")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

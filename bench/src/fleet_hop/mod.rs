@@ -356,18 +356,10 @@ fn selections(out: &mut impl Write, port: u16) -> std::io::Result<()> {
     let Ok(r) = probe::request(port, "GET", "/metrics", &[], "") else {
         return Ok(());
     };
-    let picks: Vec<String> = router_probe::decode_selections(&r.text())
-        .into_iter()
-        .map(|(reason, n)| format!("{reason}={n}"))
-        .collect();
     writeln!(
         out,
         "\nrouter decode picks over the whole run (incl. warm-ups and probes): {}",
-        if picks.is_empty() {
-            "none".to_owned()
-        } else {
-            picks.join(", ")
-        }
+        router_probe::selections_text(&router_probe::decode_selections(&r.text()))
     )
 }
 

@@ -12,7 +12,8 @@
 use std::io::Write;
 
 use crate::cpu::CpuTime;
-use crate::numbers::{latency, median, signed_us};
+use crate::hop_run::{self, HopRun, hop_run};
+use crate::numbers::{latency, median, per, signed_us};
 pub(crate) use crate::shim_load::Path;
 use crate::wrk::WrkReport;
 
@@ -46,25 +47,13 @@ pub(crate) struct Sample {
     pub(crate) other_cpu: f64,
 }
 
-impl Sample {
-    fn label(&self) -> String {
-        format!("{}#{}", self.path.as_str(), self.round)
-    }
-
-    fn errors(&self) -> u64 {
-        self.wrk.non_2xx + self.wrk.socket_errors
-    }
-}
+hop_run!(Sample);
 
 /// Microseconds of `cpu` per request over `samples`.
 fn us_per_req(samples: &[&Sample], cpu: impl Fn(&Sample) -> CpuTime) -> f64 {
     let requests: u64 = samples.iter().map(|s| s.wrk.requests).sum();
     let secs: f64 = samples.iter().map(|s| cpu(s).total()).sum();
-    if requests == 0 {
-        f64::NAN
-    } else {
-        secs * 1e6 / requests as f64
-    }
+    per(secs * 1e6, requests as f64)
 }
 
 /// The comparison of one concurrency level.
@@ -99,30 +88,20 @@ impl Summary {
 /// Compares the runs of one concurrency level (in any order); rounds are
 /// paired by number. `None` unless some round has both runs.
 pub(crate) fn summarize(runs: &[Sample]) -> Option<Summary> {
-    let of = |p: Path| -> Vec<&Sample> { runs.iter().filter(|s| s.path == p).collect() };
-    let (direct, router) = (of(Path::Direct), of(Path::Router));
-    let pairs: Vec<(&Sample, &Sample)> = direct
-        .iter()
-        .filter_map(|d| Some((*d, *router.iter().find(|r| r.round == d.round)?)))
-        .collect();
-    if pairs.is_empty() {
-        return None;
-    }
-    let deltas = |f: fn(&WrkReport) -> f64| -> Vec<f64> {
-        pairs.iter().map(|(d, r)| f(&r.wrk) - f(&d.wrk)).collect()
-    };
-    let p50_deltas_us = deltas(|w| w.p50_us);
+    let paired = hop_run::pair(runs)?;
+    let (direct, router) = (&paired.direct, &paired.router);
+    let p50_deltas_us = paired.deltas(|w| w.p50_us);
     let sys: f64 = router.iter().map(|s| s.router_cpu.system).sum();
     let all: f64 = router.iter().map(|s| s.router_cpu.total()).sum();
     Some(Summary {
         added_p50_us: median(p50_deltas_us.clone()),
         p50_deltas_us,
-        added_p99_us: median(deltas(|w| w.p99_us)),
-        router_us: us_per_req(&router, |s| s.router_cpu),
+        added_p99_us: median(paired.deltas(|w| w.p99_us)),
+        router_us: us_per_req(router, |s| s.router_cpu),
         router_sys_pct: 100.0 * sys / all,
-        router_idle_us: us_per_req(&direct, |s| s.router_cpu),
-        frontend_us: us_per_req(&direct, |s| s.frontend_cpu),
-        frontend_routed_us: us_per_req(&router, |s| s.frontend_cpu),
+        router_idle_us: us_per_req(direct, |s| s.router_cpu),
+        frontend_us: us_per_req(direct, |s| s.frontend_cpu),
+        frontend_routed_us: us_per_req(router, |s| s.frontend_cpu),
     })
 }
 
@@ -144,22 +123,13 @@ pub(crate) fn block(
     }
     let summary = match router_missing {
         Some(why) => {
-            writeln!(out, "router        (not measured: {why})")?;
+            hop_run::not_measured(out, why)?;
             None
         }
         None => summarize(runs),
     };
     if let Some(s) = summary {
-        let rounds = s.p50_deltas_us.len();
-        if rounds > 1 {
-            let each: Vec<String> = s.p50_deltas_us.iter().map(|&d| signed_us(d)).collect();
-            writeln!(out, "p50 router - direct, per round: {}", each.join(" "))?;
-        }
-        let over = if rounds > 1 {
-            format!(" (median of {rounds} rounds)")
-        } else {
-            String::new()
-        };
+        let over = hop_run::per_round(out, &s.p50_deltas_us)?;
         writeln!(
             out,
             "added latency (router - direct){over}: p50 {}, p99 {}",
@@ -192,38 +162,11 @@ pub(crate) fn block(
             s.cpu_share_pct(),
         )?;
     }
-    for s in runs.iter().filter(|s| s.errors() > 0) {
-        writeln!(
-            out,
-            "warning: {}: {} non-2xx responses, {} socket errors; its figures include failures",
-            s.label(),
-            s.wrk.non_2xx,
-            s.wrk.socket_errors
-        )?;
-    }
-    Ok(())
+    hop_run::warnings(out, runs)
 }
 
 fn row(out: &mut impl Write, s: &Sample) -> std::io::Result<()> {
-    let per_req = |cpu: CpuTime| {
-        if s.wrk.requests == 0 {
-            f64::NAN
-        } else {
-            cpu.total() * 1e6 / s.wrk.requests as f64
-        }
-    };
-    // In a direct run the router serves nothing: its CPU is in parentheses.
-    let (rtr_cpu, rtr_us) = match (s.router_ran, s.path) {
-        (false, _) => ("-".to_owned(), "-".to_owned()),
-        (true, Path::Direct) => (
-            format!("{:.2}", s.router_cpu.total()),
-            format!("({:.1})", per_req(s.router_cpu)),
-        ),
-        (true, Path::Router) => (
-            format!("{:.2}", s.router_cpu.total()),
-            format!("{:.1}", per_req(s.router_cpu)),
-        ),
-    };
+    let (rtr_cpu, rtr_us) = hop_run::router_cells(s);
     writeln!(
         out,
         "{:<9} {:>9.0} {:>10} {:>10} {:>9.2} {:>7.0}% {:>10.0} {:>10} {:>11} {:>10.2} {:>10.2} {:>12.2} {:>7}",
@@ -233,7 +176,7 @@ fn row(out: &mut impl Write, s: &Sample) -> std::io::Result<()> {
         latency(s.wrk.p99_us),
         s.frontend_cpu.total(),
         100.0 * s.frontend_cpu.total() / s.elapsed,
-        per_req(s.frontend_cpu),
+        s.per_req(s.frontend_cpu),
         rtr_cpu,
         rtr_us,
         s.workers_cpu.total(),

@@ -15,7 +15,9 @@
 use std::io::Write;
 
 use crate::cpu::CpuTime;
-use crate::numbers::{Spread, latency, median, signed_us};
+use crate::hop_run::{self, HopRun, hop_run};
+use crate::numbers::{Spread, latency, median, per, signed_us};
+use crate::router_probe;
 use crate::shim_load::Path;
 use crate::wrk::WrkReport;
 
@@ -42,23 +44,7 @@ pub(crate) struct Sample {
     pub(crate) other_cpu: f64,
 }
 
-impl Sample {
-    fn label(&self) -> String {
-        format!("{}#{}", self.path.as_str(), self.round)
-    }
-
-    fn errors(&self) -> u64 {
-        self.wrk.non_2xx + self.wrk.socket_errors
-    }
-
-    fn per_req(&self, cpu: CpuTime) -> f64 {
-        per(cpu.total() * 1e6, self.wrk.requests as f64)
-    }
-}
-
-fn per(num: f64, den: f64) -> f64 {
-    if den > 0.0 { num / den } else { f64::NAN }
-}
+hop_run!(Sample);
 
 /// CPU over a window without any load, after the router was ready.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -142,27 +128,17 @@ pub(crate) fn summarize(b: &Block) -> Option<Summary> {
     if b.router_missing.is_some() {
         return None;
     }
-    let of = |p: Path| -> Vec<&Sample> { b.runs.iter().filter(|s| s.path == p).collect() };
-    let (direct, router) = (of(Path::Direct), of(Path::Router));
-    let pairs: Vec<(&Sample, &Sample)> = direct
-        .iter()
-        .filter_map(|d| Some((*d, *router.iter().find(|r| r.round == d.round)?)))
-        .collect();
-    if pairs.is_empty() {
-        return None;
-    }
-    let deltas = |f: fn(&WrkReport) -> f64| -> Vec<f64> {
-        pairs.iter().map(|(d, r)| f(&r.wrk) - f(&d.wrk)).collect()
-    };
+    let paired = hop_run::pair(&b.runs)?;
+    let (direct, router) = (&paired.direct, &paired.router);
     let sum = |v: &[&Sample], f: &dyn Fn(&Sample) -> f64| -> f64 { v.iter().map(|s| f(s)).sum() };
     let (d_req, r_req) = (
-        sum(&direct, &|s| s.wrk.requests as f64),
-        sum(&router, &|s| s.wrk.requests as f64),
+        sum(direct, &|s| s.wrk.requests as f64),
+        sum(router, &|s| s.wrk.requests as f64),
     );
-    let (d_wall, r_wall) = (sum(&direct, &|s| s.elapsed), sum(&router, &|s| s.elapsed));
-    let r_cpu = sum(&router, &|s| s.router_cpu.total());
+    let (d_wall, r_wall) = (sum(direct, &|s| s.elapsed), sum(router, &|s| s.elapsed));
+    let r_cpu = sum(router, &|s| s.router_cpu.total());
     let idle_rate = b.quiet.router_rate();
-    let p50_deltas_us = deltas(|w| w.p50_us);
+    let p50_deltas_us = paired.deltas(|w| w.p50_us);
     let total: u64 = b.selections.iter().map(|(_, n)| n).sum();
     let load: u64 = b
         .selections
@@ -175,14 +151,14 @@ pub(crate) fn summarize(b: &Block) -> Option<Summary> {
         router_rps: per(r_req, r_wall),
         added_p50_us: median(p50_deltas_us.clone()),
         p50_deltas_us,
-        added_p99_us: median(deltas(|w| w.p99_us)),
+        added_p99_us: median(paired.deltas(|w| w.p99_us)),
         router_us: per(r_cpu * 1e6, r_req),
-        router_sys_pct: per(100.0 * sum(&router, &|s| s.router_cpu.system), r_cpu),
+        router_sys_pct: per(100.0 * sum(router, &|s| s.router_cpu.system), r_cpu),
         idle_rate,
-        watch_rate: per(sum(&direct, &|s| s.router_cpu.total()), d_wall),
+        watch_rate: per(sum(direct, &|s| s.router_cpu.total()), d_wall),
         marginal_us: per((r_cpu - idle_rate * r_wall) * 1e6, r_req),
-        sim_direct_us: per(sum(&direct, &|s| s.sim_cpu.total()) * 1e6, d_req),
-        sim_router_us: per(sum(&router, &|s| s.sim_cpu.total()) * 1e6, r_req),
+        sim_direct_us: per(sum(direct, &|s| s.sim_cpu.total()) * 1e6, d_req),
+        sim_router_us: per(sum(router, &|s| s.sim_cpu.total()) * 1e6, r_req),
         router_spread: Spread::of(&b.router_picks),
         direct_spread: Spread::of(&b.direct_picks),
         by_load_pct: per(100.0 * load as f64, total as f64),
@@ -201,19 +177,10 @@ pub(crate) fn block(out: &mut impl Write, b: &Block) -> std::io::Result<()> {
         row(out, s)?;
     }
     if let Some(why) = &b.router_missing {
-        writeln!(out, "router        (not measured: {why})")?;
+        hop_run::not_measured(out, why)?;
     }
     if let Some(s) = summarize(b) {
-        let rounds = s.p50_deltas_us.len();
-        if rounds > 1 {
-            let each: Vec<String> = s.p50_deltas_us.iter().map(|&d| signed_us(d)).collect();
-            writeln!(out, "p50 router - direct, per round: {}", each.join(" "))?;
-        }
-        let over = if rounds > 1 {
-            format!(" (median of {rounds} rounds)")
-        } else {
-            String::new()
-        };
+        let over = hop_run::per_round(out, &s.p50_deltas_us)?;
         writeln!(
             out,
             "added latency (router - direct){over}: p50 {}, p99 {}; throughput router/direct {:.2}x",
@@ -232,19 +199,10 @@ pub(crate) fn block(out: &mut impl Write, b: &Block) -> std::io::Result<()> {
             "sim CPU per request: direct {:.1} us, router {:.1} us",
             s.sim_direct_us, s.sim_router_us,
         )?;
-        let picks: Vec<String> = b
-            .selections
-            .iter()
-            .map(|(reason, n)| format!("{reason}={n}"))
-            .collect();
         writeln!(
             out,
             "router decode picks (measured router runs): {} ({:.1}% by load)",
-            if picks.is_empty() {
-                "none".to_owned()
-            } else {
-                picks.join(", ")
-            },
+            router_probe::selections_text(&b.selections),
             s.by_load_pct,
         )?;
         writeln!(
@@ -254,16 +212,7 @@ pub(crate) fn block(out: &mut impl Write, b: &Block) -> std::io::Result<()> {
             spread(s.direct_spread),
         )?;
     }
-    for s in b.runs.iter().filter(|s| s.errors() > 0) {
-        writeln!(
-            out,
-            "warning: {}: {} non-2xx responses, {} socket errors; its figures include failures",
-            s.label(),
-            s.wrk.non_2xx,
-            s.wrk.socket_errors
-        )?;
-    }
-    Ok(())
+    hop_run::warnings(out, &b.runs)
 }
 
 /// A spread, with the CV a uniformly random choice would give for the same
@@ -285,19 +234,11 @@ fn spread(s: Option<Spread>) -> String {
 
 fn row(out: &mut impl Write, s: &Sample) -> std::io::Result<()> {
     let usr = per(100.0 * s.router_cpu.user, s.router_cpu.total());
-    // In a direct run the router serves nothing: its CPU is in parentheses.
-    let (rtr_cpu, rtr_us, rtr_split) = match (s.router_ran, s.path) {
-        (false, _) => ("-".to_owned(), "-".to_owned(), "-".to_owned()),
-        (true, Path::Direct) => (
-            format!("{:.2}", s.router_cpu.total()),
-            format!("({:.1})", s.per_req(s.router_cpu)),
-            format!("({:.0}/{:.0})", usr, 100.0 - usr),
-        ),
-        (true, Path::Router) => (
-            format!("{:.2}", s.router_cpu.total()),
-            format!("{:.1}", s.per_req(s.router_cpu)),
-            format!("{:.0}/{:.0}", usr, 100.0 - usr),
-        ),
+    let (rtr_cpu, rtr_us) = hop_run::router_cells(s);
+    let rtr_split = if s.router_ran {
+        hop_run::bracket_direct(s.path, format!("{:.0}/{:.0}", usr, 100.0 - usr))
+    } else {
+        "-".to_owned()
     };
     writeln!(
         out,
