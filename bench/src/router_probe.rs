@@ -22,6 +22,17 @@ pub(crate) const ROUTING_PATH: &str = "x-continuum-routing-path";
 /// Largest admin or metrics body read (a 1,000-worker admin view is ~1 MB).
 pub(crate) const BIG_BODY: u64 = 64 * 1024 * 1024;
 
+/// What a benchmark makes of a router that failed with `e`: an interrupt
+/// stays an error; anything else is said on stderr and becomes the reason
+/// the router's figures are missing.
+pub(crate) fn lost(e: BenchError) -> Result<String, BenchError> {
+    if matches!(e, BenchError::Interrupted) {
+        return Err(e);
+    }
+    eprintln!("router failed: {e}");
+    Ok(format!("router failed: {e}"))
+}
+
 /// Polls `check` (`Ok(())` when done, `Err(detail)` otherwise) every
 /// 100 ms until the deadline; `ready` is only quoted in the error.
 pub(crate) fn wait_for(

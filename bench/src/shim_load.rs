@@ -10,6 +10,10 @@
 
 use std::fmt::Write as _;
 
+use std::time::{Duration, Instant};
+
+use crate::error::BenchError;
+use crate::probe;
 use crate::wrk::PRECISE_LATENCY_LUA;
 
 /// The decode (or aggregated) worker pin, decimal.
@@ -36,6 +40,48 @@ impl Path {
             Path::Router => "router",
         }
     }
+}
+
+/// The order of round `round`'s two runs: round 1 measures the baseline
+/// first; later rounds alternate (A B, B A, A B, ...) so that a slow drift
+/// of the fleet cancels out of the per-round differences.
+pub(crate) fn round_order(round: u32) -> [Path; 2] {
+    if round % 2 == 1 {
+        [Path::Direct, Path::Router]
+    } else {
+        [Path::Router, Path::Direct]
+    }
+}
+
+/// Waits until a request pinned by each entry of `pins` to the direct-mode
+/// frontend on `port` is answered 200, polling every `poll`; past
+/// `deadline`, the error `timeout` makes of the pins and the last answer.
+pub(crate) fn await_pinned(
+    port: u16,
+    pins: &[Vec<(&'static str, String)>],
+    body: &str,
+    deadline: Instant,
+    poll: Duration,
+    timeout: impl Fn(String, String) -> BenchError,
+) -> Result<(), BenchError> {
+    for headers in pins {
+        let h: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        loop {
+            if crate::signals::interrupted() {
+                return Err(BenchError::Interrupted);
+            }
+            let detail = match probe::request(port, "POST", "/v1/chat/completions", &h, body) {
+                Ok(r) if r.status == 200 => break,
+                Ok(r) => format!("answered {}: {}", r.status, r.text()),
+                Err(e) => e.to_string(),
+            };
+            if Instant::now() >= deadline {
+                return Err(timeout(format!("{h:?}"), detail));
+            }
+            std::thread::sleep(poll);
+        }
+    }
+    Ok(())
 }
 
 /// The chat completion every request sends.

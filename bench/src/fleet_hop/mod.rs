@@ -28,7 +28,6 @@ mod router;
 
 use std::io::Write;
 use std::path::PathBuf;
-use std::thread::sleep;
 use std::time::{Duration, Instant};
 
 use crate::child::{self, Supervised};
@@ -175,11 +174,7 @@ pub(crate) fn run(opts: &FleetHopOptions) -> Result<(), BenchError> {
         eprintln!("fleet-hop: starting the router and waiting for discovery ...");
         match router::start(&router_bin, &dir, place.router, &info, MODEL, &body, ready) {
             Ok(r) => Ok(r),
-            Err(BenchError::Interrupted) => return Err(BenchError::Interrupted),
-            Err(e) => {
-                eprintln!("router failed: {e}");
-                Err(format!("router failed: {e}"))
-            }
+            Err(e) => Err(router_probe::lost(e)?),
         }
     } else {
         let why = format!(
@@ -195,15 +190,7 @@ pub(crate) fn run(opts: &FleetHopOptions) -> Result<(), BenchError> {
     for &connections in &opts.connections {
         let mut runs = Vec::new();
         for round in 1..=opts.rounds {
-            // Round 1 measures the baseline first; later rounds alternate
-            // (A B, B A, A B, ...) so that a slow drift of the fleet cancels
-            // out of the per-round differences.
-            let order = if round % 2 == 1 {
-                [Path::Direct, Path::Router]
-            } else {
-                [Path::Router, Path::Direct]
-            };
-            for path in order {
+            for path in shim_load::round_order(round) {
                 if crate::signals::interrupted() {
                     return Err(BenchError::Interrupted);
                 }
@@ -238,11 +225,7 @@ pub(crate) fn run(opts: &FleetHopOptions) -> Result<(), BenchError> {
                 fleet.ensure_running()?;
                 match r {
                     Ok(s) => runs.push(s),
-                    Err(BenchError::Interrupted) => return Err(BenchError::Interrupted),
-                    Err(e) => {
-                        eprintln!("router failed: {e}");
-                        routed = Err(format!("router failed: {e}"));
-                    }
+                    Err(e) => routed = Err(router_probe::lost(e)?),
                 }
             }
         }
@@ -287,35 +270,14 @@ fn check_direct(
     body: &str,
     ready: Duration,
 ) -> Result<(), BenchError> {
-    let deadline = Instant::now() + ready;
-    for headers in pins {
-        let h: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
-        loop {
-            if crate::signals::interrupted() {
-                return Err(BenchError::Interrupted);
-            }
-            let detail = match probe::request(
-                info.frontend_port,
-                "POST",
-                "/v1/chat/completions",
-                &h,
-                body,
-            ) {
-                Ok(r) if r.status == 200 => break,
-                Ok(r) => format!("answered {}: {}", r.status, r.text()),
-                Err(e) => e.to_string(),
-            };
-            if Instant::now() >= deadline {
-                return Err(FleetError::PinnedRequest {
-                    pins: format!("{h:?}"),
-                    detail,
-                }
-                .into());
-            }
-            sleep(Duration::from_millis(200));
-        }
-    }
-    Ok(())
+    shim_load::await_pinned(
+        info.frontend_port,
+        pins,
+        body,
+        Instant::now() + ready,
+        Duration::from_millis(200),
+        |pins, detail| FleetError::PinnedRequest { pins, detail }.into(),
+    )
 }
 
 fn header(

@@ -10,13 +10,12 @@
 //! and removes its file store.
 
 use std::net::SocketAddr;
-use std::thread::sleep;
 use std::time::{Duration, Instant};
 
 use continuum_sim::{LatencyModel, Role, SimFleet, SimSpec};
 
 use crate::error::BenchError;
-use crate::probe;
+use crate::shim_load;
 
 /// The simulated Dynamo namespace (one shim).
 pub(crate) const NAMESPACE: &str = "sim";
@@ -224,34 +223,14 @@ impl Sim {
         body: &str,
         deadline: Instant,
     ) -> Result<(), BenchError> {
-        for headers in pins {
-            let h: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
-            loop {
-                if crate::signals::interrupted() {
-                    return Err(BenchError::Interrupted);
-                }
-                let detail = match probe::request(
-                    self.shim.port(),
-                    "POST",
-                    "/v1/chat/completions",
-                    &h,
-                    body,
-                ) {
-                    Ok(r) if r.status == 200 => break,
-                    Ok(r) => format!("answered {}: {}", r.status, r.text()),
-                    Err(e) => e.to_string(),
-                };
-                if Instant::now() >= deadline {
-                    return Err(SimHopError::PinnedRequest {
-                        pins: format!("{h:?}"),
-                        detail,
-                    }
-                    .into());
-                }
-                sleep(Duration::from_millis(100));
-            }
-        }
-        Ok(())
+        shim_load::await_pinned(
+            self.shim.port(),
+            pins,
+            body,
+            deadline,
+            Duration::from_millis(100),
+            |pins, detail| SimHopError::PinnedRequest { pins, detail }.into(),
+        )
     }
 }
 

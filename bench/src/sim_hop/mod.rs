@@ -224,13 +224,7 @@ fn run_fleet(ctx: &Ctx<'_>, n: usize, out: &mut impl Write) -> Result<Vec<Block>
             ..Block::default()
         };
         for round in 1..=opts.rounds {
-            // Round 1 measures the baseline first; later rounds alternate.
-            let order = if round % 2 == 1 {
-                [Path::Direct, Path::Router]
-            } else {
-                [Path::Router, Path::Direct]
-            };
-            for path in order {
+            for path in shim_load::round_order(round) {
                 if crate::signals::interrupted() {
                     return Err(BenchError::Interrupted);
                 }
@@ -265,11 +259,7 @@ fn run_fleet(ctx: &Ctx<'_>, n: usize, out: &mut impl Write) -> Result<Vec<Block>
                         add_selections(&mut block.selections, &selections);
                         block.runs.push(s);
                     }
-                    Err(BenchError::Interrupted) => return Err(BenchError::Interrupted),
-                    Err(e) => {
-                        eprintln!("router failed: {e}");
-                        routed = Err(format!("router failed: {e}"));
-                    }
+                    Err(e) => routed = Err(router_probe::lost(e)?),
                 }
             }
         }
