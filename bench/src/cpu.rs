@@ -152,6 +152,15 @@ fn rusage(who: libc::c_int) -> CpuTime {
     }
 }
 
+/// Busy CPU seconds of the machine (`machine`) not accounted for by
+/// `parts`, never below 0.
+pub(crate) fn rest(machine: CpuTime, parts: &[CpuTime]) -> f64 {
+    parts
+        .iter()
+        .fold(machine.total(), |left, p| left - p.total())
+        .max(0.0)
+}
+
 /// 1-minute load average, if readable.
 pub(crate) fn loadavg() -> Option<f64> {
     fs::read_to_string("/proc/loadavg")

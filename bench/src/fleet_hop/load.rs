@@ -85,11 +85,10 @@ pub(crate) fn measure(
     let frontend_cpu = after.frontend.since(before.frontend);
     let workers_cpu = after.workers.since(before.workers);
     let wrk_cpu = after.reaped.since(before.reaped);
-    let other = after.machine.since(before.machine).total()
-        - router_cpu.total()
-        - frontend_cpu.total()
-        - workers_cpu.total()
-        - wrk_cpu.total();
+    let other = cpu::rest(
+        after.machine.since(before.machine),
+        &[router_cpu, frontend_cpu, workers_cpu, wrk_cpu],
+    );
     Ok(Sample {
         path,
         round,
@@ -100,7 +99,7 @@ pub(crate) fn measure(
         frontend_cpu,
         workers_cpu,
         wrk_cpu,
-        other_cpu: other.max(0.0),
+        other_cpu: other,
     })
 }
 

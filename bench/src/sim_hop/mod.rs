@@ -459,10 +459,10 @@ fn measure(
     let router_cpu = after.router.since(before.router);
     let sim_cpu = after.sim.since(before.sim);
     let wrk_cpu = after.reaped.since(before.reaped);
-    let other = after.machine.since(before.machine).total()
-        - router_cpu.total()
-        - sim_cpu.total()
-        - wrk_cpu.total();
+    let other = cpu::rest(
+        after.machine.since(before.machine),
+        &[router_cpu, sim_cpu, wrk_cpu],
+    );
     Ok((
         Sample {
             path,
@@ -473,7 +473,7 @@ fn measure(
             router_ran: router.is_some(),
             sim_cpu,
             wrk_cpu,
-            other_cpu: other.max(0.0),
+            other_cpu: other,
         },
         picks,
     ))
