@@ -22,6 +22,19 @@ pub(crate) const ROUTING_PATH: &str = "x-continuum-routing-path";
 /// Largest admin or metrics body read (a 1,000-worker admin view is ~1 MB).
 pub(crate) const BIG_BODY: u64 = 64 * 1024 * 1024;
 
+/// The `server:` section of a router config: `port` on loopback, one shard,
+/// the shard and the control thread on `cpu`.
+pub(crate) fn server_yaml(port: u16, cpu: usize) -> String {
+    format!(
+        "server:
+  bind_address: \"127.0.0.1:{port}\"
+  shards: 1
+  cpu_affinity: [{cpu}]
+  control_cpu: {cpu}
+"
+    )
+}
+
 /// What a benchmark makes of a router that failed with `e`: an interrupt
 /// stays an error; anything else is said on stderr and becomes the reason
 /// the router's figures are missing.

@@ -19,7 +19,7 @@ use super::fleet::FleetInfo;
 use crate::child::Supervised;
 use crate::error::BenchError;
 use crate::probe;
-use crate::router_probe::{discovered, shim_answers, wait_for};
+use crate::router_probe::{discovered, server_yaml, shim_answers, wait_for};
 use crate::servers::set_log;
 use crate::tempdir::TempDir;
 
@@ -28,13 +28,9 @@ use crate::tempdir::TempDir;
 pub(crate) fn yaml(port: u16, cpu: usize, fleet: &FleetInfo, model: &str) -> String {
     let q = |s: &str| Value::String(s.to_owned()).to_string();
     let ns = &fleet.namespace;
+    let server = server_yaml(port, cpu);
     format!(
-        "server:
-  bind_address: \"127.0.0.1:{port}\"
-  shards: 1
-  cpu_affinity: [{cpu}]
-  control_cpu: {cpu}
-backends:
+        "{server}backends:
   - name: fe-{ns}
     type: openai
     url: {url}

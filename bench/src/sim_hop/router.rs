@@ -30,13 +30,9 @@ use crate::tempdir::TempDir;
 pub(crate) fn yaml(port: u16, cpu: usize, root: &Path, shim: SocketAddr) -> String {
     // A JSON string is a valid YAML double-quoted scalar.
     let root = Value::String(root.to_string_lossy().into_owned()).to_string();
+    let server = router_probe::server_yaml(port, cpu);
     format!(
-        "server:
-  bind_address: \"127.0.0.1:{port}\"
-  shards: 1
-  cpu_affinity: [{cpu}]
-  control_cpu: {cpu}
-backends:
+        "{server}backends:
   - name: sim-shim
     type: openai
     url: \"http://{shim}\"
