@@ -1,7 +1,8 @@
 //! What the reports of `fleet-hop` and `sim-hop` share about their measured
-//! wrk runs: the run's identity (path and round), its errors, CPU per
-//! request, the pairing of direct and router runs by round, and the table
-//! cells and lines both reports print the same way.
+//! wrk runs: the fields of a run's sample ([`hop_sample!`]), its identity
+//! (path and round), its errors, CPU per request, the pairing of direct and
+//! router runs by round, and the table cells and lines both reports print
+//! the same way.
 //!
 //! Invariants: pure functions over the runs; a round counts only when both
 //! its runs are there; a missing or zero denominator gives NaN, never a
@@ -43,11 +44,37 @@ pub(crate) trait HopRun {
     }
 }
 
-/// Implements [`HopRun`] for a sample struct with the fields `path`,
-/// `round`, `wrk`, `router_cpu` and `router_ran`.
-macro_rules! hop_run {
-    ($t:ty) => {
-        impl $crate::hop_run::HopRun for $t {
+/// Declares a benchmark's `Sample` struct: one measured wrk run and the CPU
+/// used around it. The fields both benchmarks have (path, round, wrk's
+/// report, wall time, the router's CPU and whether it ran, wrk's CPU and
+/// the rest of the machine's) are written here; the fields given are the
+/// benchmark's own, between the router's CPU and wrk's. The struct
+/// implements [`HopRun`].
+macro_rules! hop_sample {
+    ($($(#[$doc:meta])* $field:ident: $ty:ty,)*) => {
+        /// One measured wrk run and the CPU used around it.
+        #[derive(Debug, Clone)]
+        pub(crate) struct Sample {
+            /// Direct or through the router.
+            pub(crate) path: $crate::shim_load::Path,
+            /// 1-based round.
+            pub(crate) round: u32,
+            /// wrk's report.
+            pub(crate) wrk: $crate::wrk::WrkReport,
+            /// Wall time of the run, seconds.
+            pub(crate) elapsed: f64,
+            /// The router process (idle in direct runs: discovery, kv_metrics ingest).
+            pub(crate) router_cpu: $crate::cpu::CpuTime,
+            /// Whether the router was running (and so sampled) during the run.
+            pub(crate) router_ran: bool,
+            $($(#[$doc])* pub(crate) $field: $ty,)*
+            /// wrk.
+            pub(crate) wrk_cpu: $crate::cpu::CpuTime,
+            /// Busy CPU of everything else on the machine.
+            pub(crate) other_cpu: f64,
+        }
+
+        impl $crate::hop_run::HopRun for Sample {
             fn path(&self) -> $crate::shim_load::Path {
                 self.path
             }
@@ -66,7 +93,7 @@ macro_rules! hop_run {
         }
     };
 }
-pub(crate) use hop_run;
+pub(crate) use hop_sample;
 
 /// The runs of one comparison, split by path and paired by round.
 #[derive(Debug)]

@@ -12,42 +12,20 @@
 use std::io::Write;
 
 use crate::cpu::CpuTime;
-use crate::hop_run::{self, HopRun, hop_run};
+use crate::hop_run::{self, HopRun, hop_sample};
 use crate::numbers::{latency, median, per, signed_us};
-pub(crate) use crate::shim_load::Path;
-use crate::wrk::WrkReport;
 
 /// Goal of the issue: added p50 latency, microseconds.
 pub(crate) const GOAL_ADDED_P50_US: f64 = 100.0;
 /// Goal of the issue: router CPU per request as a share of the frontend's, percent.
 pub(crate) const GOAL_CPU_SHARE_PCT: f64 = 5.0;
 
-/// One measured wrk run and the CPU used around it.
-#[derive(Debug, Clone)]
-pub(crate) struct Sample {
-    /// Direct or through the router.
-    pub(crate) path: Path,
-    /// 1-based round.
-    pub(crate) round: u32,
-    /// wrk's report.
-    pub(crate) wrk: WrkReport,
-    /// Wall time of the run, seconds.
-    pub(crate) elapsed: f64,
-    /// The router process (idle in direct runs: discovery, kv_metrics ingest).
-    pub(crate) router_cpu: CpuTime,
-    /// Whether the router was running (and so sampled) during the run.
-    pub(crate) router_ran: bool,
+hop_sample! {
     /// The frontend process.
-    pub(crate) frontend_cpu: CpuTime,
+    frontend_cpu: CpuTime,
     /// All mocker workers.
-    pub(crate) workers_cpu: CpuTime,
-    /// wrk.
-    pub(crate) wrk_cpu: CpuTime,
-    /// Busy CPU of everything else on the machine.
-    pub(crate) other_cpu: f64,
+    workers_cpu: CpuTime,
 }
-
-hop_run!(Sample);
 
 /// Microseconds of `cpu` per request over `samples`.
 fn us_per_req(samples: &[&Sample], cpu: impl Fn(&Sample) -> CpuTime) -> f64 {
@@ -189,6 +167,8 @@ fn row(out: &mut impl Write, s: &Sample) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::shim_load::Path;
+    use crate::wrk::WrkReport;
 
     fn sample(path: Path, round: u32, p50: f64, p99: f64, router: f64, fe: f64) -> Sample {
         Sample {

@@ -15,36 +15,14 @@
 use std::io::Write;
 
 use crate::cpu::CpuTime;
-use crate::hop_run::{self, HopRun, hop_run};
+use crate::hop_run::{self, HopRun, hop_sample};
 use crate::numbers::{Spread, latency, median, per, signed_us};
 use crate::router_probe;
-use crate::shim_load::Path;
-use crate::wrk::WrkReport;
 
-/// One measured wrk run and the CPU used around it.
-#[derive(Debug, Clone)]
-pub(crate) struct Sample {
-    /// Direct or through the router.
-    pub(crate) path: Path,
-    /// 1-based round.
-    pub(crate) round: u32,
-    /// wrk's report.
-    pub(crate) wrk: WrkReport,
-    /// Wall time of the run, seconds.
-    pub(crate) elapsed: f64,
-    /// The router process (idle in direct runs: discovery, kv_metrics ingest).
-    pub(crate) router_cpu: CpuTime,
-    /// Whether the router was running (and so sampled) during the run.
-    pub(crate) router_ran: bool,
+hop_sample! {
     /// The bench process: the simulated fleet's threads (and the idle driver).
-    pub(crate) sim_cpu: CpuTime,
-    /// wrk.
-    pub(crate) wrk_cpu: CpuTime,
-    /// Busy CPU of everything else on the machine.
-    pub(crate) other_cpu: f64,
+    sim_cpu: CpuTime,
 }
-
-hop_run!(Sample);
 
 /// CPU over a window without any load, after the router was ready.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -323,6 +301,8 @@ pub(crate) fn scaling(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::shim_load::Path;
+    use crate::wrk::WrkReport;
 
     fn sample(path: Path, round: u32, p50: f64, router: f64, sim: f64) -> Sample {
         Sample {
