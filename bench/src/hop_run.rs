@@ -1,8 +1,8 @@
 //! What the reports of `fleet-hop` and `sim-hop` share about their measured
 //! wrk runs: the fields of a run's sample ([`hop_sample!`]), its identity
 //! (path and round), its errors, CPU per request, the pairing of direct and
-//! router runs by round, and the table cells and lines both reports print
-//! the same way.
+//! router runs by round, the table cells and lines both reports print the
+//! same way, and where the router and the load run ([`Placement`]).
 //!
 //! Invariants: pure functions over the runs; a round counts only when both
 //! its runs are there; a missing or zero denominator gives NaN, never a
@@ -10,10 +10,38 @@
 
 use std::io::Write;
 
+use crate::child::available_cpus;
 use crate::cpu::CpuTime;
 use crate::numbers::{per, signed_us};
 use crate::shim_load::Path;
 use crate::wrk::WrkReport;
+
+/// Where each process of a hop benchmark runs.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Placement {
+    /// The router's CPU.
+    pub(crate) router: usize,
+    /// The CPU of the load side: the fleet (or the bench's sim) and wrk.
+    pub(crate) load: usize,
+}
+
+impl Placement {
+    /// The router on `router_cpu` (at most the last CPU), the load on CPU 1;
+    /// with fewer than 2 CPUs, all on CPU 0, with a warning naming
+    /// `load_side` (`fleet`, `sim`).
+    pub(crate) fn choose(router_cpu: usize, load_side: &str) -> Placement {
+        let cpus = available_cpus();
+        if cpus >= 2 {
+            Placement {
+                router: router_cpu.min(cpus - 1),
+                load: 1,
+            }
+        } else {
+            eprintln!("warning: fewer than 2 CPUs: router, {load_side} and wrk all share CPU 0");
+            Placement { router: 0, load: 0 }
+        }
+    }
+}
 
 /// One measured wrk run of either benchmark.
 pub(crate) trait HopRun {

@@ -33,6 +33,7 @@ use std::time::{Duration, Instant};
 use crate::child::{self, Supervised};
 use crate::cpu;
 use crate::error::BenchError;
+use crate::hop_run::Placement;
 use crate::probe;
 use crate::router_probe;
 use crate::shim_load::{self, Path};
@@ -105,25 +106,9 @@ impl Default for FleetHopOptions {
     }
 }
 
-/// Where each process runs.
-#[derive(Debug, Clone, Copy)]
-struct Placement {
-    router: usize,
-    load: usize,
-}
-
 /// Runs the benchmark and prints the report on stdout.
 pub(crate) fn run(opts: &FleetHopOptions) -> Result<(), BenchError> {
-    let cpus = child::available_cpus();
-    let place = if cpus >= 2 {
-        Placement {
-            router: opts.router_cpu.min(cpus - 1),
-            load: 1,
-        }
-    } else {
-        eprintln!("warning: fewer than 2 CPUs: router, fleet and wrk all share CPU 0");
-        Placement { router: 0, load: 0 }
-    };
+    let place = Placement::choose(opts.router_cpu, "fleet");
     let python = opts.python.clone().unwrap_or_else(default_python);
     if !python.is_file() {
         return Err(FleetError::NoPython(python).into());

@@ -33,6 +33,7 @@ use std::time::{Duration, Instant};
 use crate::child::{self, Supervised};
 use crate::cpu::{self, CpuTime};
 use crate::error::BenchError;
+use crate::hop_run::Placement;
 use crate::router_probe;
 use crate::shim_load::{self, Path};
 use crate::tempdir::TempDir;
@@ -99,13 +100,6 @@ impl Default for SimHopOptions {
 /// Decode selections by reason, as `continuum_dynamo_selection_total` counts them.
 type Selections = Vec<(String, u64)>;
 
-/// Where each process runs.
-#[derive(Debug, Clone, Copy)]
-struct Placement {
-    router: usize,
-    load: usize,
-}
-
 /// What every fleet's run shares.
 #[derive(Debug)]
 struct Ctx<'a> {
@@ -117,16 +111,7 @@ struct Ctx<'a> {
 
 /// Runs the benchmark and prints the report on stdout.
 pub(crate) fn run(opts: &SimHopOptions) -> Result<(), BenchError> {
-    let cpus = child::available_cpus();
-    let place = if cpus >= 2 {
-        Placement {
-            router: opts.router_cpu.min(cpus - 1),
-            load: 1,
-        }
-    } else {
-        eprintln!("warning: fewer than 2 CPUs: router, sim and wrk all share CPU 0");
-        Placement { router: 0, load: 0 }
-    };
+    let place = Placement::choose(opts.router_cpu, "sim");
     let router_bin = child::sibling_or(opts.router_bin.as_deref(), "continuum-router")?;
     if opts.nice != 0 {
         child::set_nice(opts.nice)?;
