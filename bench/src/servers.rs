@@ -129,17 +129,25 @@ pub(crate) fn start_router(
 ) -> Result<Supervised, BenchError> {
     let conf = dir.write("router.yaml", &router_yaml(p))?;
     let log = dir.path().join("router.log");
-    let mut cmd = Command::new(bin);
-    cmd.arg("--config").arg(&conf);
-    // The router's log filter; per-request logging would measure the logger.
-    if std::env::var_os("CONTINUUM_LOG").is_none() {
-        cmd.env("CONTINUUM_LOG", "warn");
-    }
-    set_log(&mut cmd, &log)?;
+    let cmd = router_command(bin, &conf, &log)?;
     let mut router = Supervised::spawn("router", cmd, &p.cpus, Some(&log))?;
     probe::wait_ready(&mut router, p.port, probe::HEALTH, ready)?;
     probe::wait_ready(&mut router, p.port, probe::CHAT, ready)?;
     Ok(router)
+}
+
+/// The router's command, for every benchmark that starts one: `bin --config
+/// conf`, its log filter `CONTINUUM_LOG=warn` unless the caller set one
+/// (per-request logging would measure the logger), stdout and stderr to
+/// `log`.
+pub(crate) fn router_command(bin: &Path, conf: &Path, log: &Path) -> Result<Command, BenchError> {
+    let mut cmd = Command::new(bin);
+    cmd.arg("--config").arg(conf);
+    if std::env::var_os("CONTINUUM_LOG").is_none() {
+        cmd.env("CONTINUUM_LOG", "warn");
+    }
+    set_log(&mut cmd, log)?;
+    Ok(cmd)
 }
 
 /// Sends the child's stdout and stderr to `path` (truncated).

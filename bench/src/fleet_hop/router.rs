@@ -10,7 +10,6 @@
 //! every wait is bounded by the ready timeout.
 
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -20,7 +19,7 @@ use crate::child::Supervised;
 use crate::error::BenchError;
 use crate::probe;
 use crate::router_probe::{discovered, server_yaml, shim_answers, wait_for};
-use crate::servers::set_log;
+use crate::servers::router_command;
 use crate::tempdir::TempDir;
 
 /// Router YAML: `port` on loopback, one shard on `cpu`, the fleet's frontend
@@ -70,13 +69,7 @@ pub(crate) fn start(
     let port = probe::free_port()?;
     let conf = dir.write("router.yaml", &yaml(port, cpu, fleet, model))?;
     let log = dir.path().join("router.log");
-    let mut cmd = Command::new(bin);
-    cmd.arg("--config").arg(&conf);
-    // Per-request logging would measure the logger.
-    if std::env::var_os("CONTINUUM_LOG").is_none() {
-        cmd.env("CONTINUUM_LOG", "warn");
-    }
-    set_log(&mut cmd, &log)?;
+    let cmd = router_command(bin, &conf, &log)?;
     let mut router = Supervised::spawn("router", cmd, &[cpu], Some(&log))?;
     probe::wait_ready(&mut router, port, probe::HEALTH, ready)?;
     let deadline = Instant::now() + ready;

@@ -12,7 +12,6 @@
 use std::net::SocketAddr;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -22,7 +21,7 @@ use crate::child::Supervised;
 use crate::error::BenchError;
 use crate::probe;
 use crate::router_probe::{self, discovered, shim_answers, wait_for};
-use crate::servers::set_log;
+use crate::servers::router_command;
 use crate::tempdir::TempDir;
 
 /// Router YAML: `port` on loopback, one shard on `cpu`, file-store
@@ -143,12 +142,7 @@ pub(crate) fn start(
     let port = probe::free_port()?;
     let conf = dir.write(&format!("{name}.yaml"), &yaml(port, s.cpu, s.root, s.shim))?;
     let log = dir.path().join(format!("{name}.log"));
-    let mut cmd = Command::new(s.bin);
-    cmd.arg("--config").arg(&conf);
-    // Per-request logging would measure the logger.
-    if std::env::var_os("CONTINUUM_LOG").is_none() {
-        cmd.env("CONTINUUM_LOG", "warn");
-    }
+    let mut cmd = router_command(s.bin, &conf, &log)?;
     if let Some(n) = s.nofile {
         // SAFETY: the closure only calls getrlimit and setrlimit
         // (async-signal-safe) on a value copied before fork.
@@ -169,7 +163,6 @@ pub(crate) fn start(
             });
         }
     }
-    set_log(&mut cmd, &log)?;
     let t0 = Instant::now();
     let mut router = Supervised::spawn("router", cmd, &[s.cpu], Some(&log))?;
     let pid = router.pid();
