@@ -84,13 +84,7 @@ impl AnthropicStream {
 
     /// Ends the stream with an Anthropic `error` event (nothing if already ended).
     pub fn fail(&mut self, err: &ClassifiedError) -> Vec<u8> {
-        let mut out = std::mem::take(&mut self.walk.pending);
-        if self.walk.done {
-            return out;
-        }
-        self.walk.done = true;
-        out.extend(err.anthropic_sse_event());
-        out
+        chunk_walk::fail(self, err)
     }
 
     fn close_block(&mut self, out: &mut Vec<u8>) {
@@ -122,8 +116,8 @@ impl ChunkSink for AnthropicStream {
         }
     }
 
-    fn fail_with(&mut self, err: &ClassifiedError) -> Vec<u8> {
-        self.fail(err)
+    fn error_events(&mut self, err: &ClassifiedError, out: &mut Vec<u8>) {
+        out.extend(err.anthropic_sse_event());
     }
 
     fn start(&mut self, chunk: &Value, out: &mut Vec<u8>) {

@@ -64,8 +64,8 @@ pub(crate) trait ChunkSink {
     }
     /// End the stream successfully.
     fn complete(&mut self, out: &mut Vec<u8>);
-    /// End the stream with an error; returns the bytes to send.
-    fn fail_with(&mut self, err: &ClassifiedError) -> Vec<u8>;
+    /// The protocol's events that end a stream with `err` (called once, by [`fail`]).
+    fn error_events(&mut self, err: &ClassifiedError, out: &mut Vec<u8>);
 }
 
 /// Converts the events framed before a framing error (`framed`), in order, stopping at the
@@ -100,6 +100,19 @@ pub(crate) fn feed<S: ChunkSink>(sink: &mut S, bytes: &[u8]) -> Result<Vec<u8>, 
     convert_events(sink, events, framed)
 }
 
+/// Ends the stream with `err`: the bytes converted before a failed call first, then the sink's
+/// error events; only the bytes owed when the stream had already ended.
+pub(crate) fn fail<S: ChunkSink>(sink: &mut S, err: &ClassifiedError) -> Vec<u8> {
+    let walk = sink.walk();
+    let mut out = std::mem::take(&mut walk.pending);
+    if walk.done {
+        return out;
+    }
+    walk.done = true;
+    sink.error_events(err, &mut out);
+    out
+}
+
 /// Upstream EOF: flushes the framer and ends the stream if it has not ended yet.
 pub(crate) fn finish<S: ChunkSink>(sink: &mut S) -> Result<Vec<u8>, IngressError> {
     let mut events = Vec::new();
@@ -113,7 +126,7 @@ pub(crate) fn finish<S: ChunkSink>(sink: &mut S) -> Result<Vec<u8>, IngressError
                 ErrorClass::UpstreamProtocol,
                 "upstream stream ended before a finish_reason",
             );
-            out.extend(sink.fail_with(&err));
+            out.extend(fail(sink, &err));
         }
     }
     Ok(out)
@@ -134,7 +147,7 @@ fn on_event<S: ChunkSink>(
     let chunk: Value = serde_json::from_str(&e.data)
         .map_err(|err| IngressError::MalformedUpstream(format!("SSE chunk: {err}")))?;
     if e.event.as_deref() == Some("error") || chunk.get("error").is_some() {
-        out.extend(sink.fail_with(&upstream_error(&chunk)));
+        out.extend(fail(sink, &upstream_error(&chunk)));
         return Ok(());
     }
     sink.start(&chunk, out);

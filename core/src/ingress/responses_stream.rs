@@ -90,26 +90,7 @@ impl ResponsesStream {
 
     /// Ends the stream with an `error` event and `response.failed` (nothing if ended).
     pub fn fail(&mut self, err: &ClassifiedError) -> Vec<u8> {
-        let mut out = std::mem::take(&mut self.walk.pending);
-        if self.walk.done {
-            return out;
-        }
-        self.walk.done = true;
-        out.extend(err.responses_sse_event(self.next_seq()));
-        if self.started {
-            let mut r = response_object(
-                &self.ctx,
-                &self.id,
-                self.created_at,
-                "failed",
-                std::mem::take(&mut self.items),
-                None,
-                None,
-            );
-            r["error"] = json!({"code": err.class.code(), "message": err.message});
-            self.emit("response.failed", json!({"response": r}), &mut out);
-        }
-        out
+        chunk_walk::fail(self, err)
     }
 
     fn next_seq(&mut self) -> u64 {
@@ -200,8 +181,21 @@ impl ChunkSink for ResponsesStream {
         &mut self.walk
     }
 
-    fn fail_with(&mut self, err: &ClassifiedError) -> Vec<u8> {
-        self.fail(err)
+    fn error_events(&mut self, err: &ClassifiedError, out: &mut Vec<u8>) {
+        out.extend(err.responses_sse_event(self.next_seq()));
+        if self.started {
+            let mut r = response_object(
+                &self.ctx,
+                &self.id,
+                self.created_at,
+                "failed",
+                std::mem::take(&mut self.items),
+                None,
+                None,
+            );
+            r["error"] = json!({"code": err.class.code(), "message": err.message});
+            self.emit("response.failed", json!({"response": r}), out);
+        }
     }
 
     fn start(&mut self, chunk: &Value, out: &mut Vec<u8>) {
