@@ -10,24 +10,10 @@ pub const FIXTURE: &str = concat!(
     "/../shared/fixtures/dynamo-1.6.1/etcd-dump.txt"
 );
 
-/// Dynamo's `Key::url_safe`: every non-alphanumeric byte percent-encoded.
-pub fn url_safe(key: &str) -> String {
-    key.bytes()
-        .map(|b| {
-            if b.is_ascii_alphanumeric() {
-                char::from(b).to_string()
-            } else {
-                format!("%{b:02X}")
-            }
-        })
-        .collect()
-}
-
-/// `v1/<bucket>/<rest>` lives in `root/v1/<bucket>/url_safe(rest)`.
+/// `v1/<bucket>/<rest>` lives in `root/v1/<bucket>/url_safe(rest)` (the simulated fleet's
+/// writer, `continuum_sim::records::file_path`).
 pub fn file_of(root: &Path, key: &str) -> PathBuf {
-    let mut p = key.splitn(3, '/');
-    let (v1, bucket, rest) = (p.next().unwrap(), p.next().unwrap(), p.next().unwrap());
-    root.join(v1).join(bucket).join(url_safe(rest))
+    continuum_sim::records::file_path(root, key).unwrap_or_else(|| panic!("{key}: no bucket"))
 }
 
 /// Write one record atomically (temp file, then rename).

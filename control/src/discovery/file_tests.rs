@@ -135,31 +135,11 @@ fn temp_root(tag: &str) -> PathBuf {
     ))
 }
 
-/// Dynamo's `Key::url_safe`: every non-alphanumeric byte percent-encoded.
-fn url_safe(key: &str) -> String {
-    key.bytes()
-        .map(|b| {
-            if b.is_ascii_alphanumeric() {
-                char::from(b).to_string()
-            } else {
-                format!("%{b:02X}")
-            }
-        })
-        .collect()
-}
-
-/// The file of an etcd key: bucket `v1/<bucket>`, the rest percent-encoded.
+/// The file of an etcd key, as Dynamo's `FileStore` (and the simulated fleet) writes it.
 fn file_of(root: &Path, key: &str) -> PathBuf {
-    let mut parts = key.splitn(3, '/');
-    let (v1, bucket, rest) = (
-        parts.next().unwrap(),
-        parts.next().unwrap(),
-        parts.next().unwrap(),
-    );
-    root.join(v1).join(bucket).join(url_safe(rest))
+    continuum_sim::records::file_path(root, key).unwrap_or_else(|| panic!("{key}: no bucket"))
 }
 
-/// Publish like the FileStore: a `.tmp_` file in the bucket, then an atomic rename.
 fn publish(root: &Path, key: &str, value: &[u8]) {
     let path = file_of(root, key);
     let dir = path.parent().unwrap();
