@@ -111,7 +111,12 @@ impl RouterProcess {
                 ));
             }
             match client::roundtrip(addr, &client::request_bytes("GET", "/health", &[], None)) {
-                Ok(r) if r.status == 200 => return Ok(router),
+                // Only the router's own /health counts: it names the generation. Another
+                // listener that grabbed the port first (a mock backend answers /health too)
+                // would otherwise pass for a router that failed to bind.
+                Ok(r) if r.status == 200 && r.text().contains("\"generation\"") => {
+                    return Ok(router);
+                }
                 Ok(r) => last = format!("status {} body {:?}", r.status, r.text()),
                 Err(e) => last = e,
             }
