@@ -13,9 +13,9 @@ Every model is asked `--n` times buffered (`responses.create`) and `--n` times s
      not ok: "status_code", "error", "message"}
 """
 
-import argparse
-import json
 import sys
+
+import client_common
 
 import openai
 
@@ -59,22 +59,11 @@ def run_one(client, args, model, stream, index):
 
 
 def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--base-url", required=True)
-    p.add_argument("--model", action="append", required=True)
-    p.add_argument("--n", type=int, default=1)
-    p.add_argument("--max-output-tokens", type=int, default=8)
-    p.add_argument("--timeout", type=float, default=10.0)
-    p.add_argument("--prompt", default="Say hello")
-    args = p.parse_args()
+    args = client_common.arguments(__doc__.splitlines()[0], "--max-output-tokens")
     client = openai.OpenAI(
         base_url=args.base_url, api_key="unused", max_retries=0, timeout=args.timeout
     )
-    for model in args.model:
-        for stream in (False, True):
-            for i in range(args.n):
-                print(json.dumps(run_one(client, args, model, stream, i)), flush=True)
-    return 0
+    return client_common.run_each(client, args, run_one)
 
 
 if __name__ == "__main__":
