@@ -361,3 +361,30 @@ fn the_frontends_validation_400_is_relayed_to_the_client() {
         0.0
     );
 }
+
+/// A non-2xx answer is held whole for the decision only up to 256 KiB: a larger one is an
+/// unusable answer (a shim failure: fallback), a smaller one is read and judged as usual.
+#[test]
+fn a_held_answer_is_capped_at_256_kib() {
+    let s = setup(true, None);
+    let padded = |len: usize| {
+        let msg = format!("Validation: {}", "x".repeat(len));
+        format!("{{\"message\":\"{msg}\",\"type\":\"Bad Request\",\"code\":400}}")
+    };
+    let under = padded(200 * 1024);
+    s.shim_agg.push_reply(error_body(400, &under));
+    let resp = chat(s.router.addr(), &chat_body(AGG, "under", false), &[]);
+    assert_eq!(resp.status, 400, "a client error under the cap is relayed");
+    assert_eq!(resp.text().len(), under.len());
+    s.shim_agg.push_reply(error_body(400, &padded(300 * 1024)));
+    let resp = chat(s.router.addr(), &chat_body(AGG, "over", false), &[]);
+    assert_eq!(
+        resp.status, 200,
+        "over the cap: a shim failure, then the fallback"
+    );
+    assert_eq!(resp.json()["backend"], "unified");
+    assert_eq!(
+        metric(&s, "disaggregated_errors_total", &[("phase", "decode")]),
+        1.0
+    );
+}
