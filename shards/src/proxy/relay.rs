@@ -123,19 +123,7 @@ pub(super) async fn relay(
     let mut reusable = parsed.upstream_keep_alive;
     // Body bytes that came with the head.
     let first = parsed.head_len..c.ubuf.len();
-    let remaining = match parsed.framing {
-        Framing::Length(n) => n,
-        _ => 0,
-    };
-    let decoder = ChunkedDecoder::new();
-    let done = parsed.framing == Framing::Empty;
-    let mut body = BodyState {
-        framing: parsed.framing,
-        remaining,
-        decoder,
-        dechunk,
-        done,
-    };
+    let mut body = BodyState::new(&parsed, dechunk);
     let consumed = body.forward(&c.ubuf[first.clone()], &mut c.wbuf)?;
     if consumed < first.len() {
         reusable = false; // bytes beyond the response: do not trust this connection
