@@ -29,11 +29,13 @@ fn bump(c: &AtomicU64) {
     c.store(c.load(Relaxed).wrapping_add(1), Relaxed);
 }
 
+/// The index of `r` in [`REASONS`] (a match, not a label search: this runs twice per pick).
 fn reason_index(r: SelectionReason) -> usize {
-    REASONS
-        .iter()
-        .position(|l| *l == r.label())
-        .unwrap_or(REASONS.len() - 1)
+    match r {
+        SelectionReason::Load => 0,
+        SelectionReason::RoundRobinStale => 1,
+        SelectionReason::NoPrefillPool => 2,
+    }
 }
 
 fn role_index(r: SelectionRole) -> usize {
@@ -139,6 +141,17 @@ pub(crate) fn render<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reason_indices_name_their_labels() {
+        for r in [
+            SelectionReason::Load,
+            SelectionReason::RoundRobinStale,
+            SelectionReason::NoPrefillPool,
+        ] {
+            assert_eq!(REASONS[reason_index(r)], r.label());
+        }
+    }
 
     #[test]
     fn counts_are_summed_per_label_across_shards() {
