@@ -74,6 +74,31 @@ pub(crate) struct PickState {
     pub(crate) cursors: PickerCursors,
     pub(crate) scratch: PickScratch,
     pub(crate) ledger: DispatchLedger,
+    /// When the ledger was last refreshed by a pick.
+    pub(crate) refreshed: Option<continuum_core::clock::Instant>,
+}
+
+/// A pick refreshes the shard's dispatch ledger (a walk over every key it has dispatched to) at
+/// most this often: at 1,000 workers the walk costs about as much as the pick itself
+/// (`continuum-bench pick`, rows `pick p/d` and `refresh+p/d`), and between refreshes other
+/// shards' readers already correct answered and expired records themselves.
+pub(crate) const PICK_REFRESH_EVERY: std::time::Duration = std::time::Duration::from_millis(1);
+
+impl PickState {
+    /// Refresh the ledger if the last refresh is older than [`PICK_REFRESH_EVERY`].
+    pub(crate) fn refresh_ledger(
+        &mut self,
+        view: &continuum_core::load::LoadView<'_>,
+        now: continuum_core::clock::Instant,
+    ) {
+        let due = self
+            .refreshed
+            .is_none_or(|t| now.saturating_since(t) >= PICK_REFRESH_EVERY);
+        if due {
+            self.ledger.refresh(view, now);
+            self.refreshed = Some(now);
+        }
+    }
 }
 
 impl Shard {
@@ -117,6 +142,7 @@ impl Shard {
                 },
                 scratch: PickScratch::new(),
                 ledger,
+                refreshed: None,
             }),
             shim_cursor: Cell::new(id),
         }

@@ -80,7 +80,7 @@ pub(super) fn plan<'s>(
     let prompt = estimate_prompt_tokens(body);
     let mut guard = shard.pick_state.borrow_mut();
     let st = &mut *guard;
-    st.ledger.refresh(&view, now);
+    st.refresh_ledger(&view, now);
     let input = PickInput {
         fleet,
         loads: &loads,
