@@ -11,7 +11,8 @@ use std::num::NonZeroUsize;
 use std::time::Duration;
 
 use super::addr::{parse_backend_url, parse_socket_addr};
-use super::user::{Scalar, UserAdmin, UserBackend, UserDisaggregated, UserServer};
+use super::scalar::Scalar;
+use super::user::{UserAdmin, UserBackend, UserDisaggregated, UserServer};
 use super::values::{Ctx, MISSING, index, join};
 use super::{
     AdminConfig, BackendConfig, BackendKind, BackendName, BackendRole, BackendUrl,

@@ -11,11 +11,12 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use super::addr::{RawEndpoint, parse_etcd_endpoint};
+use super::convert_namespace::{check_namespace, namespace_list};
 use super::dynamo::{
     Backoff, DEFAULT_NAMESPACE, DiscoveryConfig, DiscoverySource, DynamoConfig, EtcdAuth,
-    EtcdConfig, EtcdScheme, EtcdTls, KubeModel, KubernetesConfig, MAX_DYNAMO_NAMESPACES, Secret,
+    EtcdConfig, EtcdScheme, EtcdTls, KubeModel, KubernetesConfig, Secret,
 };
-use super::user::Scalar;
+use super::scalar::Scalar;
 use super::user_dynamo::{
     UserBackoff, UserDiscovery, UserDynamo, UserEtcd, UserEtcdAuth, UserKubernetes,
 };
@@ -101,58 +102,6 @@ fn etcd_endpoints_required(ctx: &mut Ctx<'_>, etcd: &EtcdConfig) {
             "at least 1 endpoint is required when dynamo.enabled is true with source etcd",
         );
     }
-}
-
-/// CFG-08: a Dynamo namespace is non-empty, without `/`, whitespace or control characters.
-pub(crate) fn check_namespace(ctx: &mut Ctx<'_>, field: &str, s: &Scalar) -> Option<String> {
-    let ns = ctx.string(field, Some(s))?;
-    if ns.is_empty() {
-        ctx.error(field, "\"\"", "namespace must not be empty");
-        return None;
-    }
-    if ns
-        .chars()
-        .any(|c| c == '/' || c.is_whitespace() || c.is_control())
-    {
-        ctx.error(
-            field,
-            &ns,
-            "namespace must not contain '/', whitespace or control characters",
-        );
-        return None;
-    }
-    Some(ns)
-}
-
-/// A list of unique namespaces, at most 16, each checked by `check` (CFG-09 / CFG-24).
-pub(crate) fn namespace_list(
-    ctx: &mut Ctx<'_>,
-    field: &str,
-    list: &[Scalar],
-    check: fn(&mut Ctx<'_>, &str, &Scalar) -> Option<String>,
-) -> Vec<String> {
-    if list.is_empty() {
-        ctx.error(field, "[]", "must hold at least 1 namespace when written");
-    }
-    if list.len() > MAX_DYNAMO_NAMESPACES {
-        ctx.error(
-            field,
-            format!("{} entries", list.len()),
-            format!("at most {MAX_DYNAMO_NAMESPACES} namespaces"),
-        );
-    }
-    let mut out: Vec<String> = Vec::new();
-    for (i, s) in list.iter().enumerate() {
-        let f = index(field, i);
-        if let Some(ns) = check(ctx, &f, s) {
-            if out.contains(&ns) {
-                ctx.error(&f, &ns, "duplicate namespace");
-            } else {
-                out.push(ns);
-            }
-        }
-    }
-    out
 }
 
 /// `watch_reconnect_backoff` (CFG-02 defaults, CFG-14 `max >= initial`).

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use super::convert_dynamo::{check_namespace, namespace_list};
+use super::convert_namespace::{check_namespace, namespace_list};
 use super::dynamo::{DEFAULT_FILE_TTL, DiscoverySource, FileConfig};
 use super::user_dynamo::UserFile;
 use super::values::{Ctx, MISSING, join};

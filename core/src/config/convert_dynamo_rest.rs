@@ -12,12 +12,12 @@ use std::time::Duration;
 use ipnet::IpNet;
 
 use super::BackendName;
-use super::convert_dynamo::check_namespace;
+use super::convert_namespace::check_namespace;
 use super::dynamo::{
     Blake3Digest, BrokerConfig, BrokerRole, ConditionalDisaggregation, EventBusConfig, EventBusTls,
     KvConfig, LoadConfig, LoadTransport, MAX_DYNAMO_NAMESPACES, Secret, ShimConfig, ShimPool,
 };
-use super::user::Scalar;
+use super::scalar::Scalar;
 use super::user_dynamo::{UserBroker, UserEventBus, UserKv, UserLoad, UserShim};
 use super::values::{Ctx, MISSING, index, join, parse_hex_digest};
 

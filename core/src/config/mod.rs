@@ -3,7 +3,8 @@
 //!
 //! Two layers, after monolake and sglang's gateway:
 //! - [`user`] / [`user_dynamo`] mirror the YAML file field for field (everything optional,
-//!   leaves kept as written). Unknown keys anywhere are errors with their dotted path.
+//!   leaves kept as written, as [`scalar::Scalar`]s). Unknown keys anywhere are errors with their
+//!   dotted path.
 //! - [`Config`] is what the rest of the router reads: durations are [`Duration`]s, addresses are
 //!   parsed, ids are newtypes, every rule of the specification has been checked.
 //!
@@ -13,8 +14,9 @@
 //! config (defaults filled in) for `config show`.
 //!
 //! Layout: `parse` (YAML, unknown keys) → `validate` (pipeline, cross-section rules) →
-//! `convert` (server, admin, backends), `convert_dynamo` (discovery), `convert_dynamo_rest`
-//! (load, shim, kv, event bus); `values` and `addr` hold the primitive parsers; `show` masks.
+//! `convert` (server, admin, backends), `convert_dynamo` (discovery), `convert_dynamo_file` (the
+//! file source), `convert_dynamo_rest` (load, shim, kv, event bus); `values`, `addr` and
+//! `convert_namespace` (Dynamo namespaces) hold the primitive parsers; `show` masks.
 //!
 //! Invariants:
 //! - a `Config` value always satisfies every validation rule (CFG-01..CFG-29);
@@ -29,10 +31,12 @@ mod convert;
 mod convert_dynamo;
 mod convert_dynamo_file;
 mod convert_dynamo_rest;
+mod convert_namespace;
 pub mod dynamo;
 mod error;
 mod parse;
 pub mod report;
+pub mod scalar;
 mod show;
 pub mod user;
 pub mod user_dynamo;
@@ -44,6 +48,11 @@ use std::num::NonZeroUsize;
 use std::time::Duration;
 
 pub use error::{ConfigErrors, FieldError, Warning};
+
+/// Index of a backend in [`Config::backends`], and so in every snapshot built from that config
+/// (`RouterSnapshot::backend`, the shim pools' replica lists).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct BackendIdx(pub u32);
 
 /// Looks up an environment variable for `${NAME}` interpolation. Injected so core stays pure.
 pub trait EnvLookup {

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use serde::Deserialize;
 
-use super::user::Scalar;
+use super::scalar::Scalar;
 
 /// `dynamo`.
 #[derive(Debug, Default, Deserialize)]

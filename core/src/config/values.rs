@@ -12,7 +12,7 @@
 use std::fmt::Display;
 use std::time::Duration;
 
-use super::user::Scalar;
+use super::scalar::Scalar;
 use super::{EnvLookup, FieldError, TokenHash, Warning};
 
 /// What secrets are replaced with in errors and in `config show`.

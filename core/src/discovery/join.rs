@@ -19,9 +19,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::diag::{Diagnostic, DuplicateKind, MAX_LISTED_KEYS, Sink};
 use super::fleet::{FleetView, Publisher, Role, Worker};
+use super::held::{ChannelRec, Held, HeldMap, Memo, Slot};
 use super::ids::InstanceId;
 use super::records::{CardFields, CardRecord, InstanceRecord, WorkerTypeClaim, clip};
-use super::reducer::{Held, Memo, Reducer, Slot, claimed_workers};
 
 /// What has already been reported, so it is reported once.
 #[derive(Debug, Default)]
@@ -76,7 +76,7 @@ struct Claim<'a, T> {
     rec: &'a T,
 }
 
-fn used<T>(map: &BTreeMap<Vec<u8>, Held<T>>) -> impl Iterator<Item = Claim<'_, T>> {
+fn used<T>(map: &HeldMap<T>) -> impl Iterator<Item = Claim<'_, T>> {
     map.iter().filter_map(|(key, held)| match &held.slot {
         Slot::Used { namespace, rec } => Some(Claim {
             key,
@@ -88,14 +88,22 @@ fn used<T>(map: &BTreeMap<Vec<u8>, Held<T>>) -> impl Iterator<Item = Claim<'_, T
     })
 }
 
-/// Builds the view from everything `r` holds, reporting new duplicates and conflicts.
-pub(crate) fn build_view(r: &mut Reducer) -> FleetView {
+/// Builds the view from everything the reducer holds, reporting new duplicates and conflicts to
+/// `sink` (once each, by `memory`) and dropping the memo of every worker no longer claimed.
+pub(crate) fn build_view(
+    held_instances: &HeldMap<InstanceRecord>,
+    held_cards: &HeldMap<CardRecord>,
+    held_channels: &HeldMap<ChannelRec>,
+    memos: &mut BTreeMap<InstanceId, Memo>,
+    memory: &mut JoinMemory,
+    sink: &mut Sink,
+) -> FleetView {
     let mut found: Vec<(DuplicateKind, String, Vec<Vec<u8>>)> = Vec::new();
     let mut conflicts = BTreeSet::new();
 
     // Generate instance ids: one claimant across the whole view (DISC-DUP-04, Q-45).
     let mut by_id: BTreeMap<InstanceId, Vec<Claim<'_, InstanceRecord>>> = BTreeMap::new();
-    for c in used(&r.instances) {
+    for c in used(held_instances) {
         by_id.entry(c.rec.instance_id).or_default().push(c);
     }
     let mut instances = Vec::with_capacity(by_id.len());
@@ -119,7 +127,7 @@ pub(crate) fn build_view(r: &mut Reducer) -> FleetView {
 
     // Base cards, by (namespace, component, endpoint, instance id); `None` marks a rejected id.
     let mut cards: BTreeMap<CardId<'_>, Vec<Claim<'_, CardRecord>>> = BTreeMap::new();
-    for c in used(&r.cards) {
+    for c in used(held_cards) {
         let id = (
             c.namespace,
             c.rec.component.as_str(),
@@ -164,13 +172,13 @@ pub(crate) fn build_view(r: &mut Reducer) -> FleetView {
             Ok(role) => role,
             Err((component_role, card_role)) => {
                 conflicts.insert((ns.to_owned(), rec.instance_id, component_role, card_role));
-                if !r.join_memory.conflicts.contains(&(
+                if !memory.conflicts.contains(&(
                     ns.to_owned(),
                     rec.instance_id,
                     component_role,
                     card_role,
                 )) {
-                    r.sink.push(Diagnostic::RoleConflict {
+                    sink.push(Diagnostic::RoleConflict {
                         namespace: ns.to_owned(),
                         instance_id: rec.instance_id,
                         component: clip(&rec.component),
@@ -181,13 +189,13 @@ pub(crate) fn build_view(r: &mut Reducer) -> FleetView {
                 continue;
             }
         };
-        let memo = Memo::for_worker(&mut r.memo, ns, rec.instance_id, inst.held.changed_at);
+        let memo = Memo::for_worker(memos, ns, rec.instance_id, inst.held.changed_at);
         if let Some(f) = fields
             && !f.versions.is_empty()
             && !memo.version_logged
         {
             memo.version_logged = true;
-            r.sink.push(Diagnostic::VersionSeen {
+            sink.push(Diagnostic::VersionSeen {
                 namespace: ns.to_owned(),
                 instance_id: rec.instance_id,
                 versions: f.versions.clone(),
@@ -220,7 +228,7 @@ pub(crate) fn build_view(r: &mut Reducer) -> FleetView {
 
     // Publishers: one claimant per publisher id across the view (LOAD-CHAN-09).
     let mut by_pub: BTreeMap<_, Vec<Claim<'_, _>>> = BTreeMap::new();
-    for c in used(&r.channels) {
+    for c in used(held_channels) {
         by_pub.entry(c.rec.publisher_id).or_default().push(c);
     }
     let mut publishers = Vec::with_capacity(by_pub.len());
@@ -245,14 +253,25 @@ pub(crate) fn build_view(r: &mut Reducer) -> FleetView {
         (&a.namespace, a.family, a.publisher_id).cmp(&(&b.namespace, b.family, b.publisher_id))
     });
 
-    report_duplicates(&mut r.join_memory, &mut r.sink, found);
-    r.join_memory.conflicts = conflicts;
-    let claimed = claimed_workers(r);
-    r.memo.retain(|k, _| claimed.contains(k));
+    report_duplicates(memory, sink, found);
+    memory.conflicts = conflicts;
+    let claimed = claimed_workers(held_instances);
+    memos.retain(|k, _| claimed.contains(k));
     FleetView {
         workers,
         publishers,
     }
+}
+
+/// Every `(namespace, instance_id)` that a held `generate` record claims.
+fn claimed_workers(instances: &HeldMap<InstanceRecord>) -> BTreeSet<InstanceId> {
+    instances
+        .values()
+        .filter_map(|h| match &h.slot {
+            Slot::Used { rec, .. } => Some(rec.instance_id),
+            Slot::Skipped { .. } => None,
+        })
+        .collect()
 }
 
 /// Reports each distinct colliding key set once while it lasts (DISC-DUP-07/08, Q-11).

@@ -1,9 +1,9 @@
 //! Dynamo worker discovery, the pure part: etcd keys and records in, fleet views out.
 //!
 //! Role: everything between the etcd watcher (in `control/`, which owns the I/O) and the registry
-//! snapshot: key layouts ([`keys`]), record parsing ([`records`]), the reducer ([`reducer`]) and
-//! its join rules ([`join`]), the published [`fleet::FleetView`], typed diagnostics ([`diag`]) and
-//! mixed-namespace detection ([`mixed`]). Spec-gap decisions are in `docs/decisions.md` (section "The discovery reducer").
+//! snapshot: key layouts ([`keys`]), record parsing ([`records`]), the reducer ([`reducer`]), its
+//! held state (`held`) and its join rules ([`join`]), the published [`fleet::FleetView`], typed
+//! diagnostics ([`diag`]) and mixed-namespace detection ([`mixed`]). Spec-gap decisions are in `docs/decisions.md` (section "The discovery reducer").
 //!
 //! Invariants:
 //! - deterministic and runtime-free: no clock (time is an argument), no I/O, no logging, no
@@ -13,6 +13,7 @@
 
 pub mod diag;
 pub mod fleet;
+mod held;
 pub mod ids;
 pub mod join;
 pub mod keys;

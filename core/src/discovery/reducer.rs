@@ -14,14 +14,15 @@
 //! - [`Reducer::materialize`] returns the previous `Arc` (pointer-equal) whenever the view did not
 //!   change, so callers bump the generation only on `!Arc::ptr_eq` (DISC-ETCD-11, API-08).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use super::diag::{Diagnostic, EventCounts, Sink};
-use super::fleet::{Family, FleetView, TcpTarget};
-use super::ids::{InstanceId, PublisherId, UnixMillis};
+use super::fleet::{Family, FleetView};
+use super::held::{ChannelRec, Held, HeldMap, Memo, Slot, ValueDigest};
+use super::ids::{InstanceId, UnixMillis};
 use super::join::{JoinMemory, build_view};
-use super::keys::{ChannelScope, Keyspace, RecordKey, keyspace_of, parse_key};
+use super::keys::{Keyspace, RecordKey, keyspace_of, parse_key};
 use super::mixed::MixedTracker;
 use super::records::{
     CardRecord, ChannelClass, InstanceRecord, MalformedReason, classify_channel, clip, parse_card,
@@ -44,80 +45,6 @@ pub enum KvEvent<'a> {
         /// Raw key.
         key: &'a [u8],
     },
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum ValueDigest {
-    Hash(u128),
-    Oversize(usize),
-}
-
-/// A held record: its value fingerprint, the pass that last saw it and its parsed content.
-#[derive(Debug)]
-pub(crate) struct Held<T> {
-    pub(crate) digest: ValueDigest,
-    pub(crate) epoch: u64,
-    pub(crate) changed_at: UnixMillis,
-    pub(crate) slot: Slot<T>,
-}
-
-/// What a held record contributes.
-#[derive(Debug)]
-pub(crate) enum Slot<T> {
-    /// Contributes to the view; `namespace` comes from the key.
-    Used { namespace: String, rec: T },
-    /// Held (it counts towards the cap) but contributes nothing; `why` fingerprints the
-    /// diagnostic it raised, so that a re-put with the same outcome is not logged again.
-    Skipped { why: Option<Diagnostic> },
-}
-
-impl<T> Slot<T> {
-    fn is_used(&self) -> bool {
-        matches!(self, Slot::Used { .. })
-    }
-}
-
-/// A subscribable channel as held.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct ChannelRec {
-    pub(crate) scope: ChannelScope,
-    pub(crate) family: Family,
-    pub(crate) publisher_id: PublisherId,
-    pub(crate) tcp: TcpTarget,
-}
-
-pub(crate) type HeldMap<T> = BTreeMap<Vec<u8>, Held<T>>;
-
-/// Per-worker memory that outlives resyncs, keyed by instance id (generate instance ids are
-/// unique across the whole view, Q-45); the namespace is kept to tell a worker that reappears in
-/// another namespace from the same worker.
-#[derive(Debug, Clone)]
-pub(crate) struct Memo {
-    pub(crate) namespace: String,
-    pub(crate) first_seen: UnixMillis,
-    pub(crate) version_logged: bool,
-}
-
-impl Memo {
-    /// The memo for `(namespace, id)`, created (or reset, when the id moved namespace) with
-    /// `first_seen = now`. Allocates only when it creates.
-    pub(crate) fn for_worker<'m>(
-        memo: &'m mut BTreeMap<InstanceId, Memo>,
-        namespace: &str,
-        id: InstanceId,
-        now: UnixMillis,
-    ) -> &'m mut Memo {
-        let fresh = || Memo {
-            namespace: namespace.to_owned(),
-            first_seen: now,
-            version_logged: false,
-        };
-        let m = memo.entry(id).or_insert_with(fresh);
-        if m.namespace != namespace {
-            *m = fresh();
-        }
-        m
-    }
 }
 
 /// The reducer. Create one per watcher and reuse it across reconnects (DISC-ETCD-07).
@@ -204,7 +131,14 @@ impl Reducer {
             return Arc::clone(&self.last);
         }
         self.dirty = false;
-        let view = build_view(self);
+        let view = build_view(
+            &self.instances,
+            &self.cards,
+            &self.channels,
+            &mut self.memo,
+            &mut self.join_memory,
+            &mut self.sink,
+        );
         if view != *self.last {
             self.mixed.observe(&view, &mut self.sink);
             self.last = Arc::new(view);
@@ -552,17 +486,6 @@ fn channel_slot(
         },
         ChannelClass::Malformed(r) => malformed(raw_key, r),
     }
-}
-
-/// Every `(namespace, instance_id)` that a held `generate` record claims.
-pub(crate) fn claimed_workers(r: &Reducer) -> BTreeSet<InstanceId> {
-    r.instances
-        .values()
-        .filter_map(|h| match &h.slot {
-            Slot::Used { rec, .. } => Some(rec.instance_id),
-            Slot::Skipped { .. } => None,
-        })
-        .collect()
 }
 
 #[cfg(test)]

@@ -2,8 +2,8 @@
 //! and unknown fields, and the order of the checks.
 
 use super::encode::{Encoding, encode_active_load, encode_envelope, encode_message};
-use super::envelope::{ActiveLoad, EventEnvelope, decode_active_load, decode_envelope};
-use super::frame::{EventFamily, Sequence, decode_event, decode_kv_metrics, parse_frames};
+use super::envelope::{ActiveLoad, EventEnvelope, Sequence, decode_active_load, decode_envelope};
+use super::frame::{EventFamily, decode_event, decode_kv_metrics, parse_frames};
 use super::msgpack::{MsgpackError, write_map_len, write_str, write_u64};
 use super::reject::{DynamoReject, IdentityMismatch, Malformed, TopicSource};
 use crate::discovery::ids::{InstanceId, PublisherId, UnixMillis};

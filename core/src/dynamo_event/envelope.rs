@@ -12,9 +12,8 @@
 //! - `EventEnvelope`: all five fields are required; `payload` is msgpack binary, borrowed;
 //! - bytes after the value are `malformed`; nothing allocates; no input panics.
 
-use super::frame::{DynamoFrame, Sequence};
 use super::msgpack::{Container, MsgpackError, Reader, short_eq};
-use super::reject::{DynamoReject, IdentityMismatch, Malformed};
+use super::reject::{DynamoReject, Malformed};
 use crate::discovery::ids::{InstanceId, PublisherId, UnixMillis};
 
 /// Envelope field names, in declaration (array) order.
@@ -34,6 +33,10 @@ pub const ACTIVE_LOAD_FIELDS: [&str; 5] = [
     "kv_used_blocks",
 ];
 
+/// A per-publisher message sequence number (frame 2 and the envelope's `sequence`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Sequence(pub u64);
+
 /// The event-plane envelope, borrowing `topic` and `payload`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EventEnvelope<'a> {
@@ -47,29 +50,6 @@ pub struct EventEnvelope<'a> {
     pub topic: &'a [u8],
     /// The encoded inner event.
     pub payload: &'a [u8],
-}
-
-impl EventEnvelope<'_> {
-    /// `identity_mismatch` if the envelope's publisher id is not frame 1's; `malformed` if its
-    /// sequence is not frame 2's.
-    pub fn check_frame(&self, frame: &DynamoFrame<'_>) -> Result<(), DynamoReject> {
-        if self.publisher_id != frame.publisher_id {
-            return Err(DynamoReject::IdentityMismatch(
-                IdentityMismatch::FrameVsEnvelope {
-                    frame: frame.publisher_id,
-                    envelope: self.publisher_id,
-                },
-            ));
-        }
-        if self.sequence != frame.sequence {
-            return Err(Malformed::SequenceMismatch {
-                frame: frame.sequence.0,
-                envelope: self.sequence.0,
-            }
-            .into());
-        }
-        Ok(())
-    }
 }
 
 /// A worker's load sample (Dynamo's `ActiveLoad`).

@@ -3,6 +3,8 @@
 //! Role: split `[topic][publisher_id u64 BE][sequence u64 BE][version u8 | payload_len u32 BE |
 //! payload]` into a borrowed [`DynamoFrame`], then (with [`decode_event`] and
 //! [`decode_kv_metrics`]) the envelope and the `ActiveLoad` sample, classifying every refusal.
+//! The envelope-against-frames check ([`EventEnvelope::check_frame`]) lives here too: this layer
+//! builds on [`super::envelope`], never the reverse.
 //!
 //! Invariants:
 //! - checks run in this order: frame count, frame-0 topic, id frame lengths, header length,
@@ -10,7 +12,7 @@
 //!   `payload_len` against the bytes present;
 //! - nothing here allocates: frames and payloads are borrowed from the caller's buffer.
 
-use super::envelope::{ActiveLoad, EventEnvelope, decode_active_load, decode_envelope};
+use super::envelope::{ActiveLoad, EventEnvelope, Sequence, decode_active_load, decode_envelope};
 use super::msgpack::short_eq;
 use super::reject::{DynamoReject, IdentityMismatch, Malformed, TopicSource};
 use crate::discovery::ids::{InstanceId, PublisherId, UnixMillis};
@@ -20,10 +22,6 @@ use crate::zmtp::limits::{
 
 /// The only frame-3 version Dynamo sends (LOAD-ZMTP-07).
 pub const FRAME_VERSION: u8 = 1;
-
-/// A per-publisher message sequence number (frame 2 and the envelope's `sequence`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Sequence(pub u64);
 
 /// One subscribed topic and its declared-payload cap.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -110,6 +108,29 @@ pub fn parse_frames<'a>(
         sequence,
         payload,
     })
+}
+
+impl EventEnvelope<'_> {
+    /// `identity_mismatch` if the envelope's publisher id is not frame 1's; `malformed` if its
+    /// sequence is not frame 2's.
+    pub fn check_frame(&self, frame: &DynamoFrame<'_>) -> Result<(), DynamoReject> {
+        if self.publisher_id != frame.publisher_id {
+            return Err(DynamoReject::IdentityMismatch(
+                IdentityMismatch::FrameVsEnvelope {
+                    frame: frame.publisher_id,
+                    envelope: self.publisher_id,
+                },
+            ));
+        }
+        if self.sequence != frame.sequence {
+            return Err(Malformed::SequenceMismatch {
+                frame: frame.sequence.0,
+                envelope: self.sequence.0,
+            }
+            .into());
+        }
+        Ok(())
+    }
 }
 
 /// A message whose frames and envelope agree, with its payload still encoded (generic over the

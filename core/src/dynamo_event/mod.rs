@@ -27,9 +27,9 @@ mod fixture_tests;
 mod msgpack_tests;
 
 pub use encode::{EncodeError, Encoding, encode_active_load, encode_envelope, encode_message};
-pub use envelope::{ActiveLoad, EventEnvelope, decode_active_load, decode_envelope};
+pub use envelope::{ActiveLoad, EventEnvelope, Sequence, decode_active_load, decode_envelope};
 pub use frame::{
-    DynamoEvent, DynamoFrame, EventFamily, LoadSample, Sequence, decode_event, decode_kv_metrics,
+    DynamoEvent, DynamoFrame, EventFamily, LoadSample, decode_event, decode_kv_metrics,
     parse_frames,
 };
 pub use reject::{DynamoReject, IdentityMismatch, Malformed, TopicSource};

@@ -3,7 +3,8 @@
 //! Role: [`LoadStore::render_gauges`] renders the three per-key gauges from the store itself, so a
 //! series exists exactly while its key is live and its last sample carries the field;
 //! [`LoadEventCounters`] are per-shard single-writer counters that [`render_load_events`] merges
-//! at scrape time.
+//! at scrape time; [`ApplyOutcome::result`] and [`Refusal::result`] map the store's outcomes to
+//! their `result` label. This module builds on `store`, never the reverse.
 //!
 //! Invariants:
 //! - gauge labels are bounded by fleet size: `namespace`, `worker` (lowercase hex, LOAD-MET-01),
@@ -18,7 +19,7 @@
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-use super::store::LoadStore;
+use super::store::{ApplyOutcome, LoadStore, Refusal};
 
 /// The `result` label of `continuum_dynamo_load_events_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -129,6 +130,27 @@ pub fn render_load_events<'a>(
             "continuum_dynamo_load_events_total{{result=\"{}\"}} {total}",
             r.label()
         );
+    }
+}
+
+impl ApplyOutcome {
+    /// The `result` label to count.
+    pub const fn result(self) -> LoadEventResult {
+        match self {
+            ApplyOutcome::Applied => LoadEventResult::Applied,
+            ApplyOutcome::Duplicate => LoadEventResult::Duplicate,
+            ApplyOutcome::Refused(r) => r.result(),
+        }
+    }
+}
+
+impl Refusal {
+    /// The `result` label to count.
+    pub const fn result(self) -> LoadEventResult {
+        match self {
+            Refusal::IdentityMismatch => LoadEventResult::IdentityMismatch,
+            Refusal::OverCapacity => LoadEventResult::OverCapacity,
+        }
     }
 }
 

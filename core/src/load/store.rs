@@ -27,7 +27,6 @@ use crate::clock::Instant;
 use crate::discovery::PublisherId;
 
 use super::live::{KeyEntry, LiveSet, RetainReport, SlotMap, plan};
-use super::metrics::LoadEventResult;
 use super::seqcell::SeqTable;
 use super::{
     DEFAULT_MAX_STALENESS, LoadKey, MAX_MAX_STALENESS, MIN_MAX_STALENESS, Sample, SampleView,
@@ -51,7 +50,8 @@ const HAS_RECEIPT: u64 = 1 << 4;
 const FLAG_BITS: u32 = 8;
 const FLAG_MASK: u64 = (1 << FLAG_BITS) - 1;
 
-/// The outcome of [`LoadStore::apply`]; each maps to one `load_events_total` label.
+/// The outcome of [`LoadStore::apply`]; each maps to one `load_events_total` label
+/// ([`ApplyOutcome::result`], in `metrics`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ApplyOutcome {
     /// Stored (`result="applied"`, Q-21).
@@ -62,17 +62,6 @@ pub enum ApplyOutcome {
     Refused(Refusal),
 }
 
-impl ApplyOutcome {
-    /// The `result` label to count.
-    pub const fn result(self) -> LoadEventResult {
-        match self {
-            ApplyOutcome::Applied => LoadEventResult::Applied,
-            ApplyOutcome::Duplicate => LoadEventResult::Duplicate,
-            ApplyOutcome::Refused(r) => r.result(),
-        }
-    }
-}
-
 /// Why a key has no cell.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Refusal {
@@ -80,16 +69,6 @@ pub enum Refusal {
     IdentityMismatch,
     /// The key is live but the store is at its 65,536-key cap (LOAD-ZMTP-11, LOAD-STORE-18).
     OverCapacity,
-}
-
-impl Refusal {
-    /// The `result` label to count.
-    pub const fn result(self) -> LoadEventResult {
-        match self {
-            Refusal::IdentityMismatch => LoadEventResult::IdentityMismatch,
-            Refusal::OverCapacity => LoadEventResult::OverCapacity,
-        }
-    }
 }
 
 /// An admitted key's cell in one generation (slot and epoch).
