@@ -82,7 +82,7 @@ pub(crate) fn start(
         bind: config.server.bind_address,
         cpus: shard_cpus(&config),
         driver: DriverChoice::from_env_value(std::env::var("CONTINUUM_DRIVER").ok().as_deref()),
-        picker: continuum_shards::load_based_picker,
+        picker: continuum_shards::picker_for(&config),
     };
     let load_store = Arc::new(LoadStore::new());
     if let Err(e) = load_store.set_max_staleness(config.dynamo.load.max_staleness) {
@@ -106,6 +106,7 @@ pub(crate) fn start(
         shards,
         stats,
         load_store,
+        picker_for: continuum_shards::picker_for,
     };
     let handle =
         continuum_control::spawn(prepared, params, control_cpu).map_err(|e| e.to_string())?;

@@ -16,6 +16,7 @@
 //! [`SnapshotCell`]: continuum_core::publish::SnapshotCell
 #![forbid(unsafe_code)]
 
+mod clock;
 pub mod discovery;
 mod reload;
 mod resolve;

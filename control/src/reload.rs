@@ -3,13 +3,13 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
 use continuum_core::config::{Config, EnvLookup, ServerConfig};
 use continuum_core::publish::SnapshotCell;
 use continuum_core::snapshot::RouterSnapshot;
-use continuum_shards::ShardSet;
 use continuum_shards::metrics::ControlStats;
+use continuum_shards::{PickerFactory, ShardSet};
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::discovery::{self, NotRunnable, Supervisor};
@@ -40,6 +40,10 @@ pub struct ControlParams {
     /// The load store: the control thread sets its live set on every new fleet
     /// (`set_live_and_retain`, LOAD-STORE-15) and its staleness on reload (RELOAD-02).
     pub load_store: Arc<LoadStore>,
+    /// Which picker a config asks for (`continuum_shards::picker_for` in the router): on every
+    /// applied reload whose answer differs from the active picker, the shards' picker is
+    /// replaced before the new snapshot is published (API-06).
+    pub picker_for: fn(&Config) -> PickerFactory,
 }
 
 /// Why the control thread returned.
@@ -172,6 +176,22 @@ impl State {
             .generation
             .store(generation, Ordering::Relaxed);
         generation
+    }
+
+    /// Replace the shards' picker when the running config asks for another one (API-06). The
+    /// mailbox delivers the replacement before the next snapshot, so the first request of the
+    /// new config already picks with it.
+    fn select_picker(&mut self) {
+        let want = (self.params.picker_for)(&self.params.config);
+        let active = self.params.shards.picker().name();
+        if want.name() != active {
+            tracing::info!(
+                from = active,
+                to = want.name(),
+                "replacing the worker picker"
+            );
+            self.params.shards.set_picker(want);
+        }
     }
 
     /// Admit exactly the fleet's live (worker, rank) keys to the load store and drop departed
@@ -338,6 +358,7 @@ async fn reload(st: &mut State, trigger: Trigger) {
     st.params.config = config;
     st.params.config_text = text;
     st.addrs = addrs;
+    st.select_picker();
     if st.reconcile_discovery(false) {
         st.retain_live();
     }
@@ -385,7 +406,7 @@ async fn drain(mut st: State, why: &str) -> ExitReason {
         ?timeout,
         "draining: no new connections, finishing in-flight requests"
     );
-    if params.shards.drain(Instant::now() + timeout) {
+    if params.shards.drain(crate::clock::instant() + timeout) {
         tracing::info!("drained");
         ExitReason::Drained
     } else {

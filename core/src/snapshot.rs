@@ -21,9 +21,7 @@ use crate::discovery::{FleetView, PublisherId};
 use crate::shim::ShimRoutes;
 use crate::subscriptions::Refusal;
 
-/// Index of a backend inside one snapshot's [`RouterSnapshot::backends`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct BackendIdx(pub u32);
+pub use crate::config::BackendIdx;
 
 /// The backends serving one client model id.
 #[derive(Debug, Clone, PartialEq, Eq)]

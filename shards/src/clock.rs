@@ -1,6 +1,9 @@
-//! The data plane's monotonic clock as `continuum_core::clock::Instant`: time since a
-//! process-wide origin fixed at first use. Core logic takes these instants as arguments; this is
-//! the one place the shards read the OS clock for it.
+//! The data plane's clocks: the one module of `shards` that reads the OS clock (`clippy.toml`
+//! disallows `Instant::now` and `SystemTime::now` everywhere else).
+//!
+//! [`now`] is the monotonic clock as `continuum_core::clock::Instant` (time since a process-wide
+//! origin fixed at first use), the form core logic takes its time in; [`instant`] is the same
+//! clock as a `std::time::Instant`, for deadlines and elapsed times of the I/O code.
 
 use std::sync::OnceLock;
 use std::time::Instant as StdInstant;
@@ -11,6 +14,12 @@ static ORIGIN: OnceLock<StdInstant> = OnceLock::new();
 
 /// Now, on the process clock.
 pub(crate) fn now() -> Instant {
-    let origin = *ORIGIN.get_or_init(StdInstant::now);
+    let origin = *ORIGIN.get_or_init(instant);
     Instant::from_origin(origin.elapsed())
+}
+
+/// Now, as a `std` instant (deadlines, elapsed times).
+#[allow(clippy::disallowed_methods)] // the clock module: the one reader of the OS clock
+pub(crate) fn instant() -> StdInstant {
+    StdInstant::now()
 }

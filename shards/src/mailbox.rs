@@ -12,10 +12,12 @@ use std::time::Instant;
 use crossbeam_channel::{Receiver, Sender};
 
 /// What the control thread can ask of a shard.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub enum ShardCommand {
     /// A new snapshot was published: load it.
     Reload,
+    /// Replace the active worker picker with one built by this factory (API-06).
+    SetPicker(crate::dispatch::PickerFactory),
     /// Stop accepting, let in-flight requests finish until `deadline`, then exit.
     Drain {
         /// When to give up on in-flight requests.

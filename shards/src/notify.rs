@@ -1,5 +1,5 @@
-//! A shard-local, one-shot broadcast signal (e.g. "drain now") that any number of tasks on the
-//! same shard can await. Single-threaded: `Rc` + `Cell`, no atomics.
+//! A shard-local, one-shot broadcast signal ("drain now", "stop this subscription") that any
+//! number of tasks on the same shard can await. Single-threaded: `Rc` + `Cell`, no atomics.
 
 use std::cell::{Cell, RefCell};
 use std::future::Future;

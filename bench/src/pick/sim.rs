@@ -24,8 +24,8 @@ use continuum_core::load::{
     InflightReader, InflightTable, LiveSet, LoadKey, LoadStore, Sample,
 };
 use continuum_core::picker::{
-    LoadBasedPicker, PickInput, PickScratch, PickerCursors, SelectionReason, StoreLoads,
-    WorkerPicker, estimate_prompt_tokens,
+    LoadBasedPicker, NoOverlap, PickInput, Picks, SelectionReason, StoreLoads, WorkerPicker,
+    estimate_prompt_tokens,
 };
 
 use super::PickError;
@@ -130,8 +130,8 @@ pub(crate) struct Sim<'f> {
     ledger: DispatchLedger,
     other: DispatchLedger,
     tables: Vec<Arc<InflightTable>>,
-    cursors: PickerCursors,
-    scratch: PickScratch,
+    /// The picker as a shard holds it (a trait object with its own cursors and scratch).
+    picker: Box<dyn WorkerPicker>,
     headers: Vec<u8>,
     rr: usize,
     now: Instant,
@@ -178,8 +178,7 @@ impl<'f> Sim<'f> {
             ledger,
             other,
             tables,
-            cursors: PickerCursors::default(),
-            scratch: PickScratch::new(),
+            picker: Box::new(LoadBasedPicker::new()),
             headers: Vec::with_capacity(256),
             rr: 0,
             now: Instant::from_origin(Duration::from_secs(1_000)),
@@ -288,13 +287,15 @@ impl<'f> Sim<'f> {
             prompt_tokens: prompt,
             now: self.now,
             max_staleness: DEFAULT_MAX_STALENESS,
+            prompt_blocks: &[],
+            overlap: &NoOverlap,
         };
-        let pick = LoadBasedPicker
-            .pick(&input, &mut self.cursors, &mut self.scratch)
-            .map_err(|_| PickError::NoWorker {
-                model,
-                workers: self.fleet.workers.len(),
-            })?;
+        let workers = self.fleet.workers.len();
+        let mut picks = Picks::new(1);
+        let picked = self.picker.pick(&input, &mut picks);
+        let Some(pick) = picked.ok().and(picks.first().copied()) else {
+            return Err(PickError::NoWorker { model, workers });
+        };
         self.headers.clear();
         pick.pin_headers().write_to(&mut self.headers);
         let block_size = |id: InstanceId| {

@@ -1,11 +1,12 @@
-//! The router's path under test: the bounded sans-IO [`ZmtpSub`] fed from a 2 KiB read buffer,
-//! `decode_kv_metrics` per message, exactly as `shards/src/subscribe/protocol.rs` does it (minus
-//! the load store, which the baseline does not have either).
+//! The router's path under test: the shards' own session driver
+//! (`continuum_shards::ingest::driver::run_session`: the bounded sans-IO [`ZmtpSub`] fed from a
+//! 2 KiB read buffer) with the tally as its sink, `decode_kv_metrics` per message (minus the
+//! load store, which the baseline does not have either).
 //!
-//! Two I/O layers drive the same feed loop ([`feed_all`]): a monoio runtime on the calling thread
-//! (like a shard: io_uring when the kernel allows it, epoll otherwise) and a plain blocking
-//! `std::net::TcpStream` loop, so the report shows the state machine's cost with and without an
-//! async runtime around it.
+//! Two I/O layers drive the same feed loop (`driver::feed`): the driver on a monoio runtime on
+//! the calling thread (like a shard: io_uring when the kernel allows it, epoll otherwise) and a
+//! plain blocking `std::net::TcpStream` loop, so the report shows the state machine's cost with
+//! and without an async runtime around it.
 //!
 //! Invariants: one 2 KiB buffer per subscription, reused for every read; nothing allocated per
 //! message by this module; every loop ends after `total` messages, at EOF, on an error, or at the
@@ -15,37 +16,48 @@ use std::io::Read;
 use std::net::SocketAddr;
 use std::time::Instant;
 
-use continuum_core::zmtp::limits::{READ_BUFFER_BYTES, read_buffer_after};
-use continuum_core::zmtp::{Event, ZmtpLimits, ZmtpSub};
-use monoio::io::{AsyncReadRent, AsyncWriteRentExt};
+use std::ops::ControlFlow;
+
+use continuum_core::zmtp::limits::READ_BUFFER_BYTES;
+use continuum_core::zmtp::{DropReason, ZmtpLimits, ZmtpSub};
+use continuum_shards::ingest::driver::{HANDSHAKE_TIMEOUT, SessionEnd, Sink, feed, run_session};
 
 use super::{IngestError, Tally, pin_to_cpu};
 
 /// The topic of the load family.
-const TOPIC: &[u8] = b"kv_metrics";
+const TOPICS: &[&[u8]] = &[b"kv_metrics"];
 
-/// Feeds one read's bytes to the state machine until they are consumed, counting every event.
-fn feed_all(zmtp: &mut ZmtpSub, mut input: &[u8], tally: &mut Tally) -> Result<(), IngestError> {
-    while !input.is_empty() && !tally.done() {
-        let progress = zmtp.feed(input)?;
-        let consumed = progress.consumed;
-        let had_event = progress.event.is_some();
-        let mut ready = false;
-        match progress.event {
-            Some(Event::Message(m)) => tally.on_message(m.frames()),
-            Some(Event::Ready(_)) => ready = true,
-            Some(Event::Dropped(_)) => tally.dropped += 1,
-            None => {}
-        }
-        if ready {
-            tally.on_ready(zmtp.buffered_capacity());
-        }
-        if consumed == 0 && !had_event {
-            break;
-        }
-        input = input.get(consumed..).unwrap_or(&[]);
+/// The tally as the driver's sink: the same `Sink` interface the shards' `kv_metrics` sink
+/// implements, so the bench runs the production session loop.
+impl Sink for Tally {
+    fn limits(&self) -> ZmtpLimits {
+        ZmtpLimits::KV_METRICS
     }
-    Ok(())
+
+    fn topics(&self) -> &[&'static [u8]] {
+        TOPICS
+    }
+
+    fn on_connect(&mut self) {}
+
+    fn on_ready(&mut self, buffered_capacity: usize) {
+        Tally::on_ready(self, buffered_capacity);
+    }
+
+    fn on_message(&mut self, frames: &[&[u8]]) -> ControlFlow<()> {
+        Tally::on_message(self, frames);
+        if self.done() {
+            ControlFlow::Break(())
+        } else {
+            ControlFlow::Continue(())
+        }
+    }
+
+    fn on_dropped(&mut self, _reason: DropReason) {
+        self.dropped += 1;
+    }
+
+    fn on_refused(&mut self) {}
 }
 
 /// Which monoio driver the runtime got.
@@ -82,46 +94,25 @@ pub(super) fn run_monoio(
             .await
             .map_err(io("connecting to the publisher"))?;
         stream.set_nodelay(true).map_err(io("nodelay"))?;
-        let mut zmtp = ZmtpSub::new(ZmtpLimits::KV_METRICS, &[TOPIC])?;
         let mut tally = Tally::new(total);
-        let mut buf: Vec<u8> = Vec::with_capacity(READ_BUFFER_BYTES);
-        let mut out: Vec<u8> = Vec::with_capacity(64);
-        while !tally.done() {
-            if Instant::now() >= deadline {
-                return Err(tally.timeout("router (monoio)"));
+        let left = deadline.saturating_duration_since(Instant::now());
+        // The shards' session driver (`continuum_shards::ingest::driver`): 2 KiB reads when
+        // quiet, growing under a backlog, exactly as a shard runs a subscription.
+        let session = run_session(&mut stream, &mut tally, HANDSHAKE_TIMEOUT);
+        let idle = match monoio::time::timeout(left, session).await {
+            Err(_) => return Err(tally.timeout("router (monoio)")),
+            Ok(Ok(idle)) => idle,
+            Ok(Err(SessionEnd::Closed)) => return Err(tally.eof("router (monoio)")),
+            Ok(Err(SessionEnd::Refused(why))) => return Err(IngestError::Setup(why)),
+            Ok(Err(SessionEnd::Io(source) | SessionEnd::Connect(source))) => {
+                return Err(IngestError::Io {
+                    what: "reading (monoio)",
+                    source,
+                });
             }
-            if !zmtp.outgoing().is_empty() {
-                out.clear();
-                out.extend_from_slice(zmtp.outgoing());
-                let n = out.len();
-                let (res, back) = stream.write_all(out).await;
-                out = back;
-                res.map_err(io("writing the handshake"))?;
-                zmtp.consume_outgoing(n);
-            }
-            buf.clear();
-            let (res, back) = stream.read(buf).await;
-            buf = back;
-            match res {
-                Ok(0) => return Err(tally.eof("router (monoio)")),
-                Ok(n) => {
-                    feed_all(&mut zmtp, &buf, &mut tally)?;
-                    // The production policy (shards/src/subscribe/protocol.rs): 2 KiB when
-                    // quiet, growing under a backlog.
-                    let next = read_buffer_after(buf.capacity(), n);
-                    if next != buf.capacity() {
-                        buf = Vec::with_capacity(next);
-                    }
-                }
-                Err(source) => {
-                    return Err(IngestError::Io {
-                        what: "reading (monoio)",
-                        source,
-                    });
-                }
-            }
-        }
-        tally.finish(zmtp.buffered_capacity());
+            Ok(Err(SessionEnd::ConnectTimeout)) => return Err(tally.timeout("router (monoio)")),
+        };
+        tally.finish(idle);
         Ok(tally)
     })?;
     Ok((tally, driver))
@@ -153,7 +144,7 @@ pub(super) fn run_blocking<const N: usize>(
     stream
         .set_read_timeout(Some(left))
         .map_err(io("read timeout"))?;
-    let mut zmtp = ZmtpSub::new(ZmtpLimits::KV_METRICS, &[TOPIC])?;
+    let mut zmtp = ZmtpSub::new(ZmtpLimits::KV_METRICS, TOPICS)?;
     let mut tally = Tally::new(total);
     let mut buf = [0u8; N];
     while !tally.done() {
@@ -169,7 +160,9 @@ pub(super) fn run_blocking<const N: usize>(
         }
         match stream.read(&mut buf) {
             Ok(0) => return Err(tally.eof("router (blocking)")),
-            Ok(n) => feed_all(&mut zmtp, buf.get(..n).unwrap_or(&[]), &mut tally)?,
+            Ok(n) => {
+                let _ = feed(&mut zmtp, buf.get(..n).unwrap_or(&[]), &mut tally)?;
+            }
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             Err(source) => {
                 return Err(IngestError::Io {

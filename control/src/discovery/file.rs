@@ -391,7 +391,7 @@ impl FileSource {
         let layout = self.layout.clone();
         let mut known = std::mem::take(&mut self.known);
         let (known, out) = blocking(move || {
-            let now = SystemTime::now();
+            let now = crate::clock::wall();
             let mut out = Vec::new();
             if pending.full {
                 let force: HashSet<Vec<u8>> = pending

@@ -85,7 +85,7 @@ pub struct SessionReport {
 
 /// The wall clock for `first_seen` / `last_updated`, as milliseconds since the Unix epoch.
 pub fn wall_clock_now() -> UnixMillis {
-    let ms = std::time::SystemTime::now()
+    let ms = crate::clock::wall()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
     UnixMillis(ms)
@@ -132,7 +132,7 @@ pub async fn drive_session<S: WatchSource>(
     };
     drop(seed);
     publish(view);
-    let healthy_since = Instant::now();
+    let healthy_since = crate::clock::instant();
     connected(true);
     // Coalesce bursts (a fleet starting, a rolling restart): batches that follow each other within
     // `COALESCE_GAP` are applied before one view is built, and a long burst still publishes every
@@ -161,7 +161,7 @@ pub async fn drive_session<S: WatchSource>(
         match outcome {
             Ok(batch) => {
                 apply_batch(reducer, &batch);
-                dirty_since.get_or_insert_with(Instant::now);
+                dirty_since.get_or_insert_with(crate::clock::instant);
             }
             Err(end) => {
                 if dirty_since.is_some() {

@@ -14,10 +14,7 @@ use crate::discovery::{FleetView, Role, Worker};
 use crate::load::Inflight;
 
 use super::test_support::{MAX_AGE, MapLoads, at_ms, fleet, worker};
-use super::{
-    LoadBasedPicker, NoWorker, Pick, PickInput, PickScratch, PickerCursors, PromptTokens,
-    WorkerPicker,
-};
+use super::{NoWorker, Pick, PickInput, PickScratch, PickerCursors, PromptTokens, pick_load_based};
 
 /// splitmix64: a tiny seeded generator (no dependency).
 struct Rng(u64);
@@ -369,8 +366,10 @@ fn differential_against_naive_reference() {
                 prompt_tokens: PromptTokens(prompt),
                 now,
                 max_staleness: MAX_AGE,
+                prompt_blocks: &[],
+                overlap: &super::NoOverlap,
             };
-            let got = LoadBasedPicker.pick(&input, &mut ours, &mut scratch);
+            let got = pick_load_based(&input, &mut ours, &mut scratch);
             let want = reference_pick(&f, &loads, &allowed, prompt, now, &mut theirs);
             let got = match got {
                 Ok(p) => Some(outcome_of(&p)),

@@ -33,7 +33,8 @@ use crate::load::rules::{
 use crate::load::{LoadKey, MAX_LOAD_KEYS, request_blocks};
 
 use super::{
-    Chosen, DpRankHeaders, NoWorker, Pick, PickInput, PickerCursors, SelectionReason, WorkerPicker,
+    Chosen, DpRankHeaders, MAX_PICKS, NoWorker, Pick, PickInput, PickerCursors, Picks,
+    SelectionReason, WorkerPicker,
 };
 
 /// The most candidates one stage considers (the load store holds at most this many keys).
@@ -95,15 +96,47 @@ impl PickScratch {
     }
 }
 
-/// The default load-only [`WorkerPicker`] (PICK-01). Stateless: cursors and scratch belong to
-/// the caller.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct LoadBasedPicker;
+/// The default load-only [`WorkerPicker`] (PICK-01): [`pick_load_based`] over its own cursors
+/// and scratch space (one instance per shard).
+#[derive(Debug, Default)]
+pub struct LoadBasedPicker {
+    cursors: PickerCursors,
+    scratch: PickScratch,
+}
 
 impl LoadBasedPicker {
-    /// The picker.
-    pub const fn new() -> Self {
-        Self
+    /// A picker whose cursors start at zero.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A picker whose cursors start at `cursors` (shards start apart so that they do not
+    /// round-robin in lockstep).
+    pub fn with_cursors(cursors: PickerCursors) -> Self {
+        Self {
+            cursors,
+            scratch: PickScratch::new(),
+        }
+    }
+
+    /// The cursors' current positions.
+    pub fn cursors(&self) -> PickerCursors {
+        self.cursors
+    }
+}
+
+impl WorkerPicker for LoadBasedPicker {
+    fn name(&self) -> &'static str {
+        "load_based"
+    }
+
+    fn pick<'f>(&mut self, input: &PickInput<'f>, out: &mut Picks<'f>) -> Result<(), NoWorker> {
+        out.clear();
+        let pick = pick_with(input, &mut self.cursors, &mut self.scratch, out)?;
+        if out.is_empty() {
+            out.push(pick);
+        }
+        Ok(())
     }
 }
 
@@ -135,13 +168,13 @@ fn roles_in(run: &[Worker], model: &str) -> (bool, bool) {
 }
 
 /// Reads the loads of `scratch.slots`, costs them for `stage` and selects one. Returns the
-/// chosen slot and reason.
+/// chosen candidate's index, its slot and the reason.
 fn select_stage(
     input: &PickInput<'_>,
     scratch: &mut PickScratch,
     stage: Stage,
     cursor: &mut u64,
-) -> Option<(Slot, SelectionReason)> {
+) -> Option<(usize, Slot, SelectionReason)> {
     let workers = &input.fleet.workers;
     let now = input.now;
     let max_age = input.max_staleness;
@@ -172,7 +205,7 @@ fn select_stage(
     }
     let sel = select(&scratch.candidates, cursor)?;
     let slot = *scratch.slots.get(sel.index)?;
-    Some((slot, sel.reason.into()))
+    Some((sel.index, slot, sel.reason.into()))
 }
 
 /// The rank header for `w`'s chosen rank (SHIM-12).
@@ -180,90 +213,169 @@ fn rank_header(w: &Worker, rank: u32) -> Option<u32> {
     w.dp_size.map(|_| rank)
 }
 
-impl WorkerPicker for LoadBasedPicker {
-    fn pick<'f>(
-        &self,
-        input: &PickInput<'f>,
-        cursors: &mut PickerCursors,
-        scratch: &mut PickScratch,
-    ) -> Result<Pick<'f>, NoWorker> {
-        let fleet = input.fleet;
-        let workers = fleet.workers.as_slice();
-        let model = input.model;
-        scratch.clear();
+/// One load-only pick (the whole rule set above) with the caller's cursors and scratch space.
+pub fn pick_load_based<'f>(
+    input: &PickInput<'f>,
+    cursors: &mut PickerCursors,
+    scratch: &mut PickScratch,
+) -> Result<Pick<'f>, NoWorker> {
+    pick_with(input, cursors, scratch, &mut Picks::new(1))
+}
 
-        // Decode candidates across every candidate namespace (DISC-MULTI-05/07, PICK-12/13).
-        let mut start = 0;
-        while start < workers.len() {
-            let end = run_end(workers, start);
-            let run = workers.get(start..end).unwrap_or(&[]);
-            let in_set = run
-                .first()
-                .is_some_and(|w| input.namespaces.contains_namespace(&w.namespace));
-            if in_set {
-                let (has_prefill, has_decode) = roles_in(run, model);
-                let aggregated_allowed = !(has_prefill && has_decode);
-                for (offset, w) in run.iter().enumerate() {
-                    let candidate = serves(w, model)
-                        && match w.role {
-                            Role::Decode => true,
-                            Role::Aggregated => aggregated_allowed,
-                            Role::Prefill | Role::Unknown => false,
-                        };
-                    if candidate {
-                        scratch.push_ranks(start + offset, w);
-                    }
+/// [`pick_load_based`], also writing ordered candidates into `out` when it wants more than one:
+/// the pick first, then the next-cheapest decode candidates of the pick's namespace and role
+/// (defined costs only, ascending, ties in candidate order), each paired with the pick's
+/// prefill worker. With `out.limit() == 1` nothing is written and nothing extra is computed.
+fn pick_with<'f>(
+    input: &PickInput<'f>,
+    cursors: &mut PickerCursors,
+    scratch: &mut PickScratch,
+    out: &mut Picks<'f>,
+) -> Result<Pick<'f>, NoWorker> {
+    let fleet = input.fleet;
+    let workers = fleet.workers.as_slice();
+    let model = input.model;
+    scratch.clear();
+
+    // Decode candidates across every candidate namespace (DISC-MULTI-05/07, PICK-12/13).
+    let mut start = 0;
+    while start < workers.len() {
+        let end = run_end(workers, start);
+        let run = workers.get(start..end).unwrap_or(&[]);
+        let in_set = run
+            .first()
+            .is_some_and(|w| input.namespaces.contains_namespace(&w.namespace));
+        if in_set {
+            let (has_prefill, has_decode) = roles_in(run, model);
+            let aggregated_allowed = !(has_prefill && has_decode);
+            for (offset, w) in run.iter().enumerate() {
+                let candidate = serves(w, model)
+                    && match w.role {
+                        Role::Decode => true,
+                        Role::Aggregated => aggregated_allowed,
+                        Role::Prefill | Role::Unknown => false,
+                    };
+                if candidate {
+                    scratch.push_ranks(start + offset, w);
                 }
             }
-            start = end.max(start + 1);
         }
-        let (dslot, dreason) =
-            select_stage(input, scratch, Stage::Decode, &mut cursors.decode).ok_or(NoWorker)?;
-        let dw = workers.get(dslot.worker).ok_or(NoWorker)?;
-        let decode = Chosen {
-            instance_id: dw.instance_id,
-            dp_rank: dslot.rank,
-            reason: dreason,
-        };
-        let mut pick = Pick {
-            namespace: dw.namespace.as_str(),
-            decode,
-            prefill: None,
-            dp_rank_headers: DpRankHeaders {
-                decode_rank: rank_header(dw, dslot.rank),
-                prefill_rank: None,
-            },
-        };
-        if dw.role != Role::Decode {
-            // An aggregated pick never carries a prefill (PICK-11/14).
-            return Ok(pick);
-        }
+        start = end.max(start + 1);
+    }
+    let (dindex, dslot, dreason) =
+        select_stage(input, scratch, Stage::Decode, &mut cursors.decode).ok_or(NoWorker)?;
+    let dw = workers.get(dslot.worker).ok_or(NoWorker)?;
+    let mut alternates = [None; MAX_PICKS - 1];
+    if out.limit() > 1 {
+        runners_up(
+            scratch,
+            workers,
+            dindex,
+            dw,
+            &mut alternates[..out.limit() - 1],
+        );
+    }
+    let decode = Chosen {
+        instance_id: dw.instance_id,
+        dp_rank: dslot.rank,
+        reason: dreason,
+    };
+    let mut pick = Pick {
+        namespace: dw.namespace.as_str(),
+        decode,
+        prefill: None,
+        dp_rank_headers: DpRankHeaders {
+            decode_rank: rank_header(dw, dslot.rank),
+            prefill_rank: None,
+        },
+    };
+    if dw.role != Role::Decode {
+        // An aggregated pick never carries a prefill (PICK-11/14).
+        push_ordered(out, &pick, workers, &alternates);
+        return Ok(pick);
+    }
 
-        // Prefill candidates inside the chosen namespace only (DISC-MULTI-06/07, SHIM-06).
-        scratch.clear();
-        let ns_start = workers.partition_point(|w| w.namespace < dw.namespace);
-        let ns_end = run_end(workers, ns_start);
-        for (offset, w) in workers
-            .get(ns_start..ns_end)
-            .unwrap_or(&[])
-            .iter()
-            .enumerate()
-        {
-            if serves(w, model) && w.role == Role::Prefill {
-                scratch.push_ranks(ns_start + offset, w);
+    // Prefill candidates inside the chosen namespace only (DISC-MULTI-06/07, SHIM-06).
+    scratch.clear();
+    let ns_start = workers.partition_point(|w| w.namespace < dw.namespace);
+    let ns_end = run_end(workers, ns_start);
+    for (offset, w) in workers
+        .get(ns_start..ns_end)
+        .unwrap_or(&[])
+        .iter()
+        .enumerate()
+    {
+        if serves(w, model) && w.role == Role::Prefill {
+            scratch.push_ranks(ns_start + offset, w);
+        }
+    }
+    if let Some((_, pslot, preason)) =
+        select_stage(input, scratch, Stage::Prefill, &mut cursors.prefill)
+        && let Some(pw) = workers.get(pslot.worker)
+    {
+        pick.prefill = Some(Chosen {
+            instance_id: pw.instance_id,
+            dp_rank: pslot.rank,
+            reason: preason,
+        });
+        pick.dp_rank_headers.prefill_rank = rank_header(pw, pslot.rank);
+    }
+    push_ordered(out, &pick, workers, &alternates);
+    Ok(pick)
+}
+
+/// Fills `into` with the cheapest decode candidates other than `chosen` that share its
+/// namespace and role, ascending by defined cost (ties in candidate order). O(candidates ×
+/// `into.len()`), and only run when the caller asked for more than one candidate.
+fn runners_up(
+    scratch: &PickScratch,
+    workers: &[Worker],
+    chosen: usize,
+    dw: &Worker,
+    into: &mut [Option<Slot>],
+) {
+    let mut taken: [Option<usize>; MAX_PICKS - 1] = [None; MAX_PICKS - 1];
+    for n in 0..into.len() {
+        let mut best: Option<(usize, Cost)> = None;
+        for (i, (slot, c)) in scratch.slots.iter().zip(&scratch.candidates).enumerate() {
+            let Some(cost) = c.cost else { continue };
+            let eligible = i != chosen
+                && !taken.contains(&Some(i))
+                && workers
+                    .get(slot.worker)
+                    .is_some_and(|w| w.namespace == dw.namespace && w.role == dw.role);
+            if eligible && best.is_none_or(|(_, b)| cost < b) {
+                best = Some((i, cost));
             }
         }
-        if let Some((pslot, preason)) =
-            select_stage(input, scratch, Stage::Prefill, &mut cursors.prefill)
-            && let Some(pw) = workers.get(pslot.worker)
-        {
-            pick.prefill = Some(Chosen {
-                instance_id: pw.instance_id,
-                dp_rank: pslot.rank,
-                reason: preason,
-            });
-            pick.dp_rank_headers.prefill_rank = rank_header(pw, pslot.rank);
-        }
-        Ok(pick)
+        let Some((i, _)) = best else { return };
+        taken[n] = Some(i);
+        into[n] = scratch.slots.get(i).copied();
+    }
+}
+
+/// Writes `pick`, then one candidate per alternate slot (same prefill, its own decode rank).
+fn push_ordered<'f>(
+    out: &mut Picks<'f>,
+    pick: &Pick<'f>,
+    workers: &[Worker],
+    alternates: &[Option<Slot>],
+) {
+    if out.limit() == 1 {
+        return;
+    }
+    out.push(*pick);
+    for slot in alternates.iter().flatten() {
+        let Some(w) = workers.get(slot.worker) else {
+            continue;
+        };
+        let mut alt = *pick;
+        alt.decode = Chosen {
+            instance_id: w.instance_id,
+            dp_rank: slot.rank,
+            reason: pick.decode.reason,
+        };
+        alt.dp_rank_headers.decode_rank = rank_header(w, slot.rank);
+        out.push(alt);
     }
 }

@@ -54,7 +54,7 @@ use crate::load::rules::{KeyLoad, SelectReason};
 use crate::load::{InflightReader, LoadKey, LoadView};
 
 pub use estimate::{PromptTokens, estimate_prompt_tokens};
-pub use load_based::{LoadBasedPicker, MAX_CANDIDATES, PickScratch};
+pub use load_based::{LoadBasedPicker, MAX_CANDIDATES, PickScratch, pick_load_based};
 
 /// Where a picker reads each candidate's load: the store's sample and the in-flight additions.
 pub trait LoadSource {
@@ -137,6 +137,40 @@ pub struct PickInput<'a> {
     pub now: Instant,
     /// `dynamo.load.max_staleness`.
     pub max_staleness: Duration,
+    /// The request's prompt block hashes, one entry per block size among the candidates
+    /// (empty until the prompt pipeline computes them; a load-only picker ignores them).
+    pub prompt_blocks: &'a [PromptBlocks<'a>],
+    /// Where the per-rank KV overlap of those blocks is read (every shard's index, merged).
+    pub overlap: &'a dyn OverlapSource,
+}
+
+/// The hash of one KV block along its prefix path (Dynamo's sequence hash of the block's
+/// tokens, chained to its parent's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BlockHash(pub u64);
+
+/// A request's prompt, cut into blocks of one size, as the hashes of its block prefixes.
+#[derive(Debug, Clone, Copy)]
+pub struct PromptBlocks<'a> {
+    /// The block size in tokens (`kv_cache_block_size` of the workers it applies to).
+    pub block_size: u32,
+    /// The hashes of the prompt's full blocks, from the first.
+    pub hashes: &'a [BlockHash],
+}
+
+/// Per-rank KV overlap: how many contiguous prefix blocks of a prompt each `(worker, dp_rank)`
+/// already holds (KV-IDX `find_matches`). Implemented over every shard's KV index.
+pub trait OverlapSource {
+    /// Calls `visit(key, blocks)` once for every rank holding at least the prompt's first block.
+    fn find_matches(&self, prompt: PromptBlocks<'_>, visit: &mut dyn FnMut(LoadKey, u32));
+}
+
+/// No KV index: no rank holds anything.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoOverlap;
+
+impl OverlapSource for NoOverlap {
+    fn find_matches(&self, _prompt: PromptBlocks<'_>, _visit: &mut dyn FnMut(LoadKey, u32)) {}
 }
 
 impl fmt::Debug for PickInput<'_> {
@@ -147,6 +181,7 @@ impl fmt::Debug for PickInput<'_> {
             .field("prompt_tokens", &self.prompt_tokens)
             .field("now", &self.now)
             .field("max_staleness", &self.max_staleness)
+            .field("prompt_blocks", &self.prompt_blocks.len())
             .finish_non_exhaustive()
     }
 }
@@ -290,14 +325,84 @@ impl Pick<'_> {
 #[error("no worker serves the model in any candidate namespace")]
 pub struct NoWorker;
 
-/// A replaceable worker picker (PICK-17): the registry holds one behind this trait so that a
-/// KV-aware picker can replace [`LoadBasedPicker`] without changes to its callers.
-pub trait WorkerPicker: Send + Sync + fmt::Debug {
-    /// Picks for one request. `cursors` and `scratch` are the calling shard's own.
-    fn pick<'f>(
-        &self,
-        input: &PickInput<'f>,
-        cursors: &mut PickerCursors,
-        scratch: &mut PickScratch,
-    ) -> Result<Pick<'f>, NoWorker>;
+/// The most candidates one pick returns ([`Picks`]).
+pub const MAX_PICKS: usize = 4;
+
+/// A pick's ordered candidates, best first: the caller dispatches to the first and falls back
+/// to the next (pingora's selection contract). Fixed capacity, on the stack: filling it never
+/// allocates. The caller says how many it wants ([`Picks::new`]); a picker returns at most that
+/// many, and at least one whenever it returns `Ok`.
+#[derive(Debug, Clone, Copy)]
+pub struct Picks<'f> {
+    items: [Option<Pick<'f>>; MAX_PICKS],
+    len: usize,
+    limit: usize,
+}
+
+impl<'f> Picks<'f> {
+    /// An empty list that accepts up to `want` candidates (clamped to `1..=MAX_PICKS`).
+    pub fn new(want: usize) -> Self {
+        Self {
+            items: [None; MAX_PICKS],
+            len: 0,
+            limit: want.clamp(1, MAX_PICKS),
+        }
+    }
+
+    /// How many candidates the caller wants.
+    pub fn limit(&self) -> usize {
+        self.limit
+    }
+
+    /// Whether another candidate is wanted.
+    pub fn wants_more(&self) -> bool {
+        self.len < self.limit
+    }
+
+    /// Append `pick` after the ones already there; ignored once [`Self::limit`] is reached.
+    pub fn push(&mut self, pick: Pick<'f>) {
+        if self.len < self.limit {
+            self.items[self.len] = Some(pick);
+            self.len += 1;
+        }
+    }
+
+    /// Forget every candidate (the limit stays).
+    pub fn clear(&mut self) {
+        self.items = [None; MAX_PICKS];
+        self.len = 0;
+    }
+
+    /// The best candidate.
+    pub fn first(&self) -> Option<&Pick<'f>> {
+        self.items[0].as_ref()
+    }
+
+    /// The candidates, best first.
+    pub fn iter(&self) -> impl Iterator<Item = &Pick<'f>> {
+        self.items.iter().take(self.len).flatten()
+    }
+
+    /// How many candidates there are.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+/// A replaceable worker picker (PICK-17, API-06). Each shard owns one instance (built on its
+/// thread by a factory, rebuilt when the active picker is replaced at run time), so a picker
+/// keeps its own cursors and scratch space in `self`: nothing in this trait names a particular
+/// picker's types.
+pub trait WorkerPicker: fmt::Debug {
+    /// The picker's name (logs, the admin view).
+    fn name(&self) -> &'static str;
+
+    /// Picks for one request: fills `out` (cleared first) with up to `out.limit()` ordered
+    /// candidates, best first. `Ok` means at least one candidate.
+    fn pick<'f>(&mut self, input: &PickInput<'f>, out: &mut Picks<'f>) -> Result<(), NoWorker>;
 }

@@ -11,9 +11,9 @@ use crate::load::{
 
 use super::test_support::{MAX_AGE, MapLoads, at_ms, fleet, worker};
 use super::{
-    Chosen, LoadBasedPicker, NamespaceSet, NoWorker, Pick, PickInput, PickScratch, PickerCursors,
-    PromptTokens, SelectionEvent, SelectionReason, SelectionRole, WorkerPicker,
-    estimate_prompt_tokens,
+    Chosen, LoadBasedPicker, NamespaceSet, NoOverlap, NoWorker, Pick, PickInput, PickScratch,
+    PickerCursors, Picks, PromptTokens, SelectionEvent, SelectionReason, SelectionRole,
+    WorkerPicker, estimate_prompt_tokens, pick_load_based,
 };
 
 const NOW: u64 = 10_000;
@@ -35,8 +35,10 @@ fn pick<'f>(
         prompt_tokens: PromptTokens(prompt),
         now: at_ms(NOW),
         max_staleness: MAX_AGE,
+        prompt_blocks: &[],
+        overlap: &NoOverlap,
     };
-    LoadBasedPicker::new().pick(&input, cursors, &mut PickScratch::new())
+    pick_load_based(&input, cursors, &mut PickScratch::new())
 }
 
 fn ids(f: &FleetView, loads: &MapLoads, ns: &dyn NamespaceSet, n: usize) -> Vec<u64> {
@@ -523,14 +525,14 @@ fn pick_17_picker_is_replaceable_behind_the_trait() {
     #[derive(Debug)]
     struct First;
     impl WorkerPicker for First {
-        fn pick<'f>(
-            &self,
-            input: &PickInput<'f>,
-            _: &mut PickerCursors,
-            _: &mut PickScratch,
-        ) -> Result<Pick<'f>, NoWorker> {
+        fn name(&self) -> &'static str {
+            "first"
+        }
+
+        fn pick<'f>(&mut self, input: &PickInput<'f>, out: &mut Picks<'f>) -> Result<(), NoWorker> {
+            out.clear();
             let w = input.fleet.workers.first().ok_or(NoWorker)?;
-            Ok(Pick {
+            out.push(Pick {
                 namespace: &w.namespace,
                 decode: Chosen {
                     instance_id: w.instance_id,
@@ -539,7 +541,8 @@ fn pick_17_picker_is_replaceable_behind_the_trait() {
                 },
                 prefill: None,
                 dp_rank_headers: Default::default(),
-            })
+            });
+            Ok(())
         }
     }
     let f = fleet(vec![
@@ -556,18 +559,18 @@ fn pick_17_picker_is_replaceable_behind_the_trait() {
         prompt_tokens: PromptTokens(64),
         now: at_ms(NOW),
         max_staleness: MAX_AGE,
+        prompt_blocks: &[],
+        overlap: &NoOverlap,
     };
-    let pickers: [Box<dyn WorkerPicker>; 2] = [Box::new(LoadBasedPicker), Box::new(First)];
+    let mut pickers: [Box<dyn WorkerPicker>; 2] =
+        [Box::new(LoadBasedPicker::new()), Box::new(First)];
     let got: Vec<u64> = pickers
-        .iter()
+        .iter_mut()
         .map(|p| {
-            let mut c = PickerCursors::default();
-            let mut s = PickScratch::with_capacity(4);
-            p.pick(&input, &mut c, &mut s)
-                .unwrap()
-                .decode
-                .instance_id
-                .get()
+            let mut out = Picks::new(1);
+            p.pick(&input, &mut out).unwrap();
+            assert_eq!(out.len(), 1);
+            out.first().unwrap().decode.instance_id.get()
         })
         .collect();
     assert_eq!(got, vec![2, 1]);
@@ -610,15 +613,71 @@ fn store_loads_reads_the_real_store_and_ledgers() {
         prompt_tokens: PromptTokens(64),
         now,
         max_staleness: MAX_AGE,
+        prompt_blocks: &[],
+        overlap: &NoOverlap,
     };
     let mut c = PickerCursors::default();
     let mut s = PickScratch::new();
     for _ in 0..3 {
-        let p = LoadBasedPicker.pick(&input, &mut c, &mut s).unwrap();
+        let p = pick_load_based(&input, &mut c, &mut s).unwrap();
         assert_eq!(
             p.decode.instance_id.get(),
             2,
             "worker 1 carries 40 unanswered blocks"
         );
     }
+}
+
+#[test]
+fn ordered_candidates_are_the_pick_then_its_namespace_by_cost() {
+    // Three decode workers in "a" with backlogs 900, 300 and 500, an aggregated one in "b" at
+    // 950: the pick is the cheapest of all (2); alternates come from its namespace only.
+    let f = fleet(vec![
+        worker("a", 1, Role::Decode, "m"),
+        worker("a", 2, Role::Decode, "m"),
+        worker("a", 3, Role::Decode, "m"),
+        worker("a", 4, Role::Prefill, "m"),
+        worker("b", 5, Role::Aggregated, "m"),
+    ]);
+    let mut l = MapLoads::default();
+    fresh_decode(&mut l, 1, 900);
+    fresh_decode(&mut l, 2, 300);
+    fresh_decode(&mut l, 3, 500);
+    fresh_decode(&mut l, 5, 950);
+    let input = PickInput {
+        fleet: &f,
+        loads: &l,
+        model: "m",
+        namespaces: &["a", "b"],
+        prompt_tokens: PromptTokens(64),
+        now: at_ms(NOW),
+        max_staleness: MAX_AGE,
+        prompt_blocks: &[],
+        overlap: &NoOverlap,
+    };
+    let mut p = LoadBasedPicker::new();
+    let mut out = Picks::new(4);
+    p.pick(&input, &mut out).unwrap();
+    let decode: Vec<u64> = out.iter().map(|p| p.decode.instance_id.get()).collect();
+    assert_eq!(
+        decode,
+        vec![2, 3, 1],
+        "pick, then its namespace ascending by cost"
+    );
+    let first = *out.first().unwrap();
+    for alt in out.iter() {
+        assert_eq!(alt.namespace, "a");
+        assert_eq!(
+            alt.prefill, first.prefill,
+            "alternates keep the pick's prefill"
+        );
+    }
+    // Asking for one candidate gives exactly the single pick, and the same one.
+    let mut one = Picks::new(1);
+    LoadBasedPicker::new().pick(&input, &mut one).unwrap();
+    assert_eq!(one.len(), 1);
+    assert_eq!(one.first().unwrap().decode, first.decode);
+    // Limits are clamped to 1..=MAX_PICKS.
+    assert_eq!(Picks::new(0).limit(), 1);
+    assert_eq!(Picks::new(99).limit(), super::MAX_PICKS);
 }

@@ -20,9 +20,9 @@
 
 use std::net::SocketAddr;
 
+use crate::config::BackendIdx;
 use crate::config::{BackendName, Config};
 use crate::picker::NamespaceSet;
-use crate::snapshot::BackendIdx;
 
 /// The shim replicas per namespace and the client→Dynamo model map of one snapshot.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -16,14 +16,10 @@ use serde_json::{Value, json};
 use continuum_core::load::{LoadKey, LoadStore};
 
 use crate::metrics::ControlStats;
-use crate::subscribe::LoadShared;
+use crate::signals::Signals;
 
 /// The response body.
-pub(crate) fn workers_json(
-    snap: &RouterSnapshot,
-    control: &ControlStats,
-    load: &LoadShared,
-) -> Value {
+pub(crate) fn workers_json(snap: &RouterSnapshot, control: &ControlStats, load: &Signals) -> Value {
     let d = &snap.config.dynamo;
     let source = d.discovery.source;
     let (namespace, namespaces) = match source {
@@ -91,7 +87,7 @@ pub(crate) fn workers_json(
 }
 
 /// ADMIN-04 rows: every running subscription, never an address.
-fn subscriptions(load: &LoadShared) -> Vec<Value> {
+fn subscriptions(load: &Signals) -> Vec<Value> {
     load.tables
         .iter()
         .flat_map(|t| t.rows())

@@ -11,7 +11,7 @@
 //! clients, close-delimited for HTTP/1.0).
 //!
 //! Invariants:
-//! - a conversion's context lives in `ClientConn::convert` for exactly the attempt it applies
+//! - a conversion's context lives in `Exchange::convert` for exactly the attempt it applies
 //!   to (set before the attempt's head is written);
 //! - a buffered answer is read whole, bounded by [`MAX_CONVERTED_BODY`] (beyond: 502);
 //! - once the converted stream has started, every failure (upstream cut, timeout, malformed
@@ -25,53 +25,22 @@ use std::time::Duration;
 
 use continuum_core::config::{BackendConfig, ResponsesApi};
 use continuum_core::ingress::IngressError;
-use continuum_core::ingress::anthropic_req::{AnthropicContext, anthropic_to_chat};
-use continuum_core::ingress::anthropic_resp::chat_to_anthropic;
+use continuum_core::ingress::anthropic_req::anthropic_to_chat;
 use continuum_core::ingress::anthropic_stream::AnthropicStream;
 use continuum_core::ingress::errors::{ClassifiedError, ErrorClass};
-use continuum_core::ingress::responses::{ResponsesContext, chat_to_responses, responses_to_chat};
+use continuum_core::ingress::responses::responses_to_chat;
 use continuum_core::ingress::responses_stream::ResponsesStream;
 use monoio::net::TcpStream;
 
-use super::relay::{
-    BodyState, Framing, ParsedHead, RelayEnd, end_head, hold, read_upstream, write_client,
+use continuum_core::upstream::{DispatchError, ErrorKind};
+
+use super::exchange::{Answer, Attempt, Body, Conversion, Exchange};
+use super::upstream::{
+    BodyState, Framing, ParsedHead, end_head, hold, read_upstream, write_client,
 };
-use super::{Attempt, AttemptError, CHAT_PATH, Ingress};
-use crate::conn::{BodyRef, ClientConn, Outcome};
-use crate::metrics::UpstreamErrorClass;
-use crate::respond::{self, Persistence};
-
-/// How the answer of the current attempt is converted for the client.
-#[derive(Debug, Clone)]
-pub(crate) enum Conversion {
-    /// Chat → Anthropic Messages.
-    Anthropic(AnthropicContext),
-    /// Chat → Responses.
-    Responses(ResponsesContext),
-}
-
-impl Conversion {
-    fn stream(&self) -> bool {
-        match self {
-            Conversion::Anthropic(ctx) => ctx.stream,
-            Conversion::Responses(ctx) => ctx.stream,
-        }
-    }
-
-    fn buffered(&self, chat: &[u8]) -> Result<serde_json::Value, IngressError> {
-        match self {
-            Conversion::Anthropic(ctx) => chat_to_anthropic(chat, ctx),
-            Conversion::Responses(ctx) => chat_to_responses(chat, ctx),
-        }
-    }
-
-    fn error_body(&self, err: &ClassifiedError) -> Vec<u8> {
-        match self {
-            Conversion::Anthropic(_) => err.anthropic_body(),
-            Conversion::Responses(_) => err.responses_body(),
-        }
-    }
-}
+use super::{CHAT_PATH, Ingress};
+use crate::http::Outcome;
+use crate::http::respond::{self, Persistence};
 
 /// A streaming converter.
 enum StreamConv {
@@ -121,33 +90,35 @@ impl StreamConv {
 /// answer converted back; every other attempt is unchanged. An unconvertible body is answered
 /// here (400).
 pub(super) fn for_backend<'a>(
-    c: &mut ClientConn,
+    ex: &mut Exchange<'_>,
     backend: &BackendConfig,
-    body: &BodyRef,
     attempt: &Attempt<'a>,
-) -> Result<(BodyRef, Attempt<'a>), Outcome> {
-    if attempt.ingress != Ingress::Responses {
-        return Ok((body.clone(), *attempt));
+) -> Result<(Body, Attempt<'a>), Outcome> {
+    if ex.ingress != Ingress::Responses {
+        return Ok((ex.body, *attempt));
     }
     if backend.responses_api == ResponsesApi::Native {
-        c.convert = None;
-        return Ok((body.clone(), *attempt));
+        ex.convert = None;
+        return Ok((ex.body, *attempt));
     }
-    if c.responses_ctx.is_none() {
-        match responses_to_chat(c.body_bytes(body)) {
+    if ex.responses_ctx.is_none() {
+        match responses_to_chat(ex.bytes(ex.body)) {
             Ok(conv) => {
-                c.alt_body = serde_json::to_vec(&conv.chat).unwrap_or_default();
-                c.responses_ctx = Some(conv.ctx);
+                ex.bufs.alt.clear();
+                if serde_json::to_writer(&mut ex.bufs.alt, &conv.chat).is_err() {
+                    ex.bufs.alt.clear();
+                }
+                ex.responses_ctx = Some(conv.ctx);
             }
             Err(e) => {
                 let err = ClassifiedError::from(&e);
-                return Err(answer(c, &err, &err.responses_body()));
+                return Err(answer(ex, &err, &err.responses_body()));
             }
         }
     }
-    c.convert = c.responses_ctx.clone().map(Conversion::Responses);
+    ex.convert = ex.responses_ctx.clone().map(Conversion::Responses);
     Ok((
-        BodyRef::Alt,
+        Body::Alt,
         Attempt {
             upstream_path: Some(CHAT_PATH),
             ..*attempt
@@ -156,15 +127,15 @@ pub(super) fn for_backend<'a>(
 }
 
 /// Write `body` as the error response for `err`.
-fn answer(c: &mut ClientConn, err: &ClassifiedError, body: &[u8]) -> Outcome {
-    let keep_alive = c.head.keep_alive;
-    c.wbuf.clear();
+fn answer(ex: &mut Exchange<'_>, err: &ClassifiedError, body: &[u8]) -> Outcome {
+    let keep_alive = ex.req.head.keep_alive;
+    ex.sink.buf.clear();
     respond::write_response(
-        &mut c.wbuf,
+        &mut ex.sink.buf,
         err.status(),
         "application/json",
         body,
-        Persistence::of(keep_alive, c.head.http10),
+        Persistence::of(keep_alive, ex.req.head.http10),
         respond::BodyMode::Full,
     );
     Outcome {
@@ -176,18 +147,22 @@ fn answer(c: &mut ClientConn, err: &ClassifiedError, body: &[u8]) -> Outcome {
 /// Largest buffered chat answer converted (the whole body is needed to convert it).
 pub(super) const MAX_CONVERTED_BODY: usize = 16 * 1024 * 1024;
 
-/// Convert the Anthropic body into a chat body in `c.body`; remember how to convert the answer.
-/// An invalid body is answered here (400, Anthropic shape).
-pub(super) fn prepare_messages(c: &mut ClientConn, body: &BodyRef) -> Result<BodyRef, Outcome> {
-    match anthropic_to_chat(c.body_bytes(body)) {
+/// Convert the Anthropic body into a chat body (the exchange's prepared body); remember how to
+/// convert the answer. An invalid body is answered here (400, Anthropic shape).
+pub(super) fn prepare_messages(ex: &mut Exchange<'_>) -> Result<(), Outcome> {
+    match anthropic_to_chat(ex.bytes(ex.body)) {
         Ok(conv) => {
-            c.body = serde_json::to_vec(&conv.chat).unwrap_or_default();
-            c.convert = Some(Conversion::Anthropic(conv.ctx));
-            Ok(BodyRef::Decoded)
+            ex.bufs.prepared.clear();
+            if serde_json::to_writer(&mut ex.bufs.prepared, &conv.chat).is_err() {
+                ex.bufs.prepared.clear();
+            }
+            ex.body = Body::Prepared;
+            ex.convert = Some(Conversion::Anthropic(conv.ctx));
+            Ok(())
         }
         Err(e) => {
             let err = ClassifiedError::from(&e);
-            Err(answer(c, &err, &err.anthropic_body()))
+            Err(answer(ex, &err, &err.anthropic_body()))
         }
     }
 }
@@ -225,43 +200,45 @@ pub(super) fn upstream_error(status: u16, body: &[u8]) -> ClassifiedError {
 
 /// Relay a 2xx chat answer converted for the client.
 pub(super) async fn relay_converted(
-    c: &mut ClientConn,
+    ex: &mut Exchange<'_>,
     up: &mut TcpStream,
     parsed: &ParsedHead,
     timeout: Duration,
     backend: &BackendConfig,
     attempt: &Attempt<'_>,
     conv: Conversion,
-) -> Result<(RelayEnd, bool), AttemptError> {
+) -> Result<(Answer, bool), DispatchError> {
     if !conv.stream() {
-        return buffered(c, up, parsed, timeout, backend, attempt, &conv).await;
+        return buffered(ex, up, parsed, timeout, backend, attempt, &conv).await;
     }
-    let chunked = !c.head.http10;
-    let keep_alive = c.head.keep_alive && chunked;
-    c.wbuf.clear();
-    c.wbuf.extend_from_slice(
+    let chunked = !ex.req.head.http10;
+    let keep_alive = ex.req.head.keep_alive && chunked;
+    ex.sink.buf.clear();
+    ex.sink.buf.extend_from_slice(
         b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n",
     );
     if chunked {
-        c.wbuf.extend_from_slice(b"transfer-encoding: chunked\r\n");
+        ex.sink
+            .buf
+            .extend_from_slice(b"transfer-encoding: chunked\r\n");
     }
-    end_head(c, backend, attempt, keep_alive);
+    end_head(ex, backend, attempt, keep_alive);
     let mut conv = StreamConv::new(conv);
     let mut body = BodyState::new(parsed, true);
     let mut plain = Vec::new();
-    let first = parsed.head_len..c.ubuf.len();
+    let first = parsed.head_len..ex.bufs.ubuf.len();
     let mut failed = None;
-    match body.forward(&c.ubuf[first], &mut plain) {
-        Ok(_) => feed(&mut conv, &plain, &mut c.wbuf, chunked, &mut failed),
+    match body.forward(&ex.bufs.ubuf[first], &mut plain) {
+        Ok(_) => feed(&mut conv, &plain, &mut ex.sink.buf, chunked, &mut failed),
         Err(_) => failed = Some(ErrorClass::UpstreamProtocol),
     }
-    write_client(c).await?;
+    write_client(ex).await?;
     while failed.is_none() && !body.done && !conv.is_done() {
-        c.ubuf.clear();
-        match read_upstream(c, up, timeout).await {
+        ex.bufs.ubuf.clear();
+        match read_upstream(ex, up, timeout).await {
             Ok(Ok(n)) if n > 0 => {}
             Ok(Ok(_)) if parsed.framing == Framing::UntilClose => break,
-            Err(AttemptError::Upstream(UpstreamErrorClass::Timeout)) => {
+            Err(e) if e.kind == ErrorKind::Timeout => {
                 failed = Some(ErrorClass::UpstreamTimeout);
                 break;
             }
@@ -271,14 +248,14 @@ pub(super) async fn relay_converted(
             }
         }
         plain.clear();
-        c.wbuf.clear();
-        match body.forward(&c.ubuf, &mut plain) {
-            Ok(_) => feed(&mut conv, &plain, &mut c.wbuf, chunked, &mut failed),
+        ex.sink.buf.clear();
+        match body.forward(&ex.bufs.ubuf, &mut plain) {
+            Ok(_) => feed(&mut conv, &plain, &mut ex.sink.buf, chunked, &mut failed),
             Err(_) => failed = Some(ErrorClass::UpstreamProtocol),
         }
-        write_client(c).await?;
+        write_client(ex).await?;
     }
-    c.wbuf.clear();
+    ex.sink.buf.clear();
     let tail = match failed {
         Some(class) => conv.fail(&ClassifiedError::new(
             class,
@@ -289,17 +266,17 @@ pub(super) async fn relay_converted(
             Err(e) => conv.fail(&ClassifiedError::from(&e)),
         },
     };
-    emit(&mut c.wbuf, &tail, chunked);
+    emit(&mut ex.sink.buf, &tail, chunked);
     if chunked {
-        c.wbuf.extend_from_slice(b"0\r\n\r\n");
+        ex.sink.buf.extend_from_slice(b"0\r\n\r\n");
     }
-    write_client(c).await?;
+    write_client(ex).await?;
     let reusable = failed.is_none()
         && body.done
         && parsed.upstream_keep_alive
         && parsed.framing != Framing::UntilClose;
     Ok((
-        RelayEnd::Relayed(Outcome {
+        Answer::Done(Outcome {
             status: 200,
             keep_alive: keep_alive && failed.is_none(),
         }),
@@ -339,31 +316,31 @@ fn emit(out: &mut Vec<u8>, bytes: &[u8], chunked: bool) {
 }
 
 async fn buffered(
-    c: &mut ClientConn,
+    ex: &mut Exchange<'_>,
     up: &mut TcpStream,
     parsed: &ParsedHead,
     timeout: Duration,
     backend: &BackendConfig,
     attempt: &Attempt<'_>,
     conv: &Conversion,
-) -> Result<(RelayEnd, bool), AttemptError> {
-    let reusable = hold(c, up, parsed, timeout, MAX_CONVERTED_BODY).await?;
-    let (status, body) = match conv.buffered(&c.held) {
+) -> Result<(Answer, bool), DispatchError> {
+    let reusable = hold(ex, up, parsed, timeout, MAX_CONVERTED_BODY).await?;
+    let (status, body) = match conv.buffered(&ex.bufs.held) {
         Ok(v) => (200, serde_json::to_vec(&v).unwrap_or_default()),
         Err(e) => {
             let err = ClassifiedError::from(&e);
             (err.status(), conv.error_body(&err))
         }
     };
-    let keep_alive = c.head.keep_alive;
-    c.wbuf.clear();
+    let keep_alive = ex.req.head.keep_alive;
+    ex.sink.buf.clear();
     let _ = write!(
-        c.wbuf,
+        ex.sink.buf,
         "HTTP/1.1 {status} {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n",
         respond::reason(status),
         body.len()
     );
-    end_head(c, backend, attempt, keep_alive);
-    c.wbuf.extend_from_slice(&body);
-    Ok((RelayEnd::Relayed(Outcome { status, keep_alive }), reusable))
+    end_head(ex, backend, attempt, keep_alive);
+    ex.sink.buf.extend_from_slice(&body);
+    Ok((Answer::Done(Outcome { status, keep_alive }), reusable))
 }

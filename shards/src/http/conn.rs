@@ -1,273 +1,145 @@
-//! One client connection: read a request head, read its body, route it, write the response,
-//! repeat while keep-alive holds.
+//! One client connection: read a request head, read its body, hand it to the [`Handler`], write
+//! the response, repeat while keep-alive holds.
 //!
-//! Requests on a connection are handled strictly in order, so pipelined requests are answered in
-//! order; bytes after the current request stay in the read buffer (or in `pending`, when they
-//! arrived while a response was in progress) and start the next one. Buffers are owned by the
-//! connection and reused across its requests.
-//!
-//! Timeouts: an idle keep-alive connection closes after `keepalive`; once the first byte of a
-//! head arrived, the whole head must arrive within `header_read` (else 408 and close).
+//! Pipelined requests are answered in order; bytes after the current request stay in the read
+//! buffer and start the next one. Timeouts: an idle keep-alive connection closes after
+//! `keepalive`; once the first byte of a head arrived, the whole head must arrive within
+//! `header_read` (else 408 and close). Body limits: `max_body_bytes` (413), a body that ends
+//! early or bad chunked framing (400).
 
 use std::net::SocketAddr;
-use std::ops::Range;
-use std::rc::Rc;
 use std::time::Instant;
 
 use continuum_core::http1::chunked::ChunkedDecoder;
-use continuum_core::snapshot::RouterSnapshot;
-use monoio::io::{AsyncWriteRentExt, Canceller, OwnedWriteHalf, Splitable};
+use continuum_core::http1::request::{self as reqhead, BodyFraming, HeadError, HeadLimits};
+use continuum_core::route::Route;
+use monoio::io::{Canceller, Splitable};
 use monoio::net::TcpStream;
 
-use crate::inbox::{self, Inbox};
-use crate::metrics::Route;
-use crate::respond::{self, ErrorShape, LocalError, Persistence};
-use crate::routes;
-use crate::shard::{LocalSnapshot, Shard};
-use continuum_core::http1::request::{
-    self as reqhead, BodyFraming, HeadError, HeadLimits, HeaderSpan, RequestHead,
-};
+use super::inbox::{self, Inbox};
+use super::respond::{ErrorShape, LocalError};
+use super::{BodyRef, Handler, Outcome, ReadLimits, Request, ResponseSink};
+use crate::clock;
 
 /// Initial read buffer size.
 const READ_BUF: usize = 8 * 1024;
 
-/// Where the current request's body is.
-#[derive(Debug, Clone)]
-pub(crate) enum BodyRef {
-    /// No body.
-    None,
-    /// A Content-Length body, in place in the read buffer.
-    Rbuf(Range<usize>),
-    /// A chunked body, decoded into `ClientConn::body`.
-    Decoded,
-    /// The converted body of this attempt, in `ClientConn::alt_body`.
-    Alt,
+/// A client connection: its inbox (fed by the reader task), the request being read and the
+/// response sink.
+struct Conn {
+    inbox: std::rc::Rc<Inbox>,
+    req: Request,
+    sink: ResponseSink,
 }
 
-/// How a request ended, for metrics and keep-alive.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Outcome {
-    pub(crate) status: u16,
-    pub(crate) keep_alive: bool,
-}
-
-impl Outcome {
-    /// The connection must close without (more of) a response.
-    pub(crate) fn aborted() -> Self {
-        Outcome {
-            status: 499,
-            keep_alive: false,
-        }
-    }
-}
-
-/// A client connection and its reusable buffers.
-#[derive(Debug)]
-pub(crate) struct ClientConn {
-    pub(crate) wr: OwnedWriteHalf<TcpStream>,
-    pub(crate) inbox: Rc<Inbox>,
-    pub(crate) peer: SocketAddr,
-    pub(crate) rbuf: Vec<u8>,
-    pub(crate) wbuf: Vec<u8>,
-    pub(crate) ubuf: Vec<u8>,
-    pub(crate) body: Vec<u8>,
-    pub(crate) head: RequestHead,
-    /// Header spans of the current upstream response head (reused).
-    pub(crate) resp_spans: Vec<HeaderSpan>,
-    pub(crate) pins_stripped: u64,
-    /// A non-2xx shim answer held back for the shim decision (de-chunked body).
-    pub(crate) held: Vec<u8>,
-    /// Its `content-type` value.
-    pub(crate) held_type: Vec<u8>,
-    /// The shape of errors for the current request's ingress.
-    pub(crate) error_shape: ErrorShape,
-    /// How the current attempt's answer is converted for the client (converted ingresses).
-    pub(crate) convert: Option<crate::proxy::Conversion>,
-    /// The chat body a Responses request becomes for a `responses_api: chat` backend, built on
-    /// first use and kept for the request's other attempts.
-    pub(crate) alt_body: Vec<u8>,
-    /// The context converting that body's answer back (set with `alt_body`).
-    pub(crate) responses_ctx: Option<continuum_core::ingress::responses::ResponsesContext>,
-}
-
-impl ClientConn {
-    /// The body bytes of the current request.
-    pub(crate) fn body_bytes(&self, body: &BodyRef) -> &[u8] {
-        match body {
-            BodyRef::None => &[],
-            BodyRef::Rbuf(r) => &self.rbuf[r.clone()],
-            BodyRef::Decoded => &self.body,
-            BodyRef::Alt => &self.alt_body,
-        }
-    }
-
-    /// The body length of the current request.
-    pub(crate) fn body_len(&self, body: &BodyRef) -> usize {
-        self.body_bytes(body).len()
-    }
-
-    /// Queue a local error response; keeps the connection only when the request was read whole.
-    pub(crate) fn local_error(&mut self, e: LocalError) -> Outcome {
-        self.wbuf.clear();
-        let keep_alive = self.head.keep_alive;
-        respond::write_error_shaped(
-            &mut self.wbuf,
-            e,
-            self.error_shape,
-            Persistence::of(keep_alive, self.head.http10),
-        );
-        Outcome {
-            status: e.status(),
-            keep_alive,
-        }
-    }
-
-    /// Write the body (already known to be large) to `up`.
-    pub(crate) async fn write_body_to(
-        &mut self,
-        up: &mut TcpStream,
-        body: &BodyRef,
-    ) -> std::io::Result<()> {
-        match body {
-            BodyRef::None => Ok(()),
-            BodyRef::Rbuf(r) => {
-                let rbuf = std::mem::take(&mut self.rbuf);
-                let (res, slice) = up
-                    .write_all(monoio::buf::IoBuf::slice(rbuf, r.clone()))
-                    .await;
-                self.rbuf = slice.into_inner();
-                res.map(|_| ())
-            }
-            BodyRef::Decoded => {
-                let body = std::mem::take(&mut self.body);
-                let (res, body) = up.write_all(body).await;
-                self.body = body;
-                res.map(|_| ())
-            }
-            BodyRef::Alt => {
-                let body = std::mem::take(&mut self.alt_body);
-                let (res, body) = up.write_all(body).await;
-                self.alt_body = body;
-                res.map(|_| ())
-            }
-        }
-    }
-
-    /// Wait for client bytes and move them to the end of `rbuf`. `0`: the client closed.
+impl Conn {
+    /// Wait for client bytes and move them to the end of the read buffer. `0`: the client closed.
     async fn fill(&mut self) -> usize {
         if !self.inbox.readable().await {
             return 0;
         }
-        self.inbox.take_into(&mut self.rbuf)
-    }
-
-    async fn flush(&mut self) -> std::io::Result<()> {
-        if self.wbuf.is_empty() {
-            return Ok(());
-        }
-        let wbuf = std::mem::take(&mut self.wbuf);
-        let (res, mut wbuf) = self.wr.write_all(wbuf).await;
-        wbuf.clear();
-        self.wbuf = wbuf;
-        res.map(|_| ())
+        self.inbox.take_into(&mut self.req.rbuf)
     }
 }
 
 /// Serve one accepted connection until it closes.
-pub(crate) async fn serve(shard: Rc<Shard>, stream: TcpStream, peer: SocketAddr) {
-    shard.metrics.connection_opened();
+pub(crate) async fn serve<H: Handler>(handler: &H, stream: TcpStream, peer: SocketAddr) {
+    handler.metrics().connection_opened();
     let _ = stream.set_nodelay(true);
     let (rd, wr) = stream.into_split();
     let inbox = Inbox::with_capacity(READ_BUF);
     let reader_stop = Canceller::new();
     monoio::spawn(inbox::run_reader(rd, inbox.clone(), reader_stop.handle()));
-    let mut c = ClientConn {
-        wr,
+    let mut c = Conn {
         inbox,
-        peer,
-        rbuf: Vec::with_capacity(READ_BUF),
-        wbuf: Vec::with_capacity(4096),
-        ubuf: Vec::new(),
-        body: Vec::new(),
-        head: RequestHead::default(),
-        resp_spans: Vec::new(),
-        held: Vec::new(),
-        held_type: Vec::new(),
-        error_shape: ErrorShape::OpenAi,
-        convert: None,
-        alt_body: Vec::new(),
-        responses_ctx: None,
-        pins_stripped: 0,
+        req: Request::new(peer, READ_BUF),
+        sink: ResponseSink::new(wr),
     };
+    let mut state = H::ConnState::default();
     loop {
-        let snap = shard.snapshot();
-        let keep = match read_head(&mut c, &snap).await {
-            HeadRead::Ready => serve_one(&shard, &snap, &mut c).await,
+        let limits = handler.limits();
+        let keep = match read_head(&mut c, &limits).await {
+            HeadRead::Ready => serve_one(handler, &mut state, &mut c, &limits).await,
             HeadRead::Closed => false,
             HeadRead::Reject(e) => {
-                let started = Instant::now();
-                c.head.keep_alive = false;
-                c.local_error(e);
-                let _ = c.flush().await;
-                shard
-                    .metrics
+                let started = clock::instant();
+                c.req.head.keep_alive = false;
+                c.sink.local_error(&c.req.head, ErrorShape::OpenAi, e);
+                let _ = c.sink.flush().await;
+                handler
+                    .metrics()
                     .request_done(Route::Other, e.status(), started.elapsed());
                 false
             }
         };
-        if !keep || shard.draining() {
+        if !keep || handler.draining() {
             break;
         }
     }
     // Stop the reader; the socket closes once both halves are gone.
     let _ = reader_stop.cancel();
-    shard.metrics.connection_closed();
+    handler.metrics().connection_closed();
+}
+
+/// The route of the parsed head; the Dynamo admin route exists only in builds with discovery.
+fn route_of(req: &Request) -> Route {
+    match Route::classify(req.path()) {
+        Route::AdminDynamoWorkers if !cfg!(feature = "dynamo") => Route::Other,
+        r => r,
+    }
 }
 
 /// Serve the request whose head is parsed; returns whether the connection stays open.
-async fn serve_one(shard: &Shard, snap: &Rc<LocalSnapshot>, c: &mut ClientConn) -> bool {
-    let started = Instant::now();
-    shard.metrics.inflight_inc();
-    c.pins_stripped = 0;
-    let route = routes::classify(c);
-    c.error_shape = ErrorShape::of(route);
-    let (outcome, consumed) = match read_body(c, snap).await {
-        Ok((body, consumed)) if route.is_proxied() => {
-            // A client that leaves aborts the exchange: dropping the dispatch future drops the
-            // upstream connection, which cancels the request at the backend.
-            let inbox = c.inbox.clone();
-            let outcome = monoio::select! {
-                o = routes::dispatch(shard, snap, c, route, body) => o,
-                _ = inbox.closed() => Outcome::aborted(),
+async fn serve_one<H: Handler>(
+    handler: &H,
+    state: &mut H::ConnState,
+    c: &mut Conn,
+    limits: &ReadLimits,
+) -> bool {
+    let started = clock::instant();
+    let metrics = handler.metrics();
+    metrics.inflight_inc();
+    c.req.pins_stripped = 0;
+    let route = route_of(&c.req);
+    c.req.route = route;
+    let (outcome, consumed) = match read_body(c, limits).await {
+        Ok((body, consumed)) => {
+            c.req.body = body;
+            let outcome = if route.is_proxied() {
+                // A client that leaves aborts the exchange: dropping the handler's future drops
+                // the upstream connection, which cancels the request at the backend.
+                let inbox = c.inbox.clone();
+                monoio::select! {
+                    o = handler.serve(state, &mut c.req, &mut c.sink) => o,
+                    _ = inbox.closed() => Outcome::aborted(),
+                }
+            } else {
+                handler.serve(state, &mut c.req, &mut c.sink).await
             };
             (outcome, consumed)
         }
-        Ok((body, consumed)) => (
-            routes::dispatch(shard, snap, c, route, body).await,
-            consumed,
-        ),
         Err(e) => {
-            c.head.keep_alive = false;
-            (c.local_error(e), 0)
+            c.req.head.keep_alive = false;
+            (c.sink.local_error(&c.req.head, ErrorShape::of(route), e), 0)
         }
     };
-    let flushed = c.flush().await.is_ok();
-    shard.metrics.inflight_dec();
-    shard.metrics.pins_stripped(c.pins_stripped);
-    shard
-        .metrics
-        .request_done(route, outcome.status, started.elapsed());
+    let flushed = c.sink.flush().await.is_ok();
+    metrics.inflight_dec();
+    metrics.pins_stripped(c.req.pins_stripped);
+    metrics.request_done(route, outcome.status, started.elapsed());
+    c.req.body = BodyRef::None;
     if !(flushed && outcome.keep_alive) {
         return false;
     }
     // Drop the finished request; keep any pipelined bytes for the next one.
-    if consumed >= c.rbuf.len() {
-        c.rbuf.clear();
+    let rbuf = &mut c.req.rbuf;
+    if consumed >= rbuf.len() {
+        rbuf.clear();
     } else {
-        c.rbuf.drain(..consumed);
+        rbuf.drain(..consumed);
     }
-    if c.rbuf.capacity() > 4 * READ_BUF && c.rbuf.len() < READ_BUF {
-        c.rbuf.shrink_to(READ_BUF);
+    if rbuf.capacity() > 4 * READ_BUF && rbuf.len() < READ_BUF {
+        rbuf.shrink_to(READ_BUF);
     }
     true
 }
@@ -278,16 +150,15 @@ enum HeadRead {
     Reject(LocalError),
 }
 
-async fn read_head(c: &mut ClientConn, snap: &RouterSnapshot) -> HeadRead {
-    let cfg = &snap.config.server;
-    let limits = HeadLimits {
-        max_header_bytes: cfg.max_header_bytes,
-        max_headers: cfg.max_headers,
+async fn read_head(c: &mut Conn, limits: &ReadLimits) -> HeadRead {
+    let head_limits = HeadLimits {
+        max_header_bytes: limits.max_header_bytes,
+        max_headers: limits.max_headers,
     };
     let mut deadline: Option<Instant> = None;
     loop {
-        if !c.rbuf.is_empty() {
-            match reqhead::parse(&c.rbuf, limits, &mut c.head) {
+        if !c.req.rbuf.is_empty() {
+            match reqhead::parse(&c.req.rbuf, head_limits, &mut c.req.head) {
                 Ok(true) => return HeadRead::Ready,
                 Ok(false) => {}
                 Err(HeadError::TooLarge | HeadError::TooManyHeaders) => {
@@ -302,11 +173,11 @@ async fn read_head(c: &mut ClientConn, snap: &RouterSnapshot) -> HeadRead {
                     ));
                 }
             }
-            deadline.get_or_insert_with(|| Instant::now() + cfg.header_read_timeout);
+            deadline.get_or_insert_with(|| clock::instant() + limits.header_read_timeout);
         }
         let wait = match deadline {
-            Some(d) => d.saturating_duration_since(Instant::now()),
-            None => cfg.keepalive_timeout,
+            Some(d) => d.saturating_duration_since(clock::instant()),
+            None => limits.keepalive_timeout,
         };
         match monoio::time::timeout(wait, c.fill()).await {
             Ok(n) if n > 0 => {}
@@ -318,41 +189,38 @@ async fn read_head(c: &mut ClientConn, snap: &RouterSnapshot) -> HeadRead {
 }
 
 /// Read the body; returns where it is and how many buffer bytes the request used.
-async fn read_body(
-    c: &mut ClientConn,
-    snap: &RouterSnapshot,
-) -> Result<(BodyRef, usize), LocalError> {
-    let cfg = &snap.config.server;
-    let head_len = c.head.head_len;
-    match c.head.framing {
+async fn read_body(c: &mut Conn, limits: &ReadLimits) -> Result<(BodyRef, usize), LocalError> {
+    let head_len = c.req.head.head_len;
+    match c.req.head.framing {
         BodyFraming::None => Ok((BodyRef::None, head_len)),
         BodyFraming::Length(n) => {
             let n = usize::try_from(n).map_err(|_| LocalError::BodyTooLarge)?;
-            if n > cfg.max_body_bytes {
+            if n > limits.max_body_bytes {
                 return Err(LocalError::BodyTooLarge);
             }
             let total = head_len + n;
             continue_if_expected(c, total).await?;
-            while c.rbuf.len() < total {
-                c.rbuf.reserve(total - c.rbuf.len());
-                match monoio::time::timeout(cfg.keepalive_timeout, c.fill()).await {
+            while c.req.rbuf.len() < total {
+                let missing = total - c.req.rbuf.len();
+                c.req.rbuf.reserve(missing);
+                match monoio::time::timeout(limits.keepalive_timeout, c.fill()).await {
                     Ok(k) if k > 0 => {}
                     _ => return Err(LocalError::BadRequest("request body ended early")),
                 }
             }
-            Ok((BodyRef::Rbuf(head_len..total), total))
+            Ok((BodyRef::InPlace(head_len..total), total))
         }
         BodyFraming::Chunked => {
             continue_if_expected(c, head_len + 1).await?;
-            c.body.clear();
+            c.req.decoded.clear();
             let mut decoder = ChunkedDecoder::new();
             let mut pos = head_len;
             loop {
                 let mut over = false;
-                let max = cfg.max_body_bytes;
-                let body = &mut c.body;
+                let max = limits.max_body_bytes;
+                let body = &mut c.req.decoded;
                 let consumed = decoder
-                    .feed(&c.rbuf[pos..], |d| {
+                    .feed(&c.req.rbuf[pos..], |d| {
                         if body.len() + d.len() > max {
                             over = true;
                         } else {
@@ -369,9 +237,9 @@ async fn read_body(
                 }
                 // Everything buffered is consumed: drop the raw chunks behind the head so the
                 // read buffer does not grow with the body (the decoded copy is what we keep).
-                c.rbuf.truncate(head_len);
+                c.req.rbuf.truncate(head_len);
                 pos = head_len;
-                match monoio::time::timeout(cfg.keepalive_timeout, c.fill()).await {
+                match monoio::time::timeout(limits.keepalive_timeout, c.fill()).await {
                     Ok(k) if k > 0 => {}
                     _ => return Err(LocalError::BadRequest("request body ended early")),
                 }
@@ -381,11 +249,14 @@ async fn read_body(
 }
 
 /// Send `100 Continue` when the client expects it and the body is not already buffered.
-async fn continue_if_expected(c: &mut ClientConn, needed: usize) -> Result<(), LocalError> {
-    if c.head.expect_continue && c.rbuf.len() < needed {
-        c.wbuf.clear();
-        c.wbuf.extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n");
-        c.flush()
+async fn continue_if_expected(c: &mut Conn, needed: usize) -> Result<(), LocalError> {
+    if c.req.head.expect_continue && c.req.rbuf.len() < needed {
+        c.sink.buf.clear();
+        c.sink
+            .buf
+            .extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n");
+        c.sink
+            .flush()
             .await
             .map_err(|_| LocalError::BadRequest("client closed"))?;
     }

@@ -27,6 +27,18 @@ pub(crate) enum LocalError {
 }
 
 impl LocalError {
+    /// The answer to a dispatch failure the router can still answer (no answer started).
+    pub(crate) fn of_dispatch(e: continuum_core::upstream::DispatchError) -> Self {
+        use continuum_core::upstream::ErrorKind;
+        match e.kind {
+            ErrorKind::Timeout => LocalError::UpstreamTimeout,
+            ErrorKind::Protocol => LocalError::UpstreamProtocol,
+            _ => LocalError::UpstreamUnavailable,
+        }
+    }
+}
+
+impl LocalError {
     pub(crate) fn status(self) -> u16 {
         match self {
             LocalError::BadRequest(_) => 400,
@@ -194,9 +206,9 @@ pub(crate) enum ErrorShape {
 
 impl ErrorShape {
     /// The shape of `route`'s errors.
-    pub(crate) fn of(route: crate::metrics::Route) -> Self {
+    pub(crate) fn of(route: continuum_core::route::Route) -> Self {
         match route {
-            crate::metrics::Route::Messages => ErrorShape::Anthropic,
+            continuum_core::route::Route::Messages => ErrorShape::Anthropic,
             _ => ErrorShape::OpenAi,
         }
     }

@@ -1,56 +1,133 @@
-//! The ZMTP side of one `kv_metrics` subscription: drive the sans-IO [`ZmtpSub`] over the
-//! socket, decode each message (`continuum_core::dynamo_event`), check identities, dedup and
-//! apply the sample to the shared load store, counting every outcome.
+//! The bounded ZMTP session driver, generic over the stream and the event family.
+//!
+//! [`run_session`] drives the sans-IO [`ZmtpSub`] over one connected stream: it writes what the
+//! state machine queues (greeting, READY, subscription, PONG), reads into one adaptive buffer
+//! (LOAD-ZMTP-15: 2 KiB when quiet, grown only under a backlog, `read_buffer_after`), bounds the
+//! handshake by a deadline (a peer that never sends READY, or drips it, is refused: LOAD-ZMTP-16)
+//! and hands every event to the family's [`Sink`] through [`feed`]. What a message means —
+//! decoding, identity checks, cursors, where it is applied — is the sink's alone, so a new event
+//! family plugs in as a new sink without touching this driver.
 //!
 //! Invariants:
-//! - a fixed 2 KiB read buffer per subscription (LOAD-ZMTP-15), bytes fed to the state machine
-//!   without copying, nothing allocated per message;
-//! - on every connect the cursor resets and the publisher's held samples are discarded, and on
-//!   every sequence gap again (LOAD-STORE-14, Q-22);
-//! - a protocol violation ends the session as `transport_refused` (LOAD-ZMTP-16); a bad message
-//!   only drops that message, counted by its class (LOAD-ZMTP-05).
+//! - bytes are fed to the state machine without copying; nothing is allocated per message here;
+//! - [`Sink::on_connect`] runs before the first byte of every session (cursor reset, held state
+//!   discarded: LOAD-STORE-14 (a));
+//! - a protocol violation ends the session ([`SessionEnd::Refused`], after
+//!   [`Sink::on_refused`]); a bad message only drops that message ([`Sink::on_dropped`]).
 
-use std::rc::Rc;
+use std::ops::ControlFlow;
+use std::time::Duration;
 
-use continuum_core::discovery::PublisherId;
-use continuum_core::dynamo_event::{DynamoReject, decode_kv_metrics};
-use continuum_core::load::metrics::LoadEventResult;
-use continuum_core::load::{CursorVerdict, LoadKey, Sample, SubscriptionCursor};
 use continuum_core::zmtp::limits::{READ_BUFFER_BYTES, read_buffer_after};
-use continuum_core::zmtp::{DropReason, Event, ZmtpLimits, ZmtpSub};
-use monoio::io::{AsyncReadRent, AsyncWriteRentExt};
-use monoio::net::TcpStream;
+use continuum_core::zmtp::{DropReason, Event, ZmtpError, ZmtpLimits, ZmtpSub};
+use monoio::io::{AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt};
 
-use super::status::SubState;
-use super::task::SessionEnd;
-use crate::shard::Shard;
+use crate::clock;
+use crate::signals::subs::SubState;
 
-/// The topic of the load family (LOAD-ZMTP-01).
-const TOPIC: &[u8] = b"kv_metrics";
-/// Time a peer gets to complete the ZMTP handshake (greeting and READY) after the TCP connect: a
-/// peer that never sends READY, or drips it byte by byte, is refused (LOAD-ZMTP-16) rather than
-/// holding the subscription.
-pub(crate) const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+/// Time a peer gets to complete the ZMTP handshake (greeting and READY) after the TCP connect.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Run the protocol on a connected stream until it ends.
-pub(super) async fn run(
-    shard: &Rc<Shard>,
-    publisher: PublisherId,
-    mut stream: TcpStream,
-) -> Result<(), SessionEnd> {
-    let events = shard.load_events();
-    let store = &shard.load.store;
-    shard.subs_table.set_state(publisher, SubState::Connecting);
-    let mut zmtp = ZmtpSub::new(ZmtpLimits::KV_METRICS, &[TOPIC])
+/// One event family's side of a subscription: its topics and limits, and what its messages do.
+pub trait Sink {
+    /// The frame and message caps of this family (`ZmtpLimits::KV_METRICS`, …).
+    fn limits(&self) -> ZmtpLimits;
+
+    /// The topics subscribed to.
+    fn topics(&self) -> &[&'static [u8]];
+
+    /// A new session is about to start: forget whatever a missed message could have changed.
+    fn on_connect(&mut self);
+
+    /// The subscription changed state (the admin table; the driver and the task report
+    /// `Connecting`, `Connected` and `Backoff`).
+    fn on_state(&mut self, _state: SubState) {}
+
+    /// The handshake completed; `buffered_capacity` is what the state machine holds idle.
+    fn on_ready(&mut self, _buffered_capacity: usize) {}
+
+    /// One complete message. `Break` ends the session cleanly (benchmarks stop after N).
+    fn on_message(&mut self, frames: &[&[u8]]) -> ControlFlow<()>;
+
+    /// A message the state machine dropped (oversized, malformed framing).
+    fn on_dropped(&mut self, reason: DropReason);
+
+    /// The session was refused: a protocol violation or a handshake that did not finish in time.
+    fn on_refused(&mut self);
+}
+
+/// Why a session ended.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionEnd {
+    /// The TCP connect failed.
+    #[error("connect failed: {0}")]
+    Connect(std::io::Error),
+    /// The TCP connect did not finish in time.
+    #[error("connect timed out")]
+    ConnectTimeout,
+    /// The peer closed the connection.
+    #[error("connection closed")]
+    Closed,
+    /// A read or write failed.
+    #[error("I/O error: {0}")]
+    Io(std::io::Error),
+    /// The peer broke the protocol (or the topics were refused).
+    #[error("protocol refused: {0}")]
+    Refused(String),
+}
+
+/// Feed one read's bytes to the state machine until they are consumed, handing every event to
+/// `sink`. `Break` when the sink asked to stop.
+pub fn feed<K: Sink + ?Sized>(
+    zmtp: &mut ZmtpSub,
+    mut input: &[u8],
+    sink: &mut K,
+) -> Result<ControlFlow<()>, ZmtpError> {
+    while !input.is_empty() {
+        let progress = zmtp.feed(input)?;
+        let consumed = progress.consumed;
+        let had_event = progress.event.is_some();
+        let mut ready = false;
+        match progress.event {
+            Some(Event::Ready(_)) => ready = true,
+            Some(Event::Message(m)) if sink.on_message(m.frames()).is_break() => {
+                return Ok(ControlFlow::Break(()));
+            }
+            Some(Event::Message(_)) => {}
+            Some(Event::Dropped(reason)) => sink.on_dropped(reason),
+            None => {}
+        }
+        if ready {
+            sink.on_state(SubState::Connected);
+            sink.on_ready(zmtp.buffered_capacity());
+        }
+        if consumed == 0 && !had_event {
+            break;
+        }
+        input = input.get(consumed..).unwrap_or(&[]);
+    }
+    Ok(ControlFlow::Continue(()))
+}
+
+/// Run the protocol on a connected stream until it ends. `Ok` (the state machine's idle
+/// capacity then) only when the sink asked to stop.
+pub async fn run_session<S, K>(
+    stream: &mut S,
+    sink: &mut K,
+    handshake_timeout: Duration,
+) -> Result<usize, SessionEnd>
+where
+    S: AsyncReadRent + AsyncWriteRent,
+    K: Sink + ?Sized,
+{
+    sink.on_state(SubState::Connecting);
+    let mut zmtp = ZmtpSub::new(sink.limits(), sink.topics())
         .map_err(|e| SessionEnd::Refused(e.to_string()))?;
-    // LOAD-STORE-14 (a): a connect may follow missed changes.
-    let mut cursor = SubscriptionCursor::new();
-    store.discard_publisher(publisher);
+    sink.on_connect();
     let mut buf: Vec<u8> = Vec::with_capacity(READ_BUFFER_BYTES);
     let mut out: Vec<u8> = Vec::with_capacity(64);
-    let handshake_deadline = std::time::Instant::now() + HANDSHAKE_TIMEOUT;
+    let handshake_deadline = clock::instant() + handshake_timeout;
     loop {
-        // Send whatever the state machine queued (greeting, READY, subscription, PONG).
         if !zmtp.outgoing().is_empty() {
             out.clear();
             out.extend_from_slice(zmtp.outgoing());
@@ -64,11 +141,11 @@ pub(super) async fn run(
         let (res, back) = if zmtp.is_ready() {
             stream.read(buf).await
         } else {
-            let left = handshake_deadline.saturating_duration_since(std::time::Instant::now());
+            let left = handshake_deadline.saturating_duration_since(clock::instant());
             match monoio::time::timeout(left, stream.read(buf)).await {
                 Ok(r) => r,
                 Err(_) => {
-                    events.record(LoadEventResult::TransportRefused);
+                    sink.on_refused();
                     return Err(SessionEnd::Refused("handshake timed out".into()));
                 }
             }
@@ -79,32 +156,13 @@ pub(super) async fn run(
             Ok(n) => n,
             Err(e) => return Err(SessionEnd::Io(e)),
         };
-        let mut input: &[u8] = &buf;
-        while !input.is_empty() {
-            let progress = match zmtp.feed(input) {
-                Ok(p) => p,
-                Err(e) => {
-                    events.record(LoadEventResult::TransportRefused);
-                    return Err(SessionEnd::Refused(e.to_string()));
-                }
-            };
-            let consumed = progress.consumed;
-            match progress.event {
-                Some(Event::Ready(_)) => shard.subs_table.set_state(publisher, SubState::Connected),
-                Some(Event::Message(m)) => {
-                    let result = on_message(shard, publisher, &mut cursor, m.frames());
-                    events.record(result);
-                }
-                Some(Event::Dropped(DropReason::Oversized { .. })) => {
-                    events.record(LoadEventResult::Oversized);
-                }
-                Some(Event::Dropped(_)) => events.record(LoadEventResult::Malformed),
-                None => {}
+        match feed(&mut zmtp, &buf, sink) {
+            Ok(ControlFlow::Continue(())) => {}
+            Ok(ControlFlow::Break(())) => return Ok(zmtp.buffered_capacity()),
+            Err(e) => {
+                sink.on_refused();
+                return Err(SessionEnd::Refused(e.to_string()));
             }
-            if consumed == 0 && progress.event.is_none() {
-                break;
-            }
-            input = input.get(consumed..).unwrap_or(&[]);
         }
         resize_for_traffic(&mut buf, read);
     }
@@ -116,52 +174,5 @@ fn resize_for_traffic(buf: &mut Vec<u8>, read: usize) {
     let next = read_buffer_after(buf.capacity(), read);
     if next != buf.capacity() {
         *buf = Vec::with_capacity(next);
-    }
-}
-
-/// Decode, check and apply one message; the outcome label.
-fn on_message(
-    shard: &Shard,
-    publisher: PublisherId,
-    cursor: &mut SubscriptionCursor,
-    frames: &[&[u8]],
-) -> LoadEventResult {
-    let sample = match decode_kv_metrics(frames) {
-        Ok(s) => s,
-        Err(e) => return reject_label(&e),
-    };
-    if sample.check_publisher(publisher).is_err() {
-        return LoadEventResult::IdentityMismatch;
-    }
-    let store = &shard.load.store;
-    match cursor.admit(sample.sequence.0) {
-        CursorVerdict::Duplicate => return LoadEventResult::Duplicate,
-        CursorVerdict::AfterGap => {
-            // LOAD-STORE-14 (b), Q-22: a missed change may hide behind the gap.
-            store.discard_publisher(publisher);
-        }
-        CursorVerdict::InOrder => {}
-    }
-    let key = LoadKey {
-        worker_id: sample.load.worker_id,
-        dp_rank: sample.load.dp_rank,
-    };
-    let s = Sample {
-        publisher_id: sample.publisher_id,
-        sequence: sample.sequence.0,
-        active_decode_blocks: sample.load.active_decode_blocks,
-        active_prefill_tokens: sample.load.active_prefill_tokens,
-        kv_used_blocks: sample.load.kv_used_blocks,
-    };
-    store.apply(key, &s, crate::clock::now()).result()
-}
-
-fn reject_label(e: &DynamoReject) -> LoadEventResult {
-    match e {
-        DynamoReject::Malformed(_) => LoadEventResult::Malformed,
-        DynamoReject::UnknownVersion(_) => LoadEventResult::UnknownVersion,
-        DynamoReject::TopicMismatch(_) => LoadEventResult::TopicMismatch,
-        DynamoReject::Oversized { .. } => LoadEventResult::Oversized,
-        DynamoReject::IdentityMismatch(_) => LoadEventResult::IdentityMismatch,
     }
 }

@@ -6,109 +6,19 @@
 //! shards' cells with relaxed loads and sums them; a scrape may be a few increments behind, never
 //! torn within a cell.
 //!
-//! Label sets are closed: routes and upstream error classes are enums, statuses are integers in
+//! Label sets are closed: routes (`continuum_core::route::Route`) and upstream error classes
+//! (`continuum_core::upstream::UpstreamErrorClass`) are enums, statuses are integers in
 //! 100..=599.
+
+pub(crate) mod dynamo;
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
 use continuum_core::discovery::DiscoveryEventKind;
-
-/// Client-facing routes, the `route` label.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Route {
-    /// `POST /v1/chat/completions`
-    ChatCompletions,
-    /// `POST /v1/messages`, `POST /anthropic/v1/messages` (Anthropic Messages)
-    Messages,
-    /// `POST /v1/responses`
-    Responses,
-    /// `POST /v1/responses/compact` (never pinned, INGRESS-08)
-    ResponsesCompact,
-    /// `GET /v1/models`
-    Models,
-    /// `GET /health`
-    Health,
-    /// `GET /metrics`
-    Metrics,
-    /// `GET /admin/config`
-    AdminConfig,
-    /// `GET /admin/dynamo/workers` (feature `dynamo`)
-    AdminDynamoWorkers,
-    /// Anything else (404/405, and requests rejected before routing).
-    Other,
-}
-
-impl Route {
-    const ALL: [Route; 10] = [
-        Route::ChatCompletions,
-        Route::Messages,
-        Route::Responses,
-        Route::ResponsesCompact,
-        Route::Models,
-        Route::Health,
-        Route::Metrics,
-        Route::AdminConfig,
-        Route::AdminDynamoWorkers,
-        Route::Other,
-    ];
-
-    /// Whether requests on this route are proxied to a backend (and cancelled when the client
-    /// leaves).
-    pub fn is_proxied(self) -> bool {
-        matches!(
-            self,
-            Route::ChatCompletions | Route::Messages | Route::Responses | Route::ResponsesCompact
-        )
-    }
-
-    fn label(self) -> &'static str {
-        match self {
-            Route::ChatCompletions => "chat_completions",
-            Route::Messages => "messages",
-            Route::Responses => "responses",
-            Route::ResponsesCompact => "responses_compact",
-            Route::Models => "models",
-            Route::Health => "health",
-            Route::Metrics => "metrics",
-            Route::AdminConfig => "admin_config",
-            Route::AdminDynamoWorkers => "admin_dynamo_workers",
-            Route::Other => "other",
-        }
-    }
-}
-
-/// Upstream failure classes, the `class` label.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum UpstreamErrorClass {
-    /// TCP connect refused, unreachable or timed out.
-    Connect,
-    /// No response head within `upstream_response` timeout.
-    Timeout,
-    /// Connection closed or reset mid-exchange.
-    Reset,
-    /// Unparseable or oversized response framing.
-    Protocol,
-}
-
-impl UpstreamErrorClass {
-    const ALL: [UpstreamErrorClass; 4] = [
-        UpstreamErrorClass::Connect,
-        UpstreamErrorClass::Timeout,
-        UpstreamErrorClass::Reset,
-        UpstreamErrorClass::Protocol,
-    ];
-
-    fn label(self) -> &'static str {
-        match self {
-            UpstreamErrorClass::Connect => "connect",
-            UpstreamErrorClass::Timeout => "timeout",
-            UpstreamErrorClass::Reset => "reset",
-            UpstreamErrorClass::Protocol => "protocol",
-        }
-    }
-}
+use continuum_core::route::Route;
+use continuum_core::upstream::{DispatchError, UpstreamErrorClass};
 
 const ROUTES: usize = Route::ALL.len();
 const STATUSES: usize = 500; // 100..=599
@@ -160,7 +70,7 @@ pub struct ShardMetrics {
     connections_open: AtomicU64,
     inflight: AtomicU64,
     /// The shim path's counters.
-    pub(crate) dynamo: crate::metrics_dynamo::DynamoCounters,
+    pub(crate) dynamo: dynamo::DynamoCounters,
 }
 
 impl ShardMetrics {
@@ -201,6 +111,13 @@ impl ShardMetrics {
     /// Record an upstream failure.
     pub fn upstream_error(&self, class: UpstreamErrorClass) {
         bump(&self.upstream_errors[class as usize]);
+    }
+
+    /// Record a dispatch failure under its upstream class (a client that left counts nothing).
+    pub fn dispatch_failed(&self, e: DispatchError) {
+        if let Some(class) = e.class() {
+            self.upstream_error(class);
+        }
     }
 
     /// Record a retry on another replica.
@@ -295,7 +212,7 @@ pub fn render(shards: &[std::sync::Arc<ShardMetrics>], control: &ControlStats) -
         "Client-sent x-dynamo-* (and alias) headers removed before dispatch.",
         shards.iter().map(|s| s.pins_stripped.load(Relaxed)).sum(),
     );
-    crate::metrics_dynamo::render(&mut out, shards.iter().map(|s| &s.dynamo));
+    dynamo::render(&mut out, shards.iter().map(|s| &s.dynamo));
     per_shard(
         &mut out,
         shards,

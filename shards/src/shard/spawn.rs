@@ -16,13 +16,17 @@ use continuum_core::publish::SnapshotCell;
 use crossbeam_channel::Receiver;
 use monoio::net::{ListenerOpts, TcpListener};
 
+use std::cell::{Cell, RefCell};
+
+use super::{LocalSnapshot, Service, Shard};
+use crate::dispatch::{Dispatcher, PickerEnv, PickerFactory};
+use crate::ingest::Ingest;
 use crate::mailbox::{self, MailboxReceiver, MailboxSender, ShardCommand};
 use crate::metrics::{ControlStats, ShardMetrics};
+use crate::notify::LocalSignal;
 use crate::runtime::{self, DriverChoice, DriverKind};
-use crate::shard::{self, Shard};
-use crate::subscribe::LoadShared;
+use crate::signals::Signals;
 use continuum_core::load::{DispatchLedger, LoadStore};
-use continuum_core::picker::{LoadBasedPicker, WorkerPicker};
 
 /// What to start.
 #[derive(Debug, Clone)]
@@ -33,17 +37,10 @@ pub struct ShardSpec {
     pub cpus: Vec<Option<usize>>,
     /// Which I/O drivers may be used.
     pub driver: DriverChoice,
-    /// Builds each shard's worker picker (PICK-17: the KV-aware picker replaces the default
-    /// here, without changes to the data plane).
+    /// Builds each shard's worker picker at start (PICK-17: the KV-aware picker replaces the
+    /// default here, without changes to the data plane); [`ShardSet::set_picker`] replaces it
+    /// at run time (API-06).
     pub picker: PickerFactory,
-}
-
-/// Builds one shard's [`WorkerPicker`]; called once per shard, on its thread.
-pub type PickerFactory = fn() -> Box<dyn WorkerPicker>;
-
-/// The default picker: [`LoadBasedPicker`] (PICK-01).
-pub fn load_based_picker() -> Box<dyn WorkerPicker> {
-    Box::new(LoadBasedPicker::new())
 }
 
 /// Why the shards could not start.
@@ -108,6 +105,8 @@ pub struct ShardSet {
     pub drivers: Vec<DriverKind>,
     /// The address the shards listen on (the real port when 0 was configured).
     pub local_addr: SocketAddr,
+    /// The factory of the active picker.
+    picker: PickerFactory,
 }
 
 impl ShardSet {
@@ -116,6 +115,21 @@ impl ShardSet {
         for m in &self.mailboxes {
             let _ = m.send(ShardCommand::Reload);
         }
+    }
+
+    /// The active picker's factory (API-06 `picker()`).
+    pub fn picker(&self) -> &PickerFactory {
+        &self.picker
+    }
+
+    /// Replace the active picker on every shard (API-06 `set_picker()`): each shard builds its
+    /// own from `factory` when its mailbox delivers the command, and its next pick uses it;
+    /// requests already picked keep their workers.
+    pub fn set_picker(&mut self, factory: PickerFactory) {
+        for m in &self.mailboxes {
+            let _ = m.send(ShardCommand::SetPicker(factory.clone()));
+        }
+        self.picker = factory;
     }
 
     /// Stop accepting everywhere, let in-flight requests finish until `deadline`, and wait for
@@ -148,7 +162,7 @@ pub fn spawn_shards(
 ) -> Result<ShardSet, ShardSetError> {
     let count = spec.cpus.len().max(1);
     let ledgers: Vec<DispatchLedger> = (0..count).map(|_| DispatchLedger::new()).collect();
-    let load = Arc::new(LoadShared::new(store, &ledgers));
+    let signals = Arc::new(Signals::new(store, &ledgers));
     let mut ledgers = ledgers.into_iter();
     let metrics: Arc<[Arc<ShardMetrics>]> =
         (0..count).map(|i| Arc::new(ShardMetrics::new(i))).collect();
@@ -160,6 +174,7 @@ pub fn spawn_shards(
         metrics: metrics.clone(),
         drivers: Vec::with_capacity(count),
         local_addr: spec.bind,
+        picker: spec.picker.clone(),
     };
     for id in 0..count {
         let ledger = ledgers.next().unwrap_or_default();
@@ -173,9 +188,9 @@ pub fn spawn_shards(
             cell: cell.clone(),
             metrics: metrics.clone(),
             control: control.clone(),
-            load: load.clone(),
+            signals: signals.clone(),
             ledger,
-            picker: spec.picker,
+            picker: spec.picker.clone(),
             mailbox: rx,
             ready: ready_tx,
             exit: exit_tx.clone(),
@@ -206,7 +221,7 @@ struct ShardStart {
     cell: Arc<SnapshotCell>,
     metrics: Arc<[Arc<ShardMetrics>]>,
     control: Arc<ControlStats>,
-    load: Arc<LoadShared>,
+    signals: Arc<Signals>,
     ledger: DispatchLedger,
     picker: PickerFactory,
     mailbox: MailboxReceiver,
@@ -255,19 +270,62 @@ fn shard_main(start: ShardStart) {
         };
         let addr = listener.local_addr().unwrap_or(start.bind);
         let _ = start.ready.send(Ok((addr, driver)));
-        let shard = Rc::new(Shard::new(
+        let shard = build(
             id,
             start.cell,
             start.metrics,
             start.control,
-            start.load,
+            start.signals,
             start.ledger,
-            (start.picker)(),
-        ));
-        shard::run(shard, listener, start.mailbox).await;
+            &start.picker,
+        );
+        super::run(shard, listener, start.mailbox).await;
     });
     tracing::info!(shard = id, "shard exited");
     let _ = exit.send(id);
+}
+
+/// Assemble shard `id` on its own thread.
+fn build(
+    id: usize,
+    cell: Arc<SnapshotCell>,
+    all_metrics: Arc<[Arc<ShardMetrics>]>,
+    control: Arc<ControlStats>,
+    signals: Arc<Signals>,
+    ledger: DispatchLedger,
+    picker: &PickerFactory,
+) -> Rc<Shard> {
+    let metrics = all_metrics
+        .get(id)
+        .cloned()
+        .unwrap_or_else(|| Arc::new(ShardMetrics::new(id)));
+    let env = PickerEnv {
+        shard: id,
+        signals: signals.clone(),
+    };
+    let dispatch = Dispatcher::new(
+        id,
+        metrics.clone(),
+        signals.clone(),
+        ledger,
+        picker.build(&env),
+    );
+    let service = Service {
+        id,
+        snapshot: RefCell::new(Rc::new(LocalSnapshot(cell.load()))),
+        drain: LocalSignal::default(),
+        metrics,
+        all_metrics,
+        control,
+        signals: signals.clone(),
+        dispatch,
+    };
+    Rc::new(Shard {
+        service: Rc::new(service),
+        cell,
+        ingest: RefCell::new(Ingest::new(id, signals)),
+        drain_deadline: Cell::new(None),
+    })
 }
 
 /// Pin the calling thread to `cpu`.

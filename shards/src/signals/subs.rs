@@ -1,4 +1,4 @@
-//! The state of every load subscription, for `/admin/dynamo/workers` and the
+//! The state of every subscription (every family), for `/admin/dynamo/workers` and the
 //! `continuum_dynamo_load_subscriptions{state,transport}` gauge (OBS-06, ADMIN-04).
 //!
 //! Each shard writes only its own table, and only when a subscription changes state (connect,
@@ -60,14 +60,18 @@ pub struct SubRow {
     pub shard: usize,
 }
 
+/// Rows are keyed by family and publisher: one publisher id per channel, but nothing stops two
+/// families from sharing one.
+type Key = (Family, PublisherId);
+
 /// One shard's subscription table.
 #[derive(Debug, Default)]
 pub struct SubTable {
-    rows: Mutex<BTreeMap<PublisherId, SubRow>>,
+    rows: Mutex<BTreeMap<Key, SubRow>>,
 }
 
 impl SubTable {
-    fn with<R>(&self, f: impl FnOnce(&mut BTreeMap<PublisherId, SubRow>) -> R) -> R {
+    fn with<R>(&self, f: impl FnOnce(&mut BTreeMap<Key, SubRow>) -> R) -> R {
         let mut rows = self
             .rows
             .lock()
@@ -77,21 +81,21 @@ impl SubTable {
 
     /// Insert or replace a row.
     pub fn upsert(&self, row: SubRow) {
-        self.with(|rows| rows.insert(row.publisher_id, row));
+        self.with(|rows| rows.insert((row.family, row.publisher_id), row));
     }
 
     /// Change a row's state.
-    pub fn set_state(&self, id: PublisherId, state: SubState) {
+    pub fn set_state(&self, family: Family, id: PublisherId, state: SubState) {
         self.with(|rows| {
-            if let Some(r) = rows.get_mut(&id) {
+            if let Some(r) = rows.get_mut(&(family, id)) {
                 r.state = state;
             }
         });
     }
 
     /// Remove a row.
-    pub fn remove(&self, id: PublisherId) {
-        self.with(|rows| rows.remove(&id));
+    pub fn remove(&self, family: Family, id: PublisherId) {
+        self.with(|rows| rows.remove(&(family, id)));
     }
 
     /// A copy of every row.
@@ -100,11 +104,11 @@ impl SubTable {
     }
 }
 
-/// Count rows per state over every shard's table.
-pub fn counts(tables: &[std::sync::Arc<SubTable>]) -> [u64; 4] {
+/// Count the rows of `family` per state over every shard's table.
+pub fn counts(tables: &[std::sync::Arc<SubTable>], family: Family) -> [u64; 4] {
     let mut out = [0u64; 4];
     for t in tables {
-        for r in t.rows() {
+        for r in t.rows().into_iter().filter(|r| r.family == family) {
             if let Some(i) = SubState::ALL.iter().position(|s| *s == r.state) {
                 out[i] += 1;
             }

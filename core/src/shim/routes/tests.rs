@@ -3,9 +3,9 @@
 use std::net::SocketAddr;
 
 use super::ShimRoutes;
+use crate::config::BackendIdx;
 use crate::config::tests_cfg_a::BACKENDS;
 use crate::config::{Config, NoEnv};
-use crate::snapshot::BackendIdx;
 
 fn config(dynamo: &str) -> Config {
     let yaml = format!("{BACKENDS}{dynamo}\n");

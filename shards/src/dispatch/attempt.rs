@@ -1,0 +1,245 @@
+//! Attempts: one request sent to one backend replica, and the plain-routing loop over replicas.
+//!
+//! [`Dispatcher::send_to`] takes a pooled keep-alive connection (or connects, bounded by
+//! `upstream_connect_timeout`), writes the request head — client `x-dynamo-*` and pin aliases
+//! dropped, hop-by-hop headers dropped, the picker's pins written after them (SHIM-09) — and the
+//! body (coalesced behind the head up to [`COALESCE_BODY`]), then relays the answer. A reused
+//! connection the backend had closed is replaced by a fresh one once. Every other failure is
+//! returned as one classified [`DispatchError`], counted once under its upstream class.
+//!
+//! [`Dispatcher::plain`] rotates over the model's replicas with the shard's cursor; a retryable
+//! failure (connect: nothing was sent) moves to the next replica up to `connect_retries` times.
+
+use std::io::Write as _;
+
+use continuum_core::config::BackendUrl;
+use continuum_core::headers::{self, RequestHeaderFate};
+use continuum_core::snapshot::{BackendIdx, ModelRoute, RouterSnapshot};
+use continuum_core::upstream::{DispatchError, ErrorKind, Phase};
+use monoio::io::AsyncWriteRentExt;
+use monoio::net::TcpStream;
+
+use super::exchange::{Answer, Attempt, Body, Exchange, FailureHandling};
+use super::{Dispatcher, Ingress, convert, relay};
+use crate::clock;
+use crate::http::Outcome;
+use crate::http::respond::LocalError;
+
+/// Bodies up to this size are copied behind the request head and sent in one write.
+const COALESCE_BODY: usize = 64 * 1024;
+
+impl Dispatcher {
+    /// Plain model routing: the model's weighted rotation, retryable failures moving to the next
+    /// replica up to `connect_retries` times.
+    pub(super) async fn plain(
+        &self,
+        snap: &RouterSnapshot,
+        ex: &mut Exchange<'_>,
+        route: Option<&ModelRoute>,
+        attempt: &Attempt<'_>,
+    ) -> Outcome {
+        let Some(route) = route else {
+            return ex.local_error(LocalError::ModelNotFound);
+        };
+        // A converted answer is rendered in the client's protocol, errors included: hold them.
+        let attempt = &Attempt {
+            on_failure: if ex.convert.is_some() || ex.ingress == Ingress::Responses {
+                FailureHandling::Hold
+            } else {
+                attempt.on_failure
+            },
+            ..*attempt
+        };
+        let attempts = 1 + snap.config.server.connect_retries as usize;
+        let start = self.next_cursor(route.slot);
+        let mut last = LocalError::UpstreamUnavailable;
+        for n in 0..attempts {
+            let Some(idx) = route.replica_at(start + n) else {
+                break;
+            };
+            if n > 0 {
+                self.metrics.upstream_retry();
+            }
+            let result = self.send_to(snap, ex, idx, attempt).await;
+            match plain_step(result) {
+                PlainStep::Answered(outcome) => return outcome,
+                PlainStep::RelayHeld(status) => {
+                    let Some(backend) = snap.backend(idx) else {
+                        return ex.local_error(LocalError::UpstreamUnavailable);
+                    };
+                    return relay::write_held(ex, status, backend, attempt);
+                }
+                PlainStep::NextReplica(e) => last = e,
+                PlainStep::Answer(e) => return ex.local_error(e),
+                PlainStep::Abort => return Outcome::aborted(),
+            }
+        }
+        ex.local_error(last)
+    }
+
+    /// One attempt on backend `idx`: a pooled or new connection, the head and body, then the
+    /// relay. A retryable error means nothing was sent.
+    pub(super) async fn send_to(
+        &self,
+        snap: &RouterSnapshot,
+        ex: &mut Exchange<'_>,
+        idx: BackendIdx,
+        attempt: &Attempt<'_>,
+    ) -> Result<Answer, DispatchError> {
+        let (Some(backend), Some(addr)) = (snap.backend(idx), snap.backend_addr(idx)) else {
+            return Err(DispatchError::CONNECT);
+        };
+        let (body, attempt) = match convert::for_backend(ex, backend, attempt) {
+            Ok(b) => b,
+            Err(outcome) => return Ok(Answer::Done(outcome)),
+        };
+        let attempt = &attempt;
+        let cfg = &snap.config.server;
+        let pooled = self.pool.borrow_mut().checkout(addr, clock::instant());
+        for slot in [pooled, None] {
+            let reused = slot.is_some();
+            let mut up = match slot {
+                Some(s) => s,
+                None => match monoio::time::timeout(
+                    cfg.upstream_connect_timeout,
+                    TcpStream::connect_addr(addr),
+                )
+                .await
+                {
+                    Ok(Ok(s)) => {
+                        let _ = s.set_nodelay(true);
+                        s
+                    }
+                    _ => {
+                        self.metrics.dispatch_failed(DispatchError::CONNECT);
+                        return Err(DispatchError::CONNECT);
+                    }
+                },
+            };
+            let result = match write_request(ex, &mut up, &backend.url, body, attempt).await {
+                Ok(()) => relay::relay(snap, ex, &mut up, backend, attempt, reused).await,
+                Err(_) => Err(DispatchError::closed(Phase::Request, reused)),
+            };
+            match result {
+                Ok((answer, reusable)) => {
+                    if reusable {
+                        self.pool.borrow_mut().checkin(addr, up, clock::instant());
+                    }
+                    return Ok(answer);
+                }
+                // A pooled connection the backend had closed: once more on a fresh one.
+                Err(e) if retry_on_fresh_connection(e) => continue,
+                Err(e) => {
+                    self.metrics.dispatch_failed(e);
+                    return Err(e);
+                }
+            }
+        }
+        self.metrics.dispatch_failed(DispatchError::CONNECT);
+        Err(DispatchError::CONNECT)
+    }
+}
+
+/// What the plain loop does after one attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum PlainStep {
+    /// The client has its answer.
+    Answered(Outcome),
+    /// Relay the held non-2xx answer (converted ingresses hold every failure).
+    RelayHeld(u16),
+    /// Nothing was sent: try the next replica; answer with this if none is left.
+    NextReplica(LocalError),
+    /// Answer the client with this local error.
+    Answer(LocalError),
+    /// The client saw part of an answer (or left): close its connection.
+    Abort,
+}
+
+/// The plain loop's decision for one attempt's result.
+pub(super) fn plain_step(result: Result<Answer, DispatchError>) -> PlainStep {
+    match result {
+        Ok(Answer::Done(outcome)) => PlainStep::Answered(outcome),
+        Ok(Answer::Held(status)) => PlainStep::RelayHeld(status),
+        Err(e) if e.retryable => PlainStep::NextReplica(LocalError::of_dispatch(e)),
+        Err(e) if e.answerable() => PlainStep::Answer(LocalError::of_dispatch(e)),
+        Err(_) => PlainStep::Abort,
+    }
+}
+
+/// Whether a failure on one connection is retried once on a fresh one: a reused connection the
+/// backend had closed before any response byte (nothing can have been processed).
+pub(super) fn retry_on_fresh_connection(e: DispatchError) -> bool {
+    e.retryable && e.kind == ErrorKind::Closed
+}
+
+/// Write the request head and body to `up`.
+async fn write_request(
+    ex: &mut Exchange<'_>,
+    up: &mut TcpStream,
+    url: &BackendUrl,
+    body: Body,
+    attempt: &Attempt<'_>,
+) -> std::io::Result<()> {
+    build_upstream_head(ex, url, body, attempt);
+    let out = std::mem::take(&mut ex.bufs.out);
+    let (res, out) = up.write_all(out).await;
+    ex.bufs.out = out;
+    res?;
+    if ex.bytes(body).len() > COALESCE_BODY {
+        ex.write_body_to(up, body).await?;
+    }
+    Ok(())
+}
+
+/// Write the upstream request head (and a small body) into the exchange's upstream buffer.
+fn build_upstream_head(ex: &mut Exchange<'_>, url: &BackendUrl, body: Body, attempt: &Attempt<'_>) {
+    let body_len = ex.bytes(body).len();
+    let mut stripped = 0u64;
+    let mut out = std::mem::take(&mut ex.bufs.out);
+    out.clear();
+    let req = &*ex.req;
+    let path = attempt.upstream_path.unwrap_or_else(|| req.path());
+    out.extend_from_slice(b"POST ");
+    out.extend_from_slice(url.base_path.as_bytes());
+    out.extend_from_slice(path);
+    out.extend_from_slice(b" HTTP/1.1\r\nhost: ");
+    if url.host.contains(':') {
+        let _ = write!(out, "[{}]:{}", url.host, url.port);
+    } else {
+        let _ = write!(out, "{}:{}", url.host, url.port);
+    }
+    let _ = write!(out, "\r\ncontent-length: {body_len}\r\n");
+    let connection = req
+        .head
+        .connection
+        .as_ref()
+        .map_or(&b""[..], |r| req.span(r));
+    for h in &req.head.headers {
+        let name = req.span(&h.name);
+        match headers::request_header_fate(name, connection) {
+            RequestHeaderFate::Forward => {
+                if name.eq_ignore_ascii_case(b"expect") {
+                    continue;
+                }
+                out.extend_from_slice(name);
+                out.extend_from_slice(b": ");
+                out.extend_from_slice(req.span(&h.value));
+                out.extend_from_slice(b"\r\n");
+            }
+            RequestHeaderFate::DropPin => stripped += 1,
+            RequestHeaderFate::DropHop => {}
+        }
+    }
+    // The picker's pins, after every client pin was dropped above (SHIM-09).
+    if let Some(pins) = &attempt.pins {
+        pins.write_to(&mut out);
+    }
+    out.extend_from_slice(b"\r\n");
+    if body_len <= COALESCE_BODY {
+        out.extend_from_slice(ex.bytes(body));
+    }
+    ex.bufs.out = out;
+    if stripped > 0 {
+        ex.req.pins_stripped = stripped;
+    }
+}

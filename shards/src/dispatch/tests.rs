@@ -1,0 +1,310 @@
+//! Unit tests of the dispatch logic without sockets: the `Exchange` through prepare and the
+//! per-backend conversion (its state across attempts), and the loops' decisions over scripted
+//! attempt outcomes.
+
+use continuum_core::config::{BackendConfig, ResponsesApi};
+use continuum_core::shim::{RequestMode, ShimDecision, ShimOutcome, UnifiedFallback, decide};
+use continuum_core::upstream::{DispatchError, ErrorKind, Phase};
+
+use super::attempt::{PlainStep, plain_step, retry_on_fresh_connection};
+use super::exchange::{Answer, Attempt, Body, Conversion, Exchange, ExchangeBufs};
+use super::shim::{PinnedStep, pinned_step};
+use super::{CHAT_PATH, Ingress, convert, prepare};
+use crate::http::respond::LocalError;
+use crate::http::{Outcome, Request, ResponseSink};
+
+fn request(path: &str, body: &str) -> Request {
+    let raw = format!(
+        "POST {path} HTTP/1.1\r\nhost: r\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    Request::parsed(raw.as_bytes())
+}
+
+struct Parts {
+    req: Request,
+    sink: ResponseSink,
+    bufs: ExchangeBufs,
+}
+
+impl Parts {
+    fn new(path: &str, body: &str) -> Self {
+        Self {
+            req: request(path, body),
+            sink: ResponseSink::detached(),
+            bufs: ExchangeBufs::default(),
+        }
+    }
+
+    fn exchange(&mut self, ingress: Ingress) -> Exchange<'_> {
+        Exchange::new(&mut self.req, &mut self.sink, &mut self.bufs, ingress)
+    }
+}
+
+fn status_of(buf: &[u8]) -> u16 {
+    let text = String::from_utf8_lossy(buf);
+    text.split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0)
+}
+
+fn json_of(buf: &[u8]) -> serde_json::Value {
+    let text = String::from_utf8_lossy(buf);
+    let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    serde_json::from_str(body).unwrap_or(serde_json::Value::Null)
+}
+
+#[test]
+fn a_clean_chat_body_is_forwarded_as_sent() {
+    let body = r#"{"model":"m","stream":true,"messages":[]}"#;
+    let mut p = Parts::new("/v1/chat/completions", body);
+    let mut ex = p.exchange(Ingress::Chat);
+    let prepared = prepare::prepare(&mut ex).unwrap();
+    assert_eq!(
+        ex.body,
+        Body::Client,
+        "nothing to strip: the client's bytes go out"
+    );
+    assert_eq!(ex.bytes(ex.body), body.as_bytes());
+    assert_eq!(&ex.bytes(ex.body)[prepared.model], b"m");
+    assert_eq!(prepared.mode, RequestMode::Streaming);
+    assert_eq!(ex.req.pins_stripped, 0);
+}
+
+#[test]
+fn client_pin_fields_are_stripped_into_the_prepared_body() {
+    let body =
+        r#"{"model":"m","backend_instance_id":7,"nvext":{"token_data":[1,2]},"messages":[]}"#;
+    let mut p = Parts::new("/v1/chat/completions", body);
+    let mut ex = p.exchange(Ingress::Chat);
+    let prepared = prepare::prepare(&mut ex).unwrap();
+    assert_eq!(ex.body, Body::Prepared);
+    let v: serde_json::Value = serde_json::from_slice(ex.bytes(ex.body)).unwrap();
+    assert!(v.get("backend_instance_id").is_none());
+    assert!(v.pointer("/nvext/token_data").is_none());
+    assert_eq!(&ex.bytes(ex.body)[prepared.model], b"m");
+    assert_eq!(prepared.mode, RequestMode::Buffered);
+    assert_eq!(ex.req.pins_stripped, 1);
+}
+
+#[test]
+fn unusable_bodies_are_answered_in_the_clients_shape() {
+    let mut p = Parts::new("/v1/chat/completions", r#"{"messages":[]}"#);
+    let mut ex = p.exchange(Ingress::Chat);
+    let outcome = prepare::prepare(&mut ex).unwrap_err();
+    assert_eq!(outcome.status, 400);
+    assert_eq!(json_of(&p.sink.buf)["error"]["code"], "bad_request");
+
+    let mut p = Parts::new("/v1/messages", r#"{"model":"m"}"#);
+    let mut ex = p.exchange(Ingress::Messages);
+    let outcome = prepare::prepare(&mut ex).unwrap_err();
+    assert_eq!(outcome.status, 400);
+    assert_eq!(status_of(&p.sink.buf), 400);
+    assert_eq!(json_of(&p.sink.buf)["type"], "error", "Anthropic-shaped");
+}
+
+#[test]
+fn an_anthropic_body_becomes_chat_before_the_scan() {
+    let body = r#"{"model":"claude","max_tokens":8,"stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
+    let mut p = Parts::new("/v1/messages", body);
+    let mut ex = p.exchange(Ingress::Messages);
+    let prepared = prepare::prepare(&mut ex).unwrap();
+    assert_eq!(ex.body, Body::Prepared);
+    assert!(matches!(ex.convert, Some(Conversion::Anthropic(_))));
+    let v: serde_json::Value = serde_json::from_slice(ex.bytes(ex.body)).unwrap();
+    assert_eq!(v["messages"][0]["content"], "hi");
+    assert_eq!(&ex.bytes(ex.body)[prepared.model], b"claude");
+    assert_eq!(prepared.mode, RequestMode::Streaming);
+}
+
+fn backend(api: ResponsesApi) -> BackendConfig {
+    let yaml = "backends:\n  - {name: b, type: openai, url: \"http://127.0.0.1:1\", models: [m]}\n";
+    let (mut cfg, _) =
+        continuum_core::config::Config::from_yaml(yaml, &continuum_core::config::NoEnv).unwrap();
+    let mut b = cfg.backends.remove(0);
+    b.responses_api = api;
+    b
+}
+
+#[test]
+fn a_responses_request_is_converted_per_backend_and_once_per_request() {
+    let body = r#"{"model":"m","input":"hello"}"#;
+    let mut p = Parts::new("/v1/responses", body);
+    let mut ex = p.exchange(Ingress::Responses);
+    prepare::prepare(&mut ex).unwrap();
+    // A chat-only backend: the chat conversion, sent to the chat path, answer converted back.
+    let (b, attempt) =
+        convert::for_backend(&mut ex, &backend(ResponsesApi::Chat), &Attempt::PLAIN).unwrap();
+    assert_eq!(b, Body::Alt);
+    assert_eq!(attempt.upstream_path, Some(CHAT_PATH));
+    assert!(matches!(ex.convert, Some(Conversion::Responses(_))));
+    let first = ex.bytes(Body::Alt).to_vec();
+    assert!(!first.is_empty());
+    // A native backend on the next attempt: the client's body, nothing converted.
+    let (b, attempt) =
+        convert::for_backend(&mut ex, &backend(ResponsesApi::Native), &Attempt::PLAIN).unwrap();
+    assert_eq!(b, Body::Client);
+    assert_eq!(attempt.upstream_path, None);
+    assert!(ex.convert.is_none());
+    // Back to a chat backend: the conversion made once is reused.
+    let (b, _) =
+        convert::for_backend(&mut ex, &backend(ResponsesApi::Chat), &Attempt::PLAIN).unwrap();
+    assert_eq!(b, Body::Alt);
+    assert_eq!(ex.bytes(Body::Alt), &first[..]);
+}
+
+#[test]
+fn a_fresh_exchange_carries_nothing_from_the_last_one() {
+    let mut p = Parts::new(
+        "/v1/messages",
+        r#"{"model":"c","max_tokens":1,"messages":[]}"#,
+    );
+    {
+        let mut ex = p.exchange(Ingress::Messages);
+        prepare::prepare(&mut ex).unwrap();
+        assert!(ex.convert.is_some());
+    }
+    let ex = p.exchange(Ingress::Chat);
+    assert!(ex.convert.is_none() && ex.responses_ctx.is_none());
+    assert_eq!(ex.body, Body::Client);
+}
+
+const OK: Outcome = Outcome {
+    status: 200,
+    keep_alive: true,
+};
+
+#[test]
+fn plain_loop_decisions() {
+    assert_eq!(plain_step(Ok(Answer::Done(OK))), PlainStep::Answered(OK));
+    assert_eq!(plain_step(Ok(Answer::Held(503))), PlainStep::RelayHeld(503));
+    assert_eq!(
+        plain_step(Err(DispatchError::CONNECT)),
+        PlainStep::NextReplica(LocalError::UpstreamUnavailable),
+        "nothing was sent: the next replica"
+    );
+    let timeout = DispatchError::new(ErrorKind::Timeout, Phase::Head);
+    assert_eq!(
+        plain_step(Err(timeout)),
+        PlainStep::Answer(LocalError::UpstreamTimeout)
+    );
+    let bad = DispatchError::new(ErrorKind::Protocol, Phase::Head);
+    assert_eq!(
+        plain_step(Err(bad)),
+        PlainStep::Answer(LocalError::UpstreamProtocol)
+    );
+    assert_eq!(
+        plain_step(Err(timeout.in_body())),
+        PlainStep::Abort,
+        "the answer had started"
+    );
+    assert_eq!(
+        plain_step(Err(DispatchError::CLIENT_GONE)),
+        PlainStep::Abort
+    );
+}
+
+#[test]
+fn only_a_stale_reused_connection_is_retried_on_a_fresh_one() {
+    assert!(retry_on_fresh_connection(DispatchError::closed(
+        Phase::Head,
+        true
+    )));
+    assert!(retry_on_fresh_connection(DispatchError::closed(
+        Phase::Request,
+        true
+    )));
+    assert!(!retry_on_fresh_connection(DispatchError::closed(
+        Phase::Head,
+        false
+    )));
+    assert!(!retry_on_fresh_connection(DispatchError::CONNECT));
+    assert!(!retry_on_fresh_connection(DispatchError::new(
+        ErrorKind::Reset,
+        Phase::Head
+    )));
+}
+
+#[test]
+fn pinned_loop_decisions_follow_the_table() {
+    use RequestMode::{Buffered, Streaming};
+    use UnifiedFallback::{Allowed, Disabled};
+    let step = |r, mode, fb, left| pinned_step(r, b"", mode, fb, left);
+    assert_eq!(
+        step(Ok(Answer::Done(OK)), Buffered, Allowed, false),
+        PinnedStep::Answered(OK)
+    );
+    // A connect failure keeps the pins while a replica is left (SHIM-16).
+    assert_eq!(
+        step(Err(DispatchError::CONNECT), Buffered, Allowed, true),
+        PinnedStep::Decided(ShimDecision::RetrySamePins)
+    );
+    assert_eq!(
+        step(Err(DispatchError::CONNECT), Buffered, Allowed, false),
+        PinnedStep::Decided(decide(ShimOutcome::ConnectFailed, Buffered, Allowed, false))
+    );
+    // A transport failure before any answer byte: the table's transport rule.
+    for kind in [
+        ErrorKind::Timeout,
+        ErrorKind::Reset,
+        ErrorKind::Protocol,
+        ErrorKind::Closed,
+    ] {
+        for (mode, fb) in [(Buffered, Allowed), (Streaming, Disabled)] {
+            let e = DispatchError::new(kind, Phase::Head);
+            assert_eq!(
+                step(Err(e), mode, fb, true),
+                PinnedStep::Decided(decide(ShimOutcome::TransportFailed, mode, fb, false)),
+                "{kind:?}"
+            );
+            // After the client saw bytes: abort, never a fallback (SHIM-17).
+            assert_eq!(step(Err(e.in_body()), mode, fb, true), PinnedStep::Abort);
+        }
+    }
+    assert_eq!(
+        step(Err(DispatchError::CLIENT_GONE), Buffered, Allowed, true),
+        PinnedStep::Abort
+    );
+    // Held answers: whatever the table says, a relay relays the held bytes.
+    for status in [400u16, 404, 429, 500, 503] {
+        for (mode, fb) in [(Buffered, Allowed), (Streaming, Disabled)] {
+            let want = match decide(ShimOutcome::Answered { status, body: b"" }, mode, fb, false) {
+                ShimDecision::Relay => PinnedStep::RelayHeld(status),
+                d => PinnedStep::Decided(d),
+            };
+            assert_eq!(
+                step(Ok(Answer::Held(status)), mode, fb, false),
+                want,
+                "{status}"
+            );
+        }
+    }
+    // The direct-mode rejection is classified, never relayed or retried (SHIM-18); the 1.6.1
+    // frontend's pin rejection falls back unpinned (SHIM-19/20); the client's own 400 is relayed.
+    let rejection = format!(
+        r#"{{"error":{{"message":"{}"}}}}"#,
+        continuum_core::ingress::errors::DIRECT_MODE_PREFILL_ID_ERROR
+    );
+    let got = pinned_step(
+        Ok(Answer::Held(400)),
+        rejection.as_bytes(),
+        Buffered,
+        Allowed,
+        true,
+    );
+    assert!(
+        matches!(got, PinnedStep::Decided(ShimDecision::Fail(_))),
+        "{got:?}"
+    );
+    let pin = br#"{"message":"Invalid request","type":"Bad Request","code":400}"#;
+    assert_eq!(
+        pinned_step(Ok(Answer::Held(400)), pin, Buffered, Allowed, true),
+        PinnedStep::Decided(ShimDecision::FallbackUnified)
+    );
+    let own = br#"{"message":"Validation: messages is required"}"#;
+    assert_eq!(
+        pinned_step(Ok(Answer::Held(400)), own, Buffered, Allowed, true),
+        PinnedStep::RelayHeld(400)
+    );
+}

@@ -1,0 +1,90 @@
+//! The cross-shard read side: state with one writer per shard that every shard reads.
+//!
+//! [`Signals`] holds the load store (one logical table of seqlock cells, written by the shard
+//! owning each publisher's subscription), every shard's unanswered-dispatch summaries (written by
+//! that shard's [`continuum_core::load::DispatchLedger`]), every shard's `kv_metrics` event
+//! counters and every shard's subscription table. Pickers on any shard read the store and all
+//! ledgers' tables at pick time; a scrape or an admin request reads all of it.
+//!
+//! Invariants:
+//! - each per-shard entry (`events[i]`, `tables[i]`, `inflight[i]`) has exactly one writer, shard
+//!   `i`; readers never block a writer for longer than a copy (the tables' mutex is taken only on
+//!   subscription state changes and by readers, never per message or per request);
+//! - nothing here is reachable from the control thread except the store, which it gates by the
+//!   live set (LOAD-STORE-15).
+
+pub mod subs;
+
+use std::sync::Arc;
+
+use continuum_core::discovery::Family;
+use continuum_core::load::metrics::LoadEventCounters;
+use continuum_core::load::{DispatchLedger, InflightTable, LoadStore};
+
+use subs::{SubState, SubTable};
+
+/// The signals every shard reads.
+#[derive(Debug)]
+pub struct Signals {
+    /// The one logical load store.
+    pub store: Arc<LoadStore>,
+    /// `continuum_dynamo_load_events_total` counters, one writer shard each.
+    pub events: Box<[LoadEventCounters]>,
+    /// Subscription tables, one writer shard each.
+    pub tables: Box<[Arc<SubTable>]>,
+    /// Unanswered-dispatch summaries, one writer shard each (its `DispatchLedger`); pickers on
+    /// every shard read all of them (LOAD-STORE-10).
+    pub inflight: Box<[Arc<InflightTable>]>,
+}
+
+impl Signals {
+    /// State for one shard per ledger around `store`; shard `i` owns `ledgers[i]`.
+    pub fn new(store: Arc<LoadStore>, ledgers: &[DispatchLedger]) -> Self {
+        let shards = ledgers.len();
+        Self {
+            store,
+            events: (0..shards).map(|_| LoadEventCounters::new()).collect(),
+            tables: (0..shards).map(|_| Arc::new(SubTable::default())).collect(),
+            inflight: ledgers.iter().map(DispatchLedger::table).collect(),
+        }
+    }
+
+    /// How many shards write here.
+    pub fn shards(&self) -> usize {
+        self.tables.len().max(1)
+    }
+
+    /// Shard `shard`'s load event counters (its own, as a writer; any, as a reader).
+    pub fn load_events(&self, shard: usize) -> &LoadEventCounters {
+        // `new` creates one counter set per shard, so the index is in range; a mismatch would
+        // only misattribute counts, never fail.
+        &self.events[shard % self.events.len().max(1)]
+    }
+
+    /// Shard `shard`'s subscription table.
+    pub fn table(&self, shard: usize) -> Arc<SubTable> {
+        self.tables.get(shard).cloned().unwrap_or_default()
+    }
+
+    /// Append the load family's metrics: `continuum_dynamo_load_events_total{result}` (summed
+    /// over shards), `continuum_dynamo_load_subscriptions{state,transport}` and the per-worker
+    /// gauges.
+    pub fn render_metrics(&self, out: &mut String) {
+        use std::fmt::Write as _;
+        continuum_core::load::metrics::render_load_events(out, self.events.iter());
+        let counts = subs::counts(&self.tables, Family::KvMetrics);
+        let _ = writeln!(
+            out,
+            "# HELP continuum_dynamo_load_subscriptions kv_metrics subscriptions by state.\n\
+             # TYPE continuum_dynamo_load_subscriptions gauge"
+        );
+        for (state, n) in SubState::ALL.iter().zip(counts) {
+            let _ = writeln!(
+                out,
+                "continuum_dynamo_load_subscriptions{{state=\"{}\",transport=\"direct\"}} {n}",
+                state.as_str()
+            );
+        }
+        self.store.render_gauges(out);
+    }
+}
