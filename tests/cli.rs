@@ -1,7 +1,7 @@
 //! End-to-end configuration surfaces: `config validate` / `config show`, and the admin API's
 //! `GET /admin/config` (bearer token when `admin.token_hash` is set, loopback otherwise); both
 //! mask secrets (the `admin.token_hash` digest never appears).
-
+#![allow(clippy::disallowed_methods)] // end-to-end tests time real processes and sockets
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;

@@ -1,5 +1,6 @@
 #![cfg(feature = "dynamo")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(clippy::disallowed_methods)] // end-to-end tests time real processes and sockets
 //! End-to-end tests of Dynamo discovery against a REAL etcd (`/usr/bin/etcd`): the router binary
 //! watches an etcd loaded with the recorded Dynamo 1.6.1 fleet
 //! (`../shared/fixtures/dynamo-1.6.1/etcd-dump.txt`, namespaces `agg` and `disagg`, 4 workers),

@@ -1,5 +1,6 @@
 #![cfg(feature = "dynamo")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(clippy::disallowed_methods)] // end-to-end tests time real processes and sockets
 //! End-to-end test of `dynamo.discovery.source: file`: the router binary reads a
 //! directory written exactly as Dynamo's FileStore writes it (bucket directories, percent-encoded
 //! file names, temp file then rename) with the recorded Dynamo 1.6.1 fleet, and the result is

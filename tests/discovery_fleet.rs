@@ -2,7 +2,7 @@
 //! started by `tests/fleet/`): the operator view lists every worker with the role, model, block
 //! size, capacity and data-parallel ranks the workers registered, both id forms agree with etcd,
 //! and a worker killed with SIGKILL disappears once its lease expires (DISC-RO-05).
-
+#![allow(clippy::disallowed_methods)] // end-to-end tests time real processes and sockets
 #![cfg(feature = "dynamo")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 

@@ -1,7 +1,7 @@
 //! End-to-end failure paths: a client that goes away cancels the upstream request, a silent
 //! backend times out with 504, startup failures (port taken, CPU missing) exit with a clear error
 //! instead of a panic, and the epoll fallback driver relays like io_uring does.
-
+#![allow(clippy::disallowed_methods)] // end-to-end tests time real processes and sockets
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;

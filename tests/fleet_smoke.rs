@@ -2,7 +2,7 @@
 //! fleet (etcd, mocker workers, `dynamo.frontend --router-mode direct`) on loopback, driven with
 //! raw HTTP. It pins down the frontend answers later routing work relies on (see
 //! ../shared/fixtures/README.md) and that a killed worker leaves etcd when its lease expires.
-
+#![allow(clippy::disallowed_methods)] // end-to-end tests time real processes and sockets
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;

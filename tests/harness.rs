@@ -1,7 +1,7 @@
 //! Self-tests of the shared harness (no router involved): the raw client against
 //! [`common::MockBackend`] directly, and the Prometheus text helper. They keep the harness honest
 //! so a failing acceptance test points at the router, not at the test code.
-
+#![allow(clippy::disallowed_methods)] // end-to-end tests time real processes and sockets
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;

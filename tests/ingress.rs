@@ -1,4 +1,5 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(clippy::disallowed_methods)] // end-to-end tests time real processes and sockets
 //! The Anthropic Messages and Responses ingresses on the data plane (INGRESS-01..08) against a
 //! scripted OpenAI backend: conversion of the request and of the answer (buffered and SSE),
 //! Anthropic-shaped errors, `nvext.token_data` and pin fields removed from every body.

@@ -5,7 +5,7 @@
 //! passthrough to the frontend's own `/v1/responses`, pinned by model. Buffered and streamed,
 //! for the aggregated and the disaggregated model (the frontend rejects wrong or missing pins,
 //! so a success proves them).
-
+#![allow(clippy::disallowed_methods)] // end-to-end tests time real processes and sockets
 #![cfg(feature = "dynamo")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 

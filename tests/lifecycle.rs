@@ -1,7 +1,7 @@
 //! End-to-end lifecycle: health and generation, hot reload (SIGHUP and file change) without
 //! dropping an in-flight SSE stream, rejected reloads keeping the old config, and SIGTERM
 //! draining an in-flight stream before exiting 0.
-
+#![allow(clippy::disallowed_methods)] // end-to-end tests time real processes and sockets
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;

@@ -1,7 +1,7 @@
 //! End-to-end request limits and protocol errors: 413 for oversized bodies (declared and
 //! chunked), 431 for oversized or too many headers, 408 for a head not completed in time, 400 for
 //! malformed requests; each with the JSON error body, none reaching a backend.
-
+#![allow(clippy::disallowed_methods)] // end-to-end tests time real processes and sockets
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;

@@ -2,7 +2,7 @@
 //! subscribed, on the shard its publisher-id hash names, and the worker gauges rise while
 //! requests run through the real frontend and fall back to 0 after (publishers send a sample when
 //! load starts and one when it returns to zero).
-
+#![allow(clippy::disallowed_methods)] // end-to-end tests time real processes and sockets
 #![cfg(feature = "dynamo")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 

@@ -2,7 +2,7 @@
 //! discovered `kv_metrics` publisher of a live worker; the router must count each as
 //! `transport_refused`, back off and reconnect, keep serving, and keep its memory flat (a
 //! declared 2^63-byte frame allocates nothing).
-
+#![allow(clippy::disallowed_methods)] // end-to-end tests time real processes and sockets
 #![cfg(feature = "dynamo")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 

@@ -3,7 +3,7 @@
 //! publisher's hash names, and the captured Dynamo 1.6.1 frames land in the load store: the
 //! worker gauge follows them, a replay is counted `duplicate`, and the admin view lists the
 //! subscription (ADMIN-04) without its address.
-
+#![allow(clippy::disallowed_methods)] // end-to-end tests time real processes and sockets
 #![cfg(feature = "dynamo")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 

@@ -1,5 +1,6 @@
 #![cfg(feature = "dynamo")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(clippy::disallowed_methods)] // end-to-end tests time real processes and sockets
 //! The shim path end to end against scripted shim replicas (SHIM-05..22, OBS-05, OBS-13): the
 //! router discovers the recorded Dynamo 1.6.1 fleet from a file store (two aggregated
 //! `tiny-agg` workers in namespace `agg`; a prefill/decode pair serving `tiny-disagg` in

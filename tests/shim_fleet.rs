@@ -5,7 +5,7 @@
 //! success proves the pins. Clients: the official `openai` Python package
 //! (`tests/clients/openai_chat.py`) and raw HTTP. Every request is timeboxed; every wait has a
 //! deadline. Findings about the frontend are in `tests/fleet/README.md`.
-
+#![allow(clippy::disallowed_methods)] // end-to-end tests time real processes and sockets
 #![cfg(feature = "dynamo")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 

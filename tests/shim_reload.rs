@@ -1,5 +1,6 @@
 #![cfg(feature = "dynamo")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(clippy::disallowed_methods)] // end-to-end tests time real processes and sockets
 //! Reloading the shim config on a running router (RELOAD-02, RELOAD-08): pool changes apply from
 //! the next request without restarting discovery, and a namespace removed from the config is
 //! never pinned again even while its workers are still in the fleet view.

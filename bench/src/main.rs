@@ -13,6 +13,7 @@
 //! Invariant: the report goes to stdout, progress and diagnostics to
 //! stderr; nothing is written outside a temp dir; exit code 0 only if the
 //! baseline was measured.
+#![allow(clippy::disallowed_methods)] // benchmarks measure wall and CPU time of real processes
 
 mod alloc;
 mod backend;

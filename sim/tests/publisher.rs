@@ -1,7 +1,7 @@
 //! Each worker's `kv_metrics` PUB socket, read with the router's own ZMTP subscriber state
 //! machine (`core::zmtp::ZmtpSub`) and Dynamo message decoders (`core::dynamo_event`).
 //! Deadlines are generous; nothing asserts how long anything took.
-
+#![allow(clippy::disallowed_methods)] // end-to-end tests time real processes and sockets
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;

@@ -1,6 +1,6 @@
 //! A benchmark-sized fleet: 1,200 workers over 3 namespaces start on the simulator's two
 //! threads, register in the file store, and every one materialises through the router's reducer.
-
+#![allow(clippy::disallowed_methods)] // end-to-end tests time real processes and sockets
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,

@@ -1,7 +1,7 @@
 //! The shim's pin contract, case by case, against the answers of the real
 //! `dynamo.frontend --router-mode direct` 1.6.1 (`shared/fixtures/README.md`), buffered and
 //! streamed; and that only served requests count as picks.
-
+#![allow(clippy::disallowed_methods)] // end-to-end tests time real processes and sockets
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;

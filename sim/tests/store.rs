@@ -1,6 +1,6 @@
 //! The file store a simulated fleet writes, read back the way the router reads it and fed
 //! through the router's own discovery reducer (`continuum_core::discovery`).
-
+#![allow(clippy::disallowed_methods)] // end-to-end tests time real processes and sockets
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;

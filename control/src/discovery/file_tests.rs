@@ -3,6 +3,7 @@
 //! directories, percent-encoded names, temp file then rename), with the 1.6.1 fixture records:
 //! seed, inotify-driven rewrite / delete / expiry, TTL expiry of untouched files, temp files,
 //! oversized files, namespaces, and a root that appears after the session started.
+#![allow(clippy::disallowed_methods)] // tests age real files
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;

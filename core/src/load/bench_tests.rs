@@ -1,5 +1,6 @@
 //! Micro-measurements of the data-path costs quoted in `docs/decisions.md`. Ignored by default; run
 //! `cargo test --release -p continuum-core --lib load::bench_tests -- --ignored --nocapture`.
+#![allow(clippy::disallowed_methods)] // timing tests of the store under real threads
 
 use std::hint::black_box;
 use std::time::{Duration, Instant as WallInstant};

@@ -1,5 +1,6 @@
 //! Real threads: one writer per structure, readers that must never see a torn value and must
 //! eventually see the last one. Bounded in iterations and in wall time.
+#![allow(clippy::disallowed_methods)] // real threads run for a bounded wall time
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
