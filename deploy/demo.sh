@@ -20,4 +20,4 @@ if ! command -v protoc >/dev/null 2>&1; then
         exit 1
     fi
 fi
-exec cargo run --release --features dynamo -- demo "$@"
+exec cargo run --release --features demo -- demo "$@"

@@ -122,7 +122,15 @@ pub(crate) fn execute(cmd: Command) -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::Run { config } => crate::serve::run_file(&config),
+        #[cfg(feature = "demo")]
         Command::Demo { port, workers } => crate::demo::run(port, workers),
+        #[cfg(not(feature = "demo"))]
+        Command::Demo { .. } => {
+            eprintln!(
+                "error: this build has no demo; build with `--features demo` (deploy/demo.sh does)"
+            );
+            ExitCode::from(2)
+        }
         Command::Validate { config } => {
             let text = match read(&config) {
                 Ok(t) => t,
