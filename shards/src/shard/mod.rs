@@ -64,15 +64,15 @@ impl Service {
     }
 }
 
-/// The run loop's own state.
-struct Shard {
+/// The run loop's own state (private to this module: no other module sees it).
+struct Runner {
     service: Rc<Service>,
     cell: Arc<SnapshotCell>,
     ingest: RefCell<Ingest>,
     drain_deadline: Cell<Option<Instant>>,
 }
 
-impl Shard {
+impl Runner {
     /// Load the published snapshot if it is newer than ours, and reconcile subscriptions.
     fn reload(&self) {
         let next = self.cell.load();
@@ -111,7 +111,7 @@ impl Shard {
 }
 
 /// Run the shard until it has drained.
-async fn run(shard: Rc<Shard>, listener: TcpListener, mailbox: MailboxReceiver) {
+async fn run(shard: Rc<Runner>, listener: TcpListener, mailbox: MailboxReceiver) {
     let id = shard.service.id;
     match UnixStream::from_std(mailbox.doorbell) {
         Ok(doorbell) => {
@@ -181,7 +181,7 @@ async fn housekeeping(service: Rc<Service>) {
 }
 
 async fn mailbox_loop(
-    shard: Rc<Shard>,
+    shard: Rc<Runner>,
     mut doorbell: UnixStream,
     rx: crossbeam_channel::Receiver<ShardCommand>,
 ) {

@@ -18,7 +18,7 @@ use monoio::net::{ListenerOpts, TcpListener};
 
 use std::cell::{Cell, RefCell};
 
-use super::{LocalSnapshot, Service, Shard};
+use super::{LocalSnapshot, Runner, Service};
 use crate::dispatch::{Dispatcher, PickerEnv, PickerFactory};
 use crate::ingest::Ingest;
 use crate::mailbox::{self, MailboxReceiver, MailboxSender, ShardCommand};
@@ -294,7 +294,7 @@ fn build(
     signals: Arc<Signals>,
     ledger: DispatchLedger,
     picker: &PickerFactory,
-) -> Rc<Shard> {
+) -> Rc<Runner> {
     let metrics = all_metrics
         .get(id)
         .cloned()
@@ -320,7 +320,7 @@ fn build(
         signals: signals.clone(),
         dispatch,
     };
-    Rc::new(Shard {
+    Rc::new(Runner {
         service: Rc::new(service),
         cell,
         ingest: RefCell::new(Ingest::new(id, signals)),

@@ -1,3 +1,4 @@
+//! Unit tests of `core::ingress`: anthropic resp.
 use serde_json::{Value, json};
 
 use crate::ingress::IngressError;

@@ -1,3 +1,4 @@
+//! Unit tests of `core::ingress`: anthropic stream.
 use serde_json::{Value, json};
 
 use super::{feed_split, parse_events, splits};

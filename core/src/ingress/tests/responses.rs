@@ -1,3 +1,4 @@
+//! Unit tests of `core::ingress`: responses.
 use serde_json::json;
 
 use crate::ingress::IngressError;

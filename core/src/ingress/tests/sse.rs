@@ -1,3 +1,4 @@
+//! Unit tests of `core::ingress`: sse.
 use crate::ingress::IngressError;
 use crate::ingress::sse::{SseEvent, SseFramer};
 
