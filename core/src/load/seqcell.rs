@@ -14,16 +14,41 @@
 //! - a chunk, once allocated, is never freed or moved; readers find unallocated chunks as all-zero
 //!   cells and never allocate;
 //! - no operation panics: slots outside the table read as zero and refuse writes.
+//!
+//! Checked by the loom models in `seqcell_loom.rs` (`RUSTFLAGS="--cfg loom"`, see there). Under
+//! loom the atomics, the fence and the spin hints below are loom's (a loom spin hint yields to
+//! loom's scheduler, so a waiting thread lets the holder progress) and a table is one chunk of
+//! two cells; a normal build uses the `std` items of the same names, unchanged.
 
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicU64, Ordering, fence};
 
+#[cfg(loom)]
+use loom::{
+    hint::spin_loop,
+    sync::atomic::{AtomicU64, Ordering, fence},
+    thread::yield_now,
+};
+#[cfg(not(loom))]
+use std::{
+    hint::spin_loop,
+    sync::atomic::{AtomicU64, Ordering, fence},
+    thread::yield_now,
+};
+
+#[cfg(not(loom))]
 use super::MAX_LOAD_KEYS;
 
 /// Cells per chunk.
+#[cfg(not(loom))]
 const CHUNK: usize = 1024;
 /// Chunks per table.
+#[cfg(not(loom))]
 const CHUNKS: usize = MAX_LOAD_KEYS / CHUNK;
+/// Under loom every atomic is a model object that each `Acquire` fence scans: keep tables tiny.
+#[cfg(loom)]
+const CHUNK: usize = 2;
+#[cfg(loom)]
+const CHUNKS: usize = 1;
 /// Spins before a waiting reader or writer yields its time slice.
 const SPINS_BEFORE_YIELD: u32 = 64;
 
@@ -43,7 +68,7 @@ impl<const W: usize> Cell<W> {
     }
 }
 
-/// A table of `MAX_LOAD_KEYS` seqlock cells of `W` words.
+/// A table of `MAX_LOAD_KEYS` seqlock cells of `W` words (`CHUNK * CHUNKS` under loom).
 #[derive(Debug)]
 pub(crate) struct SeqTable<const W: usize> {
     chunks: Box<[OnceLock<Box<[Cell<W>]>>]>,
@@ -52,9 +77,9 @@ pub(crate) struct SeqTable<const W: usize> {
 fn backoff(spins: &mut u32) {
     *spins = spins.saturating_add(1);
     if *spins < SPINS_BEFORE_YIELD {
-        std::hint::spin_loop();
+        spin_loop();
     } else {
-        std::thread::yield_now();
+        yield_now();
     }
 }
 
@@ -150,6 +175,11 @@ impl<const W: usize> SeqTable<W> {
 }
 
 #[cfg(test)]
+#[cfg(loom)]
+#[path = "seqcell_loom.rs"]
+mod loom_models;
+
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
 
