@@ -657,3 +657,23 @@ fn render(
     }
     r
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A small run end to end: every subscriber (the zeromq baseline, the shards' driver on the
+    /// shards' runtime, the blocking loops) receives every message and the report has its rows.
+    #[test]
+    fn a_small_run_measures_every_subscriber() {
+        let opts = IngestOptions {
+            messages: 20_000,
+            batch: 256,
+            timeout_secs: 30,
+        };
+        let report = run(opts).unwrap_or_else(|e| panic!("zmtp-ingest failed: {e}"));
+        for row in ["router (monoio)/zeromq", "router (blocking)/zeromq"] {
+            assert!(report.contains(row), "{row} missing from:\n{report}");
+        }
+    }
+}

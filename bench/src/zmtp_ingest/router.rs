@@ -60,16 +60,6 @@ impl Sink for Tally {
     fn on_refused(&mut self) {}
 }
 
-/// Which monoio driver the runtime got.
-pub(super) fn monoio_driver_name(
-    rt: &monoio::FusionRuntime<monoio::IoUringDriver, monoio::LegacyDriver>,
-) -> &'static str {
-    match rt {
-        monoio::FusionRuntime::Uring(_) => "io_uring",
-        monoio::FusionRuntime::Legacy(_) => "epoll",
-    }
-}
-
 /// Receives `total` messages from `addr` on a monoio runtime built on this thread (pinned to
 /// `cpu` if given). Returns the tally and the driver name.
 pub(super) fn run_monoio(
@@ -81,13 +71,19 @@ pub(super) fn run_monoio(
     if let Some(cpu) = cpu {
         pin_to_cpu(cpu);
     }
-    let mut rt = monoio::RuntimeBuilder::<monoio::FusionDriver>::new()
-        .build()
-        .map_err(|source| IngestError::Io {
-            what: "building the monoio runtime",
-            source,
-        })?;
-    let driver = monoio_driver_name(&rt);
+    // The shards' own runtime (io_uring with DEFER_TASKRUN when the kernel allows it, with the
+    // timer the session driver's handshake bound needs).
+    let (mut rt, kind) = continuum_shards::runtime::build(
+        continuum_shards::runtime::DriverChoice::Best,
+    )
+    .map_err(|source| IngestError::Io {
+        what: "building the monoio runtime",
+        source,
+    })?;
+    let driver = match kind {
+        continuum_shards::runtime::DriverKind::Epoll => "epoll",
+        _ => "io_uring",
+    };
     let tally = rt.block_on(async move {
         let io = |what: &'static str| move |source| IngestError::Io { what, source };
         let mut stream = monoio::net::TcpStream::connect(addr)
