@@ -20,6 +20,9 @@ pub mod http1;
 pub mod ingress;
 pub mod json_scan;
 pub mod load;
+#[cfg(test)]
+#[cfg(loom)]
+mod loom_support;
 pub mod picker;
 pub mod publish;
 pub mod route;

@@ -34,13 +34,13 @@
 //! Run: `CARGO_TARGET_DIR=target/loom RUSTFLAGS="--cfg loom" cargo test -p continuum-core --release --lib loom_models`
 
 use std::collections::{BTreeSet, VecDeque};
-use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use loom::sync::{Arc, Condvar, Mutex, MutexGuard};
 use loom::thread;
 
 use super::loom_models::Snap;
 use super::{Generation, PublishCell};
+use crate::loom_support::Outcomes;
 
 /// Bytes the doorbell holds before a write would block.
 const DOORBELL_CAPACITY: usize = 1;
@@ -184,8 +184,8 @@ type Outcome = (usize, u64, bool);
 
 /// Runs the protocol under loom; panics on a lost wake-up.
 fn model(sender: Sender, receiver: Receiver) -> (usize, BTreeSet<Outcome>) {
-    let seen = std::sync::Arc::new(std::sync::Mutex::new((0, BTreeSet::new())));
-    let sink = seen.clone();
+    let seen = Outcomes::new();
+    let sink = seen.handle();
     let mut builder = loom::model::Builder::new();
     // Larger than the preemptions of any execution here, so nothing is pruned; unlike `None`, a
     // bound also makes loom add bounded DPOR's conservative backtracking points, which explore
@@ -221,30 +221,16 @@ fn model(sender: Sender, receiver: Receiver) -> (usize, BTreeSet<Outcome>) {
             "lost wake-up: the shard exited having received {received} of 2 commands, \
              at generation {loaded} of 3"
         );
-        let mut s = sink
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        s.0 += 1;
-        s.1.insert((received, loaded, coalesced));
+        sink.record((received, loaded, coalesced));
     });
-    let mut s = seen
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    (s.0, std::mem::take(&mut s.1))
+    seen.take()
 }
 
 /// Runs a model that must fail; returns its panic message.
 fn must_fail(sender: Sender, receiver: Receiver) -> String {
-    let Err(payload) = catch_unwind(AssertUnwindSafe(|| model(sender, receiver))) else {
-        panic!("loom explored every execution of a broken mailbox without a failure");
-    };
-    let msg = payload
-        .downcast_ref::<String>()
-        .cloned()
-        .or_else(|| payload.downcast_ref::<&str>().map(|s| (*s).to_owned()))
-        .unwrap_or_default();
-    eprintln!("caught: {}", msg.lines().next().unwrap_or_default());
-    msg
+    crate::loom_support::must_fail("mailbox", || {
+        model(sender, receiver);
+    })
 }
 
 #[test]

@@ -20,13 +20,12 @@
 //! Run: `CARGO_TARGET_DIR=target/loom RUSTFLAGS="--cfg loom" cargo test -p continuum-core --release --lib loom_models`
 
 use std::collections::BTreeSet;
-use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::Mutex;
 
 use loom::sync::Arc;
 use loom::thread;
 
 use super::{Generation, Ordering, PublishCell};
+use crate::loom_support::Outcomes;
 
 /// The models' payload: just a generation.
 #[derive(Debug)]
@@ -65,8 +64,8 @@ fn publish_relaxed(cell: &PublishCell<Snap>, next: Snap) {
 /// Control publishes 2 then 3 with `publish`; a reader reads twice; returns the number of
 /// executions and the set of what the reader saw. Panics (under loom) on a violation.
 fn model(publish: Publish) -> (usize, BTreeSet<Seen>) {
-    let seen = std::sync::Arc::new(Mutex::new((0, BTreeSet::new())));
-    let sink = seen.clone();
+    let seen = Outcomes::new();
+    let sink = seen.handle();
     let mut builder = loom::model::Builder::new();
     // Larger than the preemptions of any execution here, so nothing is pruned; unlike `None`, a
     // bound also makes loom add bounded DPOR's conservative backtracking points, which explore
@@ -105,30 +104,16 @@ fn model(publish: Publish) -> (usize, BTreeSet<Seen>) {
             .unwrap_or_else(|_| panic!("control panicked"));
         let out = reader.join().unwrap_or_else(|_| panic!("reader panicked"));
         assert_eq!((cell.generation(), cell.load().0), (3, 3));
-        let mut s = sink
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        s.0 += 1;
-        s.1.insert(out);
+        sink.record(out);
     });
-    let mut s = seen
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    (s.0, std::mem::take(&mut s.1))
+    seen.take()
 }
 
 /// Runs a model that must fail; returns its panic message.
 fn must_fail(publish: Publish) -> String {
-    let Err(payload) = catch_unwind(AssertUnwindSafe(|| model(publish))) else {
-        panic!("loom explored every execution of a broken publication without a failure");
-    };
-    let msg = payload
-        .downcast_ref::<String>()
-        .cloned()
-        .or_else(|| payload.downcast_ref::<&str>().map(|s| (*s).to_owned()))
-        .unwrap_or_default();
-    eprintln!("caught: {}", msg.lines().next().unwrap_or_default());
-    msg
+    crate::loom_support::must_fail("publication", || {
+        model(publish);
+    })
 }
 
 #[test]

@@ -27,13 +27,12 @@
 //! `CARGO_TARGET_DIR=target/loom RUSTFLAGS="--cfg loom" cargo test -p continuum-core --release --lib loom_models`
 
 use std::collections::BTreeSet;
-use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::Mutex;
 
 use loom::sync::Arc;
 use loom::thread;
 
 use super::*;
+use crate::loom_support::Outcomes;
 
 /// The multi-word cell width the models use.
 const W: usize = 3;
@@ -47,36 +46,19 @@ fn explore<O: Ord + Send + 'static>(
     preemption_bound: Option<usize>,
     f: impl Fn() -> O + Send + Sync + 'static,
 ) -> (usize, BTreeSet<O>) {
-    let seen = std::sync::Arc::new(Mutex::new((0, BTreeSet::new())));
-    let sink = seen.clone();
+    let seen = Outcomes::new();
+    let sink = seen.handle();
     let mut builder = loom::model::Builder::new();
     builder.preemption_bound = preemption_bound;
-    builder.check(move || {
-        let outcome = f();
-        let mut s = sink
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        s.0 += 1;
-        s.1.insert(outcome);
-    });
-    let mut s = seen
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    (s.0, std::mem::take(&mut s.1))
+    builder.check(move || sink.record(f()));
+    seen.take()
 }
 
 /// Runs a model that must fail; returns its panic message.
 fn must_fail(preemption_bound: Option<usize>, f: impl Fn() + Send + Sync + 'static) -> String {
-    let Err(payload) = catch_unwind(AssertUnwindSafe(|| explore(preemption_bound, f))) else {
-        panic!("loom explored every execution of a broken protocol without a failure");
-    };
-    let msg = payload
-        .downcast_ref::<String>()
-        .cloned()
-        .or_else(|| payload.downcast_ref::<&str>().map(|s| (*s).to_owned()))
-        .unwrap_or_default();
-    eprintln!("caught: {}", msg.lines().next().unwrap_or_default());
-    msg
+    crate::loom_support::must_fail("seqlock", || {
+        explore(preemption_bound, f);
+    })
 }
 
 /// A table whose chunk is allocated before any thread starts: chunk allocation is the control
