@@ -178,20 +178,10 @@ impl State {
         generation
     }
 
-    /// Replace the shards' picker when the running config asks for another one (API-06). The
-    /// mailbox delivers the replacement before the next snapshot, so the first request of the
-    /// new config already picks with it.
+    /// Replace the shards' picker when the running config asks for another one (API-06).
     fn select_picker(&mut self) {
-        let want = (self.params.picker_for)(&self.params.config);
-        let active = self.params.shards.picker().name();
-        if want.name() != active {
-            tracing::info!(
-                from = active,
-                to = want.name(),
-                "replacing the worker picker"
-            );
-            self.params.shards.set_picker(want);
-        }
+        let params = &mut self.params;
+        select_picker(&mut params.shards, &params.config, params.picker_for);
     }
 
     /// Admit exactly the fleet's live (worker, rank) keys to the load store and drop departed
@@ -246,6 +236,28 @@ impl State {
         }
         false
     }
+}
+
+/// Replace `shards`' picker when `config` asks for another one than the active one (API-06).
+/// The mailbox delivers the replacement before the next snapshot's `Reload`, so the first
+/// request of the new config already picks with it. Returns whether it replaced the picker.
+fn select_picker(
+    shards: &mut ShardSet,
+    config: &Config,
+    picker_for: fn(&Config) -> PickerFactory,
+) -> bool {
+    let want = picker_for(config);
+    let active = shards.picker().name();
+    if want.name() == active {
+        return false;
+    }
+    tracing::info!(
+        from = active,
+        to = want.name(),
+        "replacing the worker picker"
+    );
+    shards.set_picker(want);
+    true
 }
 
 async fn run(params: ControlParams, signals: Signals) -> Result<ExitReason, ControlRunError> {
@@ -412,5 +424,88 @@ async fn drain(mut st: State, why: &str) -> ExitReason {
     } else {
         tracing::warn!("drain deadline passed with requests still in flight");
         ExitReason::DrainTimedOut
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    use continuum_core::config::{Config, NoEnv};
+    use continuum_core::discovery::FleetView;
+    use continuum_core::load::LoadStore;
+    use continuum_core::picker::LoadBasedPicker;
+    use continuum_core::publish::SnapshotCell;
+    use continuum_core::snapshot::RouterSnapshot;
+    use continuum_shards::metrics::ControlStats;
+    use continuum_shards::runtime::DriverChoice;
+    use continuum_shards::{PickerFactory, ShardSpec, load_based_picker, spawn_shards};
+
+    use super::select_picker;
+
+    static BUILT: AtomicU64 = AtomicU64::new(0);
+
+    /// A test mapping: `connect_retries: 7` asks for the "counted" picker, anything else for the
+    /// default (the router's own mapping is `continuum_shards::picker_for`).
+    fn picker_for(config: &Config) -> PickerFactory {
+        if config.server.connect_retries == 7 {
+            PickerFactory::new("counted", |_env| {
+                BUILT.fetch_add(1, Ordering::Relaxed);
+                Box::new(LoadBasedPicker::new())
+            })
+        } else {
+            load_based_picker()
+        }
+    }
+
+    fn config(retries: u32) -> Config {
+        let yaml = format!(
+            "server:\n  bind_address: \"127.0.0.1:0\"\n  shards: 2\n  connect_retries: {retries}\n\
+             backends: []\n"
+        );
+        Config::from_yaml(&yaml, &NoEnv).unwrap().0
+    }
+
+    #[test]
+    fn a_reload_that_asks_for_another_picker_replaces_it_on_every_shard() {
+        let first = config(1);
+        let cell = Arc::new(SnapshotCell::new(RouterSnapshot::build(
+            1,
+            Arc::new(first.clone()),
+            Vec::new(),
+            Arc::new(FleetView::default()),
+            Arc::default(),
+        )));
+        let spec = ShardSpec {
+            bind: first.server.bind_address,
+            cpus: vec![None, None],
+            driver: DriverChoice::Best,
+            picker: picker_for(&first),
+        };
+        let stats = Arc::new(ControlStats::default());
+        let mut shards = spawn_shards(&spec, cell, stats, Arc::new(LoadStore::new())).unwrap();
+        // The same answer: nothing is replaced.
+        assert!(!select_picker(&mut shards, &config(1), picker_for));
+        assert_eq!(shards.picker().name(), "load_based");
+        // A config that asks for another picker: every shard builds one.
+        assert!(select_picker(&mut shards, &config(7), picker_for));
+        assert_eq!(shards.picker().name(), "counted");
+        let deadline = crate::clock::instant() + std::time::Duration::from_secs(10);
+        while BUILT.load(Ordering::Relaxed) < 2 {
+            assert!(
+                crate::clock::instant() < deadline,
+                "both shards build the new picker"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        // Reloading the same choice again rebuilds nothing.
+        assert!(!select_picker(&mut shards, &config(7), picker_for));
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert_eq!(BUILT.load(Ordering::Relaxed), 2);
+        // And back.
+        assert!(select_picker(&mut shards, &config(1), picker_for));
+        assert_eq!(shards.picker().name(), "load_based");
+        assert!(shards.drain(crate::clock::instant() + std::time::Duration::from_secs(2)));
     }
 }
