@@ -132,11 +132,7 @@ impl WorkerPicker for LoadBasedPicker {
 
     fn pick<'f>(&mut self, input: &PickInput<'f>, out: &mut Picks<'f>) -> Result<(), NoWorker> {
         out.clear();
-        let pick = pick_with(input, &mut self.cursors, &mut self.scratch, out)?;
-        if out.is_empty() {
-            out.push(pick);
-        }
-        Ok(())
+        pick_with(input, &mut self.cursors, &mut self.scratch, out).map(|_| ())
     }
 }
 
@@ -222,10 +218,10 @@ pub fn pick_load_based<'f>(
     pick_with(input, cursors, scratch, &mut Picks::new(1))
 }
 
-/// [`pick_load_based`], also writing ordered candidates into `out` when it wants more than one:
-/// the pick first, then the next-cheapest decode candidates of the pick's namespace and role
-/// (defined costs only, ascending, ties in candidate order), each paired with the pick's
-/// prefill worker. With `out.limit() == 1` nothing is written and nothing extra is computed.
+/// [`pick_load_based`], also writing the ordered candidates into `out`: the pick first, then (when
+/// `out` wants more than one) the next-cheapest decode candidates of the pick's namespace and
+/// role (defined costs only, ascending, ties in candidate order), each paired with the pick's
+/// prefill worker. With `out.limit() == 1` nothing beyond the pick is computed.
 fn pick_with<'f>(
     input: &PickInput<'f>,
     cursors: &mut PickerCursors,
@@ -361,9 +357,6 @@ fn push_ordered<'f>(
     workers: &[Worker],
     alternates: &[Option<Slot>],
 ) {
-    if out.limit() == 1 {
-        return;
-    }
     out.push(*pick);
     for slot in alternates.iter().flatten() {
         let Some(w) = workers.get(slot.worker) else {
