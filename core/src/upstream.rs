@@ -15,8 +15,6 @@
 //!   was sent (`Connect`) or a reused connection was closed before any response byte (`Closed`);
 //! - [`ErrorKind::ClientGone`] and [`Phase::Body`] are never answerable.
 
-use std::fmt;
-
 /// What went wrong.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ErrorKind {
@@ -48,7 +46,8 @@ pub enum Phase {
 }
 
 /// One classified dispatch failure.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("{kind:?} during {phase:?}{}", if *retryable { " (retryable)" } else { "" })]
 pub struct DispatchError {
     /// What went wrong.
     pub kind: ErrorKind,
@@ -116,18 +115,6 @@ impl DispatchError {
         }
     }
 }
-
-impl fmt::Display for DispatchError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:?} during {:?}", self.kind, self.phase)?;
-        if self.retryable {
-            f.write_str(" (retryable)")?;
-        }
-        Ok(())
-    }
-}
-
-impl std::error::Error for DispatchError {}
 
 /// Upstream failure classes, the `class` label of `continuum_upstream_errors_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
