@@ -43,7 +43,10 @@ impl Signals {
         let shards = ledgers.len();
         Self {
             store,
-            events: (0..shards).map(|_| LoadEventCounters::new()).collect(),
+            // At least one counter set, so `load_events` always has one to hand out.
+            events: (0..shards.max(1))
+                .map(|_| LoadEventCounters::new())
+                .collect(),
             tables: (0..shards).map(|_| Arc::new(SubTable::default())).collect(),
             inflight: ledgers.iter().map(DispatchLedger::table).collect(),
         }
@@ -56,9 +59,10 @@ impl Signals {
 
     /// Shard `shard`'s load event counters (its own, as a writer; any, as a reader).
     pub fn load_events(&self, shard: usize) -> &LoadEventCounters {
-        // `new` creates one counter set per shard, so the index is in range; a mismatch would
-        // only misattribute counts, never fail.
-        &self.events[shard % self.events.len().max(1)]
+        // `new` creates one counter set per shard (at least one), so the index is in range; a
+        // mismatch would only misattribute counts, never fail. No division: the sinks call this
+        // once per message.
+        self.events.get(shard).unwrap_or(&self.events[0])
     }
 
     /// Shard `shard`'s subscription table.
