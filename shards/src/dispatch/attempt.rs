@@ -16,14 +16,13 @@ use continuum_core::config::BackendUrl;
 use continuum_core::headers::{self, RequestHeaderFate};
 use continuum_core::snapshot::{BackendIdx, ModelRoute, RouterSnapshot};
 use continuum_core::upstream::{DispatchError, ErrorKind, Phase};
-use monoio::io::AsyncWriteRentExt;
 use monoio::net::TcpStream;
 
 use super::exchange::{Answer, Attempt, Body, Exchange, FailureHandling};
 use super::{Dispatcher, Ingress, convert, relay};
 use crate::clock;
-use crate::http::Outcome;
 use crate::http::respond::LocalError;
+use crate::http::{Outcome, write_lent};
 
 /// Bodies up to this size are copied behind the request head and sent in one write.
 const COALESCE_BODY: usize = 64 * 1024;
@@ -89,11 +88,10 @@ impl Dispatcher {
         let (Some(backend), Some(addr)) = (snap.backend(idx), snap.backend_addr(idx)) else {
             return Err(DispatchError::CONNECT);
         };
-        let (body, attempt) = match convert::for_backend(ex, backend, attempt) {
+        let body = match convert::for_backend(ex, backend) {
             Ok(b) => b,
             Err(outcome) => return Ok(Answer::Done(outcome)),
         };
-        let attempt = &attempt;
         let cfg = &snap.config.server;
         let pooled = self.pool.borrow_mut().checkout(addr, clock::instant());
         for slot in [pooled, None] {
@@ -181,10 +179,8 @@ async fn write_request(
     attempt: &Attempt<'_>,
 ) -> std::io::Result<()> {
     build_upstream_head(ex, url, body, attempt);
-    let out = std::mem::take(&mut ex.bufs.out);
-    let (res, out) = up.write_all(out).await;
-    ex.bufs.out = out;
-    res?;
+    let all = 0..ex.bufs.out.len();
+    write_lent(up, &mut ex.bufs.out, all).await?;
     if ex.bytes(body).len() > COALESCE_BODY {
         ex.write_body_to(up, body).await?;
     }
@@ -198,7 +194,7 @@ fn build_upstream_head(ex: &mut Exchange<'_>, url: &BackendUrl, body: Body, atte
     let mut out = std::mem::take(&mut ex.bufs.out);
     out.clear();
     let req = &*ex.req;
-    let path = attempt.upstream_path.unwrap_or_else(|| req.path());
+    let path = ex.upstream_path(body).unwrap_or_else(|| req.path());
     out.extend_from_slice(b"POST ");
     out.extend_from_slice(url.base_path.as_bytes());
     out.extend_from_slice(path);

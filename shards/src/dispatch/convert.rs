@@ -34,11 +34,11 @@ use monoio::net::TcpStream;
 
 use continuum_core::upstream::{DispatchError, ErrorKind};
 
+use super::Ingress;
 use super::exchange::{Answer, Attempt, Body, Conversion, Exchange};
 use super::upstream::{
     BodyState, Framing, ParsedHead, end_head, hold, read_upstream, write_client,
 };
-use super::{CHAT_PATH, Ingress};
 use crate::http::Outcome;
 use crate::http::respond::{self, Persistence};
 
@@ -85,21 +85,17 @@ impl StreamConv {
     }
 }
 
-/// The body and attempt to send to `backend`: a Responses request to a `responses_api: chat`
-/// backend is converted to chat (once per request) and sent to `/v1/chat/completions` with its
-/// answer converted back; every other attempt is unchanged. An unconvertible body is answered
-/// here (400).
-pub(super) fn for_backend<'a>(
-    ex: &mut Exchange<'_>,
-    backend: &BackendConfig,
-    attempt: &Attempt<'a>,
-) -> Result<(Body, Attempt<'a>), Outcome> {
+/// The body to send to `backend`: a Responses request to a `responses_api: chat` backend is
+/// converted to chat (once per request; [`Body::Alt`], sent to `/v1/chat/completions`,
+/// [`Exchange::upstream_path`]) with its answer converted back; every other attempt sends the
+/// prepared body unchanged. An unconvertible body is answered here (400).
+pub(super) fn for_backend(ex: &mut Exchange<'_>, backend: &BackendConfig) -> Result<Body, Outcome> {
     if ex.ingress != Ingress::Responses {
-        return Ok((ex.body, *attempt));
+        return Ok(ex.body);
     }
     if backend.responses_api == ResponsesApi::Native {
         ex.convert = None;
-        return Ok((ex.body, *attempt));
+        return Ok(ex.body);
     }
     if ex.responses_ctx.is_none() {
         match responses_to_chat(ex.bytes(ex.body)) {
@@ -117,13 +113,7 @@ pub(super) fn for_backend<'a>(
         }
     }
     ex.convert = ex.responses_ctx.clone().map(Conversion::Responses);
-    Ok((
-        Body::Alt,
-        Attempt {
-            upstream_path: Some(CHAT_PATH),
-            ..*attempt
-        },
-    ))
+    Ok(Body::Alt)
 }
 
 /// Write `body` as the error response for `err`.

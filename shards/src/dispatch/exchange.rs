@@ -22,12 +22,11 @@ use continuum_core::ingress::anthropic_req::AnthropicContext;
 use continuum_core::ingress::anthropic_resp::chat_to_anthropic;
 use continuum_core::ingress::errors::ClassifiedError;
 use continuum_core::ingress::responses::{ResponsesContext, chat_to_responses};
-use monoio::io::AsyncWriteRentExt;
 use monoio::net::TcpStream;
 
-use super::Ingress;
+use super::{CHAT_PATH, Ingress};
 use crate::http::respond::{ErrorShape, LocalError};
-use crate::http::{Outcome, Request, ResponseSink};
+use crate::http::{Outcome, Request, ResponseSink, write_lent};
 
 /// Buffers of the upstream side, kept per connection and reused by its exchanges.
 #[derive(Debug, Default)]
@@ -109,6 +108,13 @@ impl<'a> Exchange<'a> {
         }
     }
 
+    /// The upstream request path when it is not the client's: a body converted to chat (an
+    /// Anthropic request, or a Responses request sent to a chat-only backend) goes to the chat
+    /// completions path.
+    pub(crate) fn upstream_path(&self, body: Body) -> Option<&'static [u8]> {
+        (self.ingress == Ingress::Messages || body == Body::Alt).then_some(CHAT_PATH)
+    }
+
     /// Answer with a local error in the client's shape.
     pub(crate) fn local_error(&mut self, e: LocalError) -> Outcome {
         self.sink.local_error(&self.req.head, self.shape, e)
@@ -125,10 +131,8 @@ impl<'a> Exchange<'a> {
             Body::Prepared => &mut self.bufs.prepared,
             Body::Alt => &mut self.bufs.alt,
         };
-        let owned = std::mem::take(buf);
-        let (res, owned) = up.write_all(owned).await;
-        *buf = owned;
-        res.map(|_| ())
+        let all = 0..buf.len();
+        write_lent(up, buf, all).await
     }
 }
 
@@ -141,8 +145,6 @@ pub(crate) struct Attempt<'a> {
     pub(crate) routing: Option<RoutingHeaders<'a>>,
     /// What happens to a non-2xx answer.
     pub(crate) on_failure: FailureHandling,
-    /// The upstream request path when it is not the client's (converted requests).
-    pub(crate) upstream_path: Option<&'static [u8]>,
 }
 
 impl Attempt<'_> {
@@ -151,7 +153,6 @@ impl Attempt<'_> {
         pins: None,
         routing: None,
         on_failure: FailureHandling::Relay,
-        upstream_path: None,
     };
 }
 

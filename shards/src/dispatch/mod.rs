@@ -188,16 +188,11 @@ impl Dispatcher {
             Ok(f) => f,
             Err(e) => return ex.local_error(e),
         };
-        let upstream_path = match ingress {
-            Ingress::Messages => Some(CHAT_PATH),
-            _ => None,
-        };
         match planned {
             plan::Plan::Pinned(p) => {
                 let req = shim::Request {
                     route,
                     mode: prepared.mode,
-                    upstream_path,
                 };
                 self.dispatch_pinned(snap, &mut ex, p, req).await
             }
@@ -210,18 +205,11 @@ impl Dispatcher {
                         pins: None,
                         namespace: None,
                     }),
-                    upstream_path,
                     ..Attempt::PLAIN
                 };
                 self.plain(snap, &mut ex, route, &attempt).await
             }
-            plan::Plan::Off => {
-                let attempt = Attempt {
-                    upstream_path,
-                    ..Attempt::PLAIN
-                };
-                self.plain(snap, &mut ex, route, &attempt).await
-            }
+            plan::Plan::Off => self.plain(snap, &mut ex, route, &Attempt::PLAIN).await,
         }
     }
 }

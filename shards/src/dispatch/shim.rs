@@ -37,8 +37,6 @@ pub(super) struct Request<'r> {
     pub(super) route: Option<&'r ModelRoute>,
     /// Buffered or streaming (the failure rules differ, SHIM-21).
     pub(super) mode: RequestMode,
-    /// The upstream path when it is not the client's.
-    pub(super) upstream_path: Option<&'static [u8]>,
 }
 
 /// Marks a pinned request's dispatches finished when dropped: at the end of the request, or
@@ -77,11 +75,7 @@ impl Dispatcher {
         pinned: &Pinned<'_>,
         req: Request<'_>,
     ) -> Outcome {
-        let Request {
-            route,
-            mode,
-            upstream_path,
-        } = req;
+        let Request { route, mode } = req;
         let path = RoutingPath::of_pins(pinned.pins.prefill.is_some());
         let attempt = Attempt {
             pins: Some(pinned.pins),
@@ -91,7 +85,6 @@ impl Dispatcher {
                 namespace: Some(pinned.namespace),
             }),
             on_failure: FailureHandling::Hold,
-            upstream_path,
         };
         let fallback =
             UnifiedFallback::from_config(snap.config.disaggregated_serving.fallback_to_unified);
@@ -147,7 +140,6 @@ impl Dispatcher {
                         pins: None,
                         namespace: None,
                     }),
-                    upstream_path,
                     ..Attempt::PLAIN
                 };
                 self.plain(snap, ex, route, &attempt).await

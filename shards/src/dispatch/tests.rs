@@ -7,7 +7,7 @@ use continuum_core::shim::{RequestMode, ShimDecision, ShimOutcome, UnifiedFallba
 use continuum_core::upstream::{DispatchError, ErrorKind, Phase};
 
 use super::attempt::{PlainStep, plain_step, retry_on_fresh_connection};
-use super::exchange::{Answer, Attempt, Body, Conversion, Exchange, ExchangeBufs};
+use super::exchange::{Answer, Body, Conversion, Exchange, ExchangeBufs};
 use super::shim::{PinnedStep, pinned_step};
 use super::{CHAT_PATH, Ingress, convert, prepare};
 use crate::http::respond::LocalError;
@@ -115,6 +115,11 @@ fn an_anthropic_body_becomes_chat_before_the_scan() {
     let v: serde_json::Value = serde_json::from_slice(ex.bytes(ex.body)).unwrap();
     assert_eq!(v["messages"][0]["content"], "hi");
     assert_eq!(&ex.bytes(ex.body)[prepared.model], b"claude");
+    assert_eq!(
+        ex.upstream_path(ex.body),
+        Some(CHAT_PATH),
+        "sent to the chat path"
+    );
     assert_eq!(prepared.mode, RequestMode::Streaming);
 }
 
@@ -134,22 +139,19 @@ fn a_responses_request_is_converted_per_backend_and_once_per_request() {
     let mut ex = p.exchange(Ingress::Responses);
     prepare::prepare(&mut ex).unwrap();
     // A chat-only backend: the chat conversion, sent to the chat path, answer converted back.
-    let (b, attempt) =
-        convert::for_backend(&mut ex, &backend(ResponsesApi::Chat), &Attempt::PLAIN).unwrap();
+    let b = convert::for_backend(&mut ex, &backend(ResponsesApi::Chat)).unwrap();
     assert_eq!(b, Body::Alt);
-    assert_eq!(attempt.upstream_path, Some(CHAT_PATH));
+    assert_eq!(ex.upstream_path(b), Some(CHAT_PATH));
     assert!(matches!(ex.convert, Some(Conversion::Responses(_))));
     let first = ex.bytes(Body::Alt).to_vec();
     assert!(!first.is_empty());
     // A native backend on the next attempt: the client's body, nothing converted.
-    let (b, attempt) =
-        convert::for_backend(&mut ex, &backend(ResponsesApi::Native), &Attempt::PLAIN).unwrap();
+    let b = convert::for_backend(&mut ex, &backend(ResponsesApi::Native)).unwrap();
     assert_eq!(b, Body::Client);
-    assert_eq!(attempt.upstream_path, None);
+    assert_eq!(ex.upstream_path(b), None);
     assert!(ex.convert.is_none());
     // Back to a chat backend: the conversion made once is reused.
-    let (b, _) =
-        convert::for_backend(&mut ex, &backend(ResponsesApi::Chat), &Attempt::PLAIN).unwrap();
+    let b = convert::for_backend(&mut ex, &backend(ResponsesApi::Chat)).unwrap();
     assert_eq!(b, Body::Alt);
     assert_eq!(ex.bytes(Body::Alt), &first[..]);
 }
@@ -165,9 +167,17 @@ fn a_fresh_exchange_carries_nothing_from_the_last_one() {
         prepare::prepare(&mut ex).unwrap();
         assert!(ex.convert.is_some());
     }
+    assert!(
+        !p.bufs.prepared.is_empty(),
+        "the connection's buffers keep the converted body"
+    );
+    // The next exchange on the same connection's buffers sends the client's own bytes, to the
+    // client's own path, with nothing to convert back.
     let ex = p.exchange(Ingress::Chat);
     assert!(ex.convert.is_none() && ex.responses_ctx.is_none());
     assert_eq!(ex.body, Body::Client);
+    assert_eq!(ex.bytes(ex.body), ex.req.body());
+    assert_eq!(ex.upstream_path(ex.body), None);
 }
 
 const OK: Outcome = Outcome {

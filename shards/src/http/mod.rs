@@ -23,7 +23,7 @@ use std::ops::Range;
 
 use continuum_core::http1::request::RequestHead;
 use continuum_core::route::Route;
-use monoio::io::{AsyncWriteRentExt, OwnedWriteHalf};
+use monoio::io::{AsyncWriteRent, AsyncWriteRentExt, OwnedWriteHalf};
 use monoio::net::TcpStream;
 
 use crate::metrics::ShardMetrics;
@@ -134,22 +134,29 @@ impl Request {
     pub(crate) async fn write_body_to(&mut self, up: &mut TcpStream) -> std::io::Result<()> {
         match &self.body {
             BodyRef::None => Ok(()),
-            BodyRef::InPlace(r) => {
-                let rbuf = std::mem::take(&mut self.rbuf);
-                let (res, slice) = up
-                    .write_all(monoio::buf::IoBuf::slice(rbuf, r.clone()))
-                    .await;
-                self.rbuf = slice.into_inner();
-                res.map(|_| ())
-            }
+            BodyRef::InPlace(r) => write_lent(up, &mut self.rbuf, r.clone()).await,
             BodyRef::Decoded => {
-                let body = std::mem::take(&mut self.decoded);
-                let (res, body) = up.write_all(body).await;
-                self.decoded = body;
-                res.map(|_| ())
+                let all = 0..self.decoded.len();
+                write_lent(up, &mut self.decoded, all).await
             }
         }
     }
+}
+
+/// Write `buf[range]` to `w` without copying: the buffer is lent to the (owned-buffer) write
+/// and put back, whatever the outcome. A range outside the buffer is an error, not a panic.
+pub(crate) async fn write_lent<W: AsyncWriteRent>(
+    w: &mut W,
+    buf: &mut Vec<u8>,
+    range: Range<usize>,
+) -> std::io::Result<()> {
+    if range.start > range.end || range.end > buf.len() {
+        return Err(std::io::ErrorKind::InvalidInput.into());
+    }
+    let owned = std::mem::take(buf);
+    let (res, slice) = w.write_all(monoio::buf::IoBuf::slice(owned, range)).await;
+    *buf = slice.into_inner();
+    res.map(|_| ())
 }
 
 /// The client side of the response: the connection's write half and its write buffer. What a
@@ -188,11 +195,10 @@ impl ResponseSink {
         let Some(wr) = self.wr.as_mut() else {
             return Err(std::io::ErrorKind::NotConnected.into());
         };
-        let buf = std::mem::take(&mut self.buf);
-        let (res, mut buf) = wr.write_all(buf).await;
-        buf.clear();
-        self.buf = buf;
-        res.map(|_| ())
+        let all = 0..self.buf.len();
+        let res = write_lent(wr, &mut self.buf, all).await;
+        self.buf.clear();
+        res
     }
 
     /// Replace the buffer with a local error response in `shape`; the connection stays open
