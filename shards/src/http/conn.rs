@@ -123,9 +123,11 @@ async fn serve_one<H: Handler>(
             (c.sink.local_error(&c.req.head, ErrorShape::of(route), e), 0)
         }
     };
+    // Counted before the last bytes leave, so a client that scrapes `/metrics` right after its
+    // answer sees its own stripped pins (a scrape on another shard could otherwise race it).
+    metrics.pins_stripped(c.req.pins_stripped);
     let flushed = c.sink.flush().await.is_ok();
     metrics.inflight_dec();
-    metrics.pins_stripped(c.req.pins_stripped);
     metrics.request_done(route, outcome.status, started.elapsed());
     c.req.body = BodyRef::None;
     if !(flushed && outcome.keep_alive) {
