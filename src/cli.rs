@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use continuum_core::config::{Config, EnvLookup, report};
+use continuum_core::config::{EnvLookup, report};
 
 /// Usage text.
 pub(crate) const USAGE: &str = "usage:
@@ -136,7 +136,7 @@ pub(crate) fn execute(cmd: Command) -> ExitCode {
                 Ok(t) => t,
                 Err(code) => return code,
             };
-            let result = Config::from_yaml(&text, &ProcessEnv);
+            let result = continuum_control::load_config(&text, &ProcessEnv);
             print!("{}", report::render(&result));
             match result {
                 Ok(_) => {
@@ -151,7 +151,7 @@ pub(crate) fn execute(cmd: Command) -> ExitCode {
                 Ok(t) => t,
                 Err(code) => return code,
             };
-            match Config::from_yaml(&text, &ProcessEnv) {
+            match continuum_control::load_config(&text, &ProcessEnv) {
                 Ok((c, _)) => {
                     print!("{}", c.show_masked());
                     ExitCode::SUCCESS

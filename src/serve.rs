@@ -22,7 +22,7 @@ pub(crate) fn run_file(path: &Path) -> ExitCode {
         Ok(t) => t,
         Err(code) => return code,
     };
-    let config = match Config::from_yaml(&text, &ProcessEnv) {
+    let config = match continuum_control::load_config(&text, &ProcessEnv) {
         Ok((c, warnings)) => {
             for w in warnings {
                 tracing::warn!(%w, "config warning");

@@ -16,10 +16,12 @@
 //! [`SnapshotCell`]: continuum_core::publish::SnapshotCell
 #![forbid(unsafe_code)]
 
+mod build;
 mod clock;
 pub mod discovery;
 mod reload;
 mod resolve;
 
+pub use build::{BUILD, load_config};
 pub use reload::{ControlParams, ControlRunError, ExitReason, Prepared, prepare, spawn};
 pub use resolve::resolve_blocking;

@@ -339,7 +339,7 @@ async fn reload(st: &mut State, trigger: Trigger) {
     if trigger == Trigger::FileChanged && text == st.params.config_text {
         return;
     }
-    let config = match Config::from_yaml(&text, &EnvVars) {
+    let config = match crate::build::load_config(&text, &EnvVars) {
         Ok((c, warnings)) => {
             for w in warnings {
                 tracing::warn!(%w, "config warning");

@@ -268,6 +268,29 @@ mod tests {
     }
 
     #[test]
+    fn kv_settings_never_restart_discovery() {
+        // RELOAD-16: every `dynamo.kv` field applies without a discovery restart.
+        let base = "dynamo: { enabled: true, discovery: { source: file, file: { root: /srv/kv, \
+                    namespaces: [a] } }";
+        let before = format!("{base} }}");
+        let after = format!(
+            "{base}, kv: {{ enabled: true, overlap_score_credit: 2.0, router_temperature: 0.5, \
+             send_token_data: true }} }}"
+        );
+        let plan = |yaml: &str| {
+            let (config, _) = Config::from_yaml(yaml, &continuum_core::config::NoEnv)
+                .unwrap_or_else(|e| panic!("{:#?}", e.errors));
+            assert_eq!(config.dynamo.kv.enabled, yaml.contains("kv:"));
+            plan_for(&config)
+        };
+        let (a, b) = (plan(&before), plan(&after));
+        assert_eq!(a, b);
+        if let (Ok(a), Ok(b)) = (a, b) {
+            assert_eq!(classify(a.as_ref(), b.as_ref()), Transition::Keep);
+        }
+    }
+
+    #[test]
     fn enable_disable_and_no_change() {
         let a = etcd(&["dynamo"]);
         assert_eq!(classify(None, None), Transition::Keep);

@@ -27,6 +27,7 @@
 //!   the injected [`EnvLookup`].
 
 mod addr;
+mod build;
 mod convert;
 mod convert_dynamo;
 mod convert_dynamo_file;
@@ -47,6 +48,7 @@ use std::net::SocketAddr;
 use std::num::NonZeroUsize;
 use std::time::Duration;
 
+pub use build::Build;
 pub use error::{ConfigErrors, FieldError, Warning};
 
 /// Index of a backend in [`Config::backends`], and so in every snapshot built from that config

@@ -1,0 +1,117 @@
+//! What this binary was built with, and the refusal of configs that need more (BUILD-01..03).
+//!
+//! A config that validates must do what it says: `dynamo.enabled` in a build without the `dynamo`
+//! feature, `dynamo.kv.enabled` without `dynamo-kv`, or a discovery source this build does not
+//! implement, is an error of `config validate`, of startup and of every reload — never a log line
+//! and a silently disabled feature.
+//!
+//! Invariant: [`Config::check_build`] only reads the config; it never changes what validated.
+
+use super::dynamo::DiscoverySource;
+use super::{Config, FieldError};
+
+/// The optional features compiled into the running binary.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Build {
+    /// Cargo feature `dynamo`: discovery (etcd, file store) and load ingest.
+    pub dynamo: bool,
+    /// Cargo feature `dynamo-kv`: kv-events ingest and the KV index (KV-IDX-01).
+    pub dynamo_kv: bool,
+}
+
+impl Build {
+    /// A build with every feature (tests of the refusal rules use narrower ones).
+    pub const FULL: Build = Build {
+        dynamo: true,
+        dynamo_kv: true,
+    };
+
+    /// The discovery sources this build implements.
+    pub fn supports_source(self, source: DiscoverySource) -> bool {
+        matches!(source, DiscoverySource::Etcd | DiscoverySource::File)
+    }
+}
+
+impl Config {
+    /// Every setting of this config that `build` cannot honour, as field errors.
+    pub fn check_build(&self, build: Build) -> Vec<FieldError> {
+        let mut errors = Vec::new();
+        let d = &self.dynamo;
+        if d.enabled && !build.dynamo {
+            errors.push(FieldError {
+                field: "dynamo.enabled".into(),
+                value: "true".into(),
+                reason: "this binary was built without the `dynamo` feature".into(),
+            });
+        }
+        if d.enabled && build.dynamo && !build.supports_source(d.discovery.source) {
+            errors.push(FieldError {
+                field: "dynamo.discovery.source".into(),
+                value: d.discovery.source.as_str().into(),
+                reason:
+                    "this discovery source is not implemented in this build (etcd and file are)"
+                        .into(),
+            });
+        }
+        if d.kv.enabled && !build.dynamo_kv {
+            errors.push(FieldError {
+                field: "dynamo.kv.enabled".into(),
+                value: "true".into(),
+                reason: "this binary was built without the `dynamo-kv` feature".into(),
+            });
+        }
+        errors
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::NoEnv;
+
+    fn config(yaml: &str) -> Config {
+        Config::from_yaml(yaml, &NoEnv).expect("valid").0
+    }
+
+    const BASE: &str = "backends: []\n";
+
+    #[test]
+    fn a_plain_config_fits_every_build() {
+        let c = config(BASE);
+        for dynamo in [false, true] {
+            for dynamo_kv in [false, true] {
+                assert!(c.check_build(Build { dynamo, dynamo_kv }).is_empty());
+            }
+        }
+    }
+
+    #[test]
+    fn dynamo_without_the_feature_is_refused_with_field_value_and_reason() {
+        let c = config(
+            "dynamo:\n  enabled: true\n  discovery:\n    source: etcd\n    etcd:\n      endpoints: [\"http://127.0.0.1:2379\"]\n",
+        );
+        assert!(c.check_build(Build::FULL).is_empty());
+        let errs = c.check_build(Build {
+            dynamo: false,
+            dynamo_kv: false,
+        });
+        assert_eq!(errs.len(), 1, "{errs:?}");
+        assert_eq!(errs[0].field, "dynamo.enabled");
+        assert_eq!(errs[0].value, "true");
+        assert!(errs[0].reason.contains("`dynamo` feature"));
+    }
+
+    #[test]
+    fn kv_without_its_feature_is_refused() {
+        let c = config(
+            "dynamo:\n  enabled: true\n  discovery:\n    source: etcd\n    etcd:\n      endpoints: [\"http://127.0.0.1:2379\"]\n  kv:\n    enabled: true\n",
+        );
+        assert!(c.check_build(Build::FULL).is_empty());
+        let errs = c.check_build(Build {
+            dynamo: true,
+            dynamo_kv: false,
+        });
+        assert_eq!(errs.len(), 1, "{errs:?}");
+        assert_eq!(errs[0].field, "dynamo.kv.enabled");
+    }
+}
