@@ -98,6 +98,7 @@ mod tests {
                 host: host.into(),
                 port: 5557,
             },
+            source: None,
         }
     }
 

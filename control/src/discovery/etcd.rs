@@ -10,7 +10,6 @@
 use std::time::Duration;
 
 use continuum_core::config::dynamo::{EtcdConfig, EtcdScheme};
-use continuum_core::discovery::keys::encode_segment;
 use etcd_client::{
     Certificate, Client, ConnectOptions, EventType, GetOptions, Identity, TlsOptions, WatchOptions,
     WatchStream,
@@ -24,14 +23,11 @@ const PAGE: i64 = 64;
 /// Largest gRPC message accepted from etcd (a page of [`PAGE`] maximal records, plus headroom).
 const MAX_MESSAGE: usize = 128 * 1024 * 1024;
 
-/// The three prefixes of one Dynamo namespace (DISC-REC-01). Event-channel key segments are
-/// `%XX`-encoded (LOAD-CHAN-03); namespaces are validated to need no encoding elsewhere.
-pub fn prefixes(namespace: &str) -> [String; 3] {
-    [
-        format!("v1/instances/{namespace}/"),
-        format!("v1/mdc/{namespace}/"),
-        format!("v1/event_channels/namespace/{}/", encode_segment(namespace)),
-    ]
+/// The four prefixes of one Dynamo namespace (DISC-REC-01, plus 1.6.1's `v1/event_sources/`,
+/// which maps a kv-events publisher to its `(worker, dp_rank)`). Event-channel and event-source
+/// key segments are `%XX`-encoded (LOAD-CHAN-03); namespaces need no encoding elsewhere.
+pub fn prefixes(namespace: &str) -> [String; 4] {
+    continuum_core::discovery::keys::namespace_prefixes(namespace)
 }
 
 /// The exclusive end of the key range holding every key that starts with `prefix`.
@@ -258,14 +254,20 @@ mod tests {
     }
 
     #[test]
-    fn three_prefixes_per_namespace() {
+    fn four_prefixes_per_namespace() {
         assert_eq!(
             prefixes("dynamo"),
             [
                 "v1/instances/dynamo/",
                 "v1/mdc/dynamo/",
-                "v1/event_channels/namespace/dynamo/"
+                "v1/event_channels/namespace/dynamo/",
+                "v1/event_sources/namespace/dynamo/"
             ]
+        );
+        assert_eq!(
+            prefixes("a.b")[3],
+            "v1/event_sources/namespace/a%2Eb/",
+            "the namespace segment is encoded as in the channel keys"
         );
     }
 }

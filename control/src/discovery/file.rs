@@ -2,7 +2,8 @@
 //! as etcd, read from the directory tree Dynamo's `FileStore` writes.
 //!
 //! Layout (upstream `lib/runtime/src/storage/kv/file.rs`): a bucket is the directory
-//! `root/<bucket>` (`v1/instances`, `v1/mdc`, `v1/event_channels`); each key is one regular file
+//! `root/<bucket>` (`v1/instances`, `v1/mdc`, `v1/event_channels`, and since Dynamo 1.6.1
+//! `v1/event_sources`); each key is one regular file
 //! in it, named by the key percent-encoded with every non-alphanumeric byte escaped; the
 //! etcd-equivalent key is the percent-decoded path relative to the root; the file's bytes are the
 //! etcd value. Writers publish through a `.tmp_*` file renamed (or hard-linked) into place, and
@@ -12,8 +13,8 @@
 //! - read-only: this module never creates, writes, touches, renames or deletes anything under
 //!   the root, not even expired files (Dynamo's own stores delete those; we only stop seeing
 //!   them); a missing root or bucket is simply empty, and is picked up when it appears;
-//! - `.tmp_*` files, other buckets and keys outside the configured namespaces' three prefixes
-//!   (the etcd source's, DISC-REC-01) are never read;
+//! - `.tmp_*` files, other buckets and keys outside the configured namespaces' prefixes
+//!   ([`namespace_prefixes`], one per reducer keyspace, DISC-REC-01) are never read;
 //! - a file is stat-ed before it is read: one above `MAX_RECORD_BYTES` is handed to the reducer
 //!   as an oversized put (counted malformed) without reading it, and no read takes more than
 //!   `MAX_RECORD_BYTES + 1` bytes;
@@ -34,16 +35,17 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime};
 
 use continuum_core::discovery::MAX_RECORD_BYTES;
+use continuum_core::discovery::keys::namespace_prefixes;
 use notify::event::ModifyKind;
 use notify::{Event, EventKind, RecommendedWatcher, RecursiveMode, Watcher};
 use tokio::sync::mpsc;
 
-use super::etcd::prefixes;
 use super::plan::FilePlan;
 use super::session::{Change, SessionEnd, WatchSource};
 
-/// The bucket directories under `root/v1` that hold discovery records (DISC-REC-01).
-pub const BUCKETS: [&str; 3] = ["instances", "mdc", "event_channels"];
+/// The bucket directories under `root/v1` that hold discovery records (DISC-REC-01), one per
+/// reducer keyspace.
+pub const BUCKETS: [&str; 4] = ["instances", "mdc", "event_channels", "event_sources"];
 /// Upstream's prefix for files being written; never a key.
 pub const TEMP_PREFIX: &[u8] = b".tmp_";
 /// Shortest rescan period (upstream's shortest keep-alive period).
@@ -143,11 +145,11 @@ impl Stamp {
 type Known = BTreeMap<Vec<u8>, Stamp>;
 
 impl Layout {
-    /// The layout for `root`, following `namespaces` (their three prefixes each), with `ttl`.
+    /// The layout for `root`, following `namespaces` (their [`namespace_prefixes`]), with `ttl`.
     pub fn new(root: PathBuf, namespaces: &[String], ttl: Duration) -> Self {
         let prefixes = namespaces
             .iter()
-            .flat_map(|ns| prefixes(ns))
+            .flat_map(|ns| namespace_prefixes(ns))
             .map(String::into_bytes)
             .collect();
         Layout {

@@ -10,7 +10,7 @@ use std::sync::Mutex;
 use std::sync::atomic::AtomicU64;
 use std::time::{Duration, Instant, SystemTime};
 
-use continuum_core::discovery::{DiscoveryEventKind, FleetView, InstanceId, Reducer};
+use continuum_core::discovery::{DiscoveryEventKind, Family, FleetView, InstanceId, Reducer};
 use tokio::sync::mpsc;
 
 use super::super::session::{self, SessionReport, drive_session};
@@ -57,6 +57,17 @@ fn relative_paths_decode_to_etcd_keys() {
         )),
         PathClass::Key(b"v1/event_channels/namespace/ns%2Eone/component/c".to_vec())
     );
+    // Event sources (Dynamo 1.6.1) are keys too, under the channels' layout.
+    assert_eq!(
+        l.classify(Path::new(
+            "/kv/v1/event_sources/namespace%2Fns%252Eone%2Ftopic%2Fkv-events%2F1"
+        )),
+        PathClass::Key(b"v1/event_sources/namespace/ns%2Eone/topic/kv-events/1".to_vec())
+    );
+    assert_eq!(
+        l.classify(Path::new("/kv/v1/event_sources/.tmp_1")),
+        PathClass::Temp
+    );
     // A trailing slash on the root changes nothing.
     let slashed = Layout::new(
         PathBuf::from("/kv/"),
@@ -77,11 +88,12 @@ fn temp_foreign_and_structural_paths_are_not_keys() {
         PathClass::Temp
     );
     assert_eq!(l.classify(Path::new("/kv/v1/mdc/.tmp_x")), PathClass::Temp);
-    // Another namespace, another bucket, event sources: not followed.
+    // Another namespace, another bucket: not followed.
     for p in [
         "/kv/v1/instances/disagg%2Fbackend%2Fgenerate%2F1",
         "/kv/v1/claims/agg%2Fx",
-        "/kv/v1/event_sources/namespace%2Fagg%2Fx",
+        "/kv/v1/event_sources/namespace%2Fdisagg%2Fx",
+        "/kv/v1/event_sources/agg%2Fx",
         "/kv/v2/instances/agg%2Fx",
         // `agg` must be a whole segment: `aggregate/` is another namespace.
         "/kv/v1/instances/aggregate%2Fbackend%2Fgenerate%2F1",
@@ -453,6 +465,88 @@ fn oversized_file_is_counted_malformed_and_nothing_crashes() {
         1,
         "{:?}",
         session::lock(&reducer).drain_diagnostics()
+    );
+}
+
+/// The kv-events publishers of a view with their registered `(worker hex, dp_rank)`.
+fn kv_sources(v: &FleetView) -> Vec<(String, Option<(String, u32)>)> {
+    v.publishers_of(Family::KvEvents)
+        .map(|p| {
+            let s = p.source.map(|s| (s.worker_id.hex(), s.dp_rank));
+            (p.publisher_id.hex(), s)
+        })
+        .collect()
+}
+
+#[test]
+fn event_source_files_reach_the_reducer_as_etcd_records_do() {
+    const SOURCE: &str = "v1/event_sources/namespace/agg/component/backend/endpoint/generate/topic/kv-events/1103cdbce2962";
+    let root = temp_root("sources");
+    let _c = Cleanup(root.clone());
+    write_fixture(&root);
+    // The same records fed straight into a reducer, as the etcd source feeds them.
+    let mut direct = Reducer::new();
+    for (k, v) in fixture() {
+        let ev = continuum_core::discovery::KvEvent::Put {
+            key: k.as_bytes(),
+            value: v.as_bytes(),
+        };
+        direct.apply(ev, continuum_core::discovery::UnixMillis(1));
+    }
+    let expected = direct.materialize();
+    assert_eq!(
+        kv_sources(&expected)
+            .iter()
+            .filter(|(_, s)| s.is_some())
+            .count(),
+        3,
+        "the dump's three event sources"
+    );
+    let record = fixture()
+        .into_iter()
+        .find(|(k, _)| k == SOURCE)
+        .map(|(_, v)| v)
+        .unwrap();
+    let has_source = |v: &FleetView| {
+        kv_sources(v)
+            .into_iter()
+            .find(|(p, _)| p == "1103cdbce2962")
+            .and_then(|(_, s)| s)
+    };
+    let reducer = Mutex::new(Reducer::new());
+    with_session(
+        plan(&root, LONG_TTL, &["agg", "disagg"]),
+        &reducer,
+        |mut views| async move {
+            let v = views
+                .until("seed", DEADLINE, |v| v.publishers == expected.publishers)
+                .await;
+            assert_eq!(
+                has_source(&v),
+                Some(("6a6ca22d4998ac16".to_owned(), 0)),
+                "agg worker b's publisher"
+            );
+            // Deleting the file resets the publisher's source; the publisher stays.
+            std::fs::remove_file(file_of(&root, SOURCE)).unwrap();
+            let v = views
+                .until("source deleted", DEADLINE, |v| has_source(v).is_none())
+                .await;
+            assert_eq!(v.publishers.len(), expected.publishers.len());
+            // A rewrite is read again.
+            let rank2 = record.replace("\"dp_rank\":0", "\"dp_rank\":2");
+            publish(&root, SOURCE, rank2.as_bytes());
+            views
+                .until("source rewritten", DEADLINE, |v| {
+                    has_source(v) == Some(("6a6ca22d4998ac16".to_owned(), 2))
+                })
+                .await;
+        },
+    );
+    assert_eq!(
+        session::lock(&reducer)
+            .counts()
+            .get(DiscoveryEventKind::Malformed),
+        0
     );
 }
 

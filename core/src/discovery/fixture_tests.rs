@@ -4,8 +4,9 @@
 use std::sync::Arc;
 
 use super::diag::Diagnostic;
-use super::fleet::{Family, FleetView, Role, TcpTarget};
+use super::fleet::{EventSource, Family, FleetView, Role, TcpTarget};
 use super::ids::{InstanceId, PublisherId, UnixMillis};
+use super::keys::Keyspace;
 use super::reducer::{KvEvent, Reducer};
 
 fn load(rel: &str) -> Vec<(String, String)> {
@@ -112,6 +113,30 @@ fn real_1_6_1_dump_materialises_the_expected_fleet() {
             )
         })
         .collect();
+    // The dump's three event sources: each kv-events publisher names its worker, rank 0.
+    let sources: Vec<_> = v
+        .publishers
+        .iter()
+        .map(|p| {
+            (
+                p.publisher_id.hex(),
+                p.source.map(|s| (s.worker_id.hex(), s.dp_rank)),
+            )
+        })
+        .collect();
+    let src = |w: &str| Some((w.to_owned(), 0));
+    assert_eq!(
+        sources,
+        vec![
+            ("a3d9516d245b1".into(), None),
+            ("14e1558386b314".into(), None),
+            ("1103cdbce2962".into(), src("6a6ca22d4998ac16")),
+            ("6e409c3538bb7".into(), src("6a6ca22d4998ac0b")),
+            ("2ecab97d8ab1b".into(), None),
+            ("b899a58e75c71".into(), None),
+            ("53c3a971e3b2b".into(), src("6a6ca22d4998ac07")),
+        ]
+    );
     assert_eq!(
         pubs,
         vec![
@@ -186,7 +211,7 @@ fn real_1_6_1_dump_materialises_the_expected_fleet() {
 
 #[test]
 fn real_dump_with_event_sources_and_dp_ranks() {
-    let (_, v) = reduce(&load("kv-events/etcd-dump-with-event-sources.txt"));
+    let (mut r, v) = reduce(&load("kv-events/etcd-dump-with-event-sources.txt"));
     let summary: Vec<_> = v
         .workers
         .iter()
@@ -200,9 +225,64 @@ fn real_dump_with_event_sources_and_dp_ranks() {
             ("aggdp", Role::Aggregated, Some("tiny-dp"), Some(2)),
         ]
     );
-    // One kv-events publisher per (worker, dp_rank); event_sources keys are ignored.
+    // One kv-events publisher per (worker, dp_rank), each with the (worker_id, dp_rank) its
+    // event source registers (`sources.json` summarises the dump's records).
     assert_eq!(v.publishers_of(Family::KvEvents).count(), 4);
     assert_eq!(v.publishers_of(Family::KvMetrics).count(), 3);
+    let text = std::fs::read_to_string(format!(
+        "{}/../../shared/fixtures/dynamo-1.6.1/kv-events/sources.json",
+        env!("CARGO_MANIFEST_DIR")
+    ))
+    .expect("kv-events/sources.json fixture");
+    let expected: Vec<serde_json::Value> = serde_json::from_str(&text).expect("sources.json");
+    assert_eq!(expected.len(), 4);
+    let mut ranks_of_dp_worker = Vec::new();
+    for e in &expected {
+        let pid = PublisherId::new(e["publisher_id"].as_u64().unwrap());
+        assert_eq!(pid.hex(), e["key_suffix"].as_str().unwrap());
+        let p = v
+            .publishers
+            .iter()
+            .find(|p| p.publisher_id == pid)
+            .unwrap_or_else(|| panic!("no publisher {pid}"));
+        assert_eq!(p.family, Family::KvEvents);
+        assert_eq!(p.namespace, e["ns"].as_str().unwrap());
+        assert_eq!(p.tcp.to_string(), e["endpoint"].as_str().unwrap());
+        let want = EventSource {
+            worker_id: InstanceId::new(e["worker_id"].as_u64().unwrap()),
+            dp_rank: u32::try_from(e["dp_rank"].as_u64().unwrap()).unwrap(),
+        };
+        assert_eq!(p.source, Some(want), "publisher {pid}");
+        // Every source names a worker of the same namespace that the view holds.
+        assert!(v.worker(&p.namespace, want.worker_id).is_some(), "{pid}");
+        if p.namespace == "aggdp" {
+            ranks_of_dp_worker.push((want.worker_id, want.dp_rank));
+        }
+    }
+    ranks_of_dp_worker.sort();
+    assert_eq!(
+        ranks_of_dp_worker,
+        vec![
+            (InstanceId::new(7_668_682_581_717_479_436), 0),
+            (InstanceId::new(7_668_682_581_717_479_436), 1)
+        ],
+        "the 2-rank worker's two publishers"
+    );
+    for p in v.publishers_of(Family::KvMetrics) {
+        assert_eq!(p.source, None, "kv_metrics publisher {}", p.publisher_id);
+    }
+    let d = r.drain_diagnostics();
+    assert!(
+        d.iter().all(|d| d.level() == super::diag::Level::Debug),
+        "{d:?}"
+    );
+    assert_eq!(r.held(Keyspace::Sources), 4);
+
+    // Sources first, channels last: the same view.
+    let mut kvs = load("kv-events/etcd-dump-with-event-sources.txt");
+    kvs.sort_by_key(|(k, _)| !k.starts_with("v1/event_sources/"));
+    let (_, v2) = reduce(&kvs);
+    assert_eq!(v, v2);
 }
 
 #[test]

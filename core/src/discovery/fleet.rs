@@ -9,6 +9,8 @@
 //! - `workers` is sorted by `(namespace, instance_id)` and holds no two workers with the same
 //!   instance id (duplicates are rejected, DISC-DUP-04, Q-45); `publishers` is sorted by
 //!   `(namespace, family, publisher_id)` and holds no two equal publisher ids (LOAD-CHAN-09);
+//! - a publisher's `source` is `Some` only for a `kv-events` publisher whose channel key has a
+//!   valid `v1/event_sources/` record with the very same key suffix; never for `kv_metrics`;
 //! - the opaque card is the very `Arc` created at parse time (DISC-REC-19);
 //! - a worker's request transport stays private to this crate's callers that ask for it by name
 //!   ([`Worker::request_transport`]); it is never part of any display form (ADMIN-06).
@@ -248,6 +250,17 @@ impl fmt::Display for TcpTarget {
     }
 }
 
+/// The worker rank a `kv-events` publisher declared it reports for, from its
+/// `v1/event_sources/` record (Dynamo 1.6.1+). The ingest refuses events of that publisher for
+/// any other `(worker, rank)` (KV-IDX-09).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct EventSource {
+    /// `metadata.worker.worker_id`: the worker's instance id.
+    pub worker_id: InstanceId,
+    /// `metadata.worker.dp_rank`: the data-parallel rank.
+    pub dp_rank: u32,
+}
+
 /// One subscribable publisher.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Publisher {
@@ -263,6 +276,9 @@ pub struct Publisher {
     pub endpoint: Option<String>,
     /// Where to connect.
     pub tcp: TcpTarget,
+    /// The registered `(worker, dp_rank)` of a `kv-events` publisher; `None` without a valid
+    /// event-source record (Dynamo before 1.6.1) and always for `kv_metrics`.
+    pub source: Option<EventSource>,
 }
 
 /// The published fleet view.

@@ -12,15 +12,19 @@
 //!   materialises without a card, with no fallback (DISC-DUP-05);
 //! - roles follow [`resolve_role`]; a conflict excludes the worker (DISC-REC-09);
 //! - a publisher id claimed by several subscribable channels creates no publisher (LOAD-CHAN-09);
+//! - a kv-events publisher's `source` is the used event-source record held under its channel
+//!   key's suffix (`v1/event_channels/X` -> `v1/event_sources/X`), else `None`; sources never
+//!   create publishers and never annotate `kv_metrics` ones;
 //! - each distinct colliding key set, and each role conflict, is reported once while it lasts
 //!   (DISC-DUP-08, Q-11); it recovers at the first materialisation after the delete (DISC-DUP-09).
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::diag::{Diagnostic, DuplicateKind, MAX_LISTED_KEYS, Sink};
-use super::fleet::{FleetView, Publisher, Role, Worker};
+use super::fleet::{EventSource, Family, FleetView, Publisher, Role, Worker};
 use super::held::{ChannelRec, Held, HeldMap, Memo, Slot};
 use super::ids::InstanceId;
+use super::keys::source_key_of;
 use super::records::{CardFields, CardRecord, InstanceRecord, WorkerTypeClaim, clip};
 
 /// What has already been reported, so it is reported once.
@@ -94,6 +98,7 @@ pub(crate) fn build_view(
     held_instances: &HeldMap<InstanceRecord>,
     held_cards: &HeldMap<CardRecord>,
     held_channels: &HeldMap<ChannelRec>,
+    held_sources: &HeldMap<EventSource>,
     memos: &mut BTreeMap<InstanceId, Memo>,
     memory: &mut JoinMemory,
     sink: &mut Sink,
@@ -232,6 +237,7 @@ pub(crate) fn build_view(
         by_pub.entry(c.rec.publisher_id).or_default().push(c);
     }
     let mut publishers = Vec::with_capacity(by_pub.len());
+    let mut source_key = Vec::new();
     for (id, claims) in by_pub {
         match claims.as_slice() {
             [c] => publishers.push(Publisher {
@@ -241,6 +247,7 @@ pub(crate) fn build_view(
                 component: c.rec.scope.component().map(str::to_owned),
                 endpoint: c.rec.scope.endpoint().map(str::to_owned),
                 tcp: c.rec.tcp.clone(),
+                source: source_of(c, held_sources, &mut source_key),
             }),
             _ => found.push((
                 DuplicateKind::Publisher,
@@ -260,6 +267,22 @@ pub(crate) fn build_view(
     FleetView {
         workers,
         publishers,
+    }
+}
+
+/// The registered source of a kv-events channel: the used record under the same key suffix.
+fn source_of(
+    channel: &Claim<'_, ChannelRec>,
+    held_sources: &HeldMap<EventSource>,
+    buf: &mut Vec<u8>,
+) -> Option<EventSource> {
+    if channel.rec.family != Family::KvEvents {
+        return None;
+    }
+    let key = source_key_of(channel.key, buf)?;
+    match &held_sources.get(key)?.slot {
+        Slot::Used { rec, .. } => Some(*rec),
+        Slot::Skipped { .. } => None,
     }
 }
 

@@ -6,7 +6,8 @@
 //! - `v1/mdc/<ns>/<component>/<endpoint>/<lease hex>[/<model_suffix>]` (suffix: LoRA cards)
 //! - `v1/event_channels/namespace/<ns>[/component/<c>[/endpoint/<ep>]]/topic/<topic>/<publisher hex>`
 //!   with every segment `%XX`-encoded (LOAD-CHAN-02/03)
-//! - `v1/event_sources/...` (Dynamo 1.6.1, not in the design document): recognised and ignored.
+//! - `v1/event_sources/namespace/<ns>[/component/<c>[/endpoint/<ep>]]/topic/<topic>/<publisher hex>`
+//!   (Dynamo 1.6.1, not in the design document): the same suffix as the channel it describes
 //!
 //! Invariants:
 //! - parsing is total: any byte string yields a [`RecordKey`] or a [`KeyError`], never a panic;
@@ -25,10 +26,12 @@ pub const INSTANCES_PREFIX: &str = "v1/instances/";
 pub const CARDS_PREFIX: &str = "v1/mdc/";
 /// Prefix of event-channel records.
 pub const CHANNELS_PREFIX: &str = "v1/event_channels/";
-/// Prefix of event-source records (Dynamo 1.6.1+), parsed and ignored.
+/// Prefix of event-source records (Dynamo 1.6.1+): which worker rank a kv-events publisher
+/// reports for.
 pub const SOURCES_PREFIX: &str = "v1/event_sources/";
 
-/// The three keyspaces the reducer holds, each capped separately (DISC-MEM-04, Q-14).
+/// The keyspaces the reducer holds, each capped separately (DISC-MEM-04, Q-14; event sources
+/// follow the channels' rule).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Keyspace {
     /// `v1/instances/`.
@@ -37,11 +40,18 @@ pub enum Keyspace {
     Cards,
     /// `v1/event_channels/`.
     Channels,
+    /// `v1/event_sources/`.
+    Sources,
 }
 
 impl Keyspace {
     /// Every keyspace, in index order.
-    pub const ALL: [Keyspace; 3] = [Keyspace::Instances, Keyspace::Cards, Keyspace::Channels];
+    pub const ALL: [Keyspace; 4] = [
+        Keyspace::Instances,
+        Keyspace::Cards,
+        Keyspace::Channels,
+        Keyspace::Sources,
+    ];
 
     /// A stable lowercase label for logs.
     pub const fn as_str(self) -> &'static str {
@@ -49,6 +59,7 @@ impl Keyspace {
             Keyspace::Instances => "instances",
             Keyspace::Cards => "mdc",
             Keyspace::Channels => "event_channels",
+            Keyspace::Sources => "event_sources",
         }
     }
 
@@ -57,6 +68,7 @@ impl Keyspace {
             Keyspace::Instances => 0,
             Keyspace::Cards => 1,
             Keyspace::Channels => 2,
+            Keyspace::Sources => 3,
         }
     }
 }
@@ -149,8 +161,17 @@ pub enum RecordKey {
         /// Publisher id segment.
         publisher_id: PublisherId,
     },
-    /// `v1/event_sources/...`: known, deliberately ignored.
-    EventSource,
+    /// `v1/event_sources/...`, with the layout (and the meaning of each part) of a channel key.
+    EventSource {
+        /// Decoded namespace from the key.
+        namespace: String,
+        /// Decoded scope.
+        scope: ChannelScope,
+        /// Decoded topic.
+        topic: String,
+        /// Publisher id segment.
+        publisher_id: PublisherId,
+    },
     /// Outside every discovery prefix.
     Other,
 }
@@ -163,6 +184,8 @@ pub fn keyspace_of(key: &[u8]) -> Option<Keyspace> {
         Some(Keyspace::Cards)
     } else if key.starts_with(CHANNELS_PREFIX.as_bytes()) {
         Some(Keyspace::Channels)
+    } else if key.starts_with(SOURCES_PREFIX.as_bytes()) {
+        Some(Keyspace::Sources)
     } else {
         None
     }
@@ -170,9 +193,6 @@ pub fn keyspace_of(key: &[u8]) -> Option<Keyspace> {
 
 /// Parses a raw etcd key.
 pub fn parse_key(key: &[u8]) -> Result<RecordKey, KeyError> {
-    if key.starts_with(SOURCES_PREFIX.as_bytes()) {
-        return Ok(RecordKey::EventSource);
-    }
     let Some(space) = keyspace_of(key) else {
         return Ok(RecordKey::Other);
     };
@@ -180,7 +200,22 @@ pub fn parse_key(key: &[u8]) -> Result<RecordKey, KeyError> {
     match space {
         Keyspace::Instances => parse_instance(strip(key, INSTANCES_PREFIX)),
         Keyspace::Cards => parse_card(strip(key, CARDS_PREFIX)),
-        Keyspace::Channels => parse_channel(strip(key, CHANNELS_PREFIX)),
+        Keyspace::Channels => parse_channel(strip(key, CHANNELS_PREFIX), "event channel").map(
+            |(namespace, scope, topic, publisher_id)| RecordKey::Channel {
+                namespace,
+                scope,
+                topic,
+                publisher_id,
+            },
+        ),
+        Keyspace::Sources => parse_channel(strip(key, SOURCES_PREFIX), "event source").map(
+            |(namespace, scope, topic, publisher_id)| RecordKey::EventSource {
+                namespace,
+                scope,
+                topic,
+                publisher_id,
+            },
+        ),
     }
 }
 
@@ -225,15 +260,19 @@ fn parse_card(rest: &str) -> Result<RecordKey, KeyError> {
     })
 }
 
-fn parse_channel(rest: &str) -> Result<RecordKey, KeyError> {
-    const LAYOUT: KeyError = KeyError::Layout("event channel");
+/// The decoded parts of a channel-layout key: namespace, scope, topic, publisher id.
+type ChannelParts = (String, ChannelScope, String, PublisherId);
+
+/// Parses the channel layout shared by `v1/event_channels/` and `v1/event_sources/` keys.
+fn parse_channel(rest: &str, what: &'static str) -> Result<ChannelParts, KeyError> {
+    let layout = KeyError::Layout(what);
     let parts: Vec<&str> = rest.split('/').collect();
     let (ns, scope, topic, id) = match parts.as_slice() {
         ["namespace", ns, "topic", topic, id] => (ns, ChannelScope::Namespace, topic, id),
         ["namespace", ns, "component", c, "topic", topic, id] => (
             ns,
             ChannelScope::Component {
-                component: decode_nonempty(c)?,
+                component: decode_nonempty(c, what)?,
             },
             topic,
             id,
@@ -251,26 +290,26 @@ fn parse_channel(rest: &str) -> Result<RecordKey, KeyError> {
         ] => (
             ns,
             ChannelScope::Endpoint {
-                component: decode_nonempty(c)?,
-                endpoint: decode_nonempty(ep)?,
+                component: decode_nonempty(c, what)?,
+                endpoint: decode_nonempty(ep, what)?,
             },
             topic,
             id,
         ),
-        _ => return Err(LAYOUT),
+        _ => return Err(layout),
     };
-    Ok(RecordKey::Channel {
-        namespace: decode_nonempty(ns)?,
+    Ok((
+        decode_nonempty(ns, what)?,
         scope,
-        topic: decode_nonempty(topic)?,
-        publisher_id: PublisherId::from_hex(id).map_err(|_| KeyError::BadId)?,
-    })
+        decode_nonempty(topic, what)?,
+        PublisherId::from_hex(id).map_err(|_| KeyError::BadId)?,
+    ))
 }
 
-fn decode_nonempty(seg: &str) -> Result<String, KeyError> {
+fn decode_nonempty(seg: &str, what: &'static str) -> Result<String, KeyError> {
     let out = decode_segment(seg)?;
     if out.is_empty() {
-        return Err(KeyError::Layout("event channel"));
+        return Err(KeyError::Layout(what));
     }
     Ok(out)
 }
@@ -320,6 +359,30 @@ fn hex_val(c: u8) -> Option<u8> {
         b'A'..=b'F' => Some(c - b'A' + 10),
         _ => None,
     }
+}
+
+/// The key prefixes discovery reads for one Dynamo namespace, one per [`Keyspace`] in
+/// [`Keyspace::ALL`] order (DISC-REC-01). Channel and source key segments are `%XX`-encoded
+/// (LOAD-CHAN-03); namespaces are validated to need no encoding elsewhere.
+pub fn namespace_prefixes(namespace: &str) -> [String; 4] {
+    let encoded = encode_segment(namespace);
+    [
+        format!("{INSTANCES_PREFIX}{namespace}/"),
+        format!("{CARDS_PREFIX}{namespace}/"),
+        format!("{CHANNELS_PREFIX}namespace/{encoded}/"),
+        format!("{SOURCES_PREFIX}namespace/{encoded}/"),
+    ]
+}
+
+/// Writes into `buf` the event-source key with the same suffix as `channel_key` and returns it;
+/// `None` when `channel_key` is not under [`CHANNELS_PREFIX`]. The join of a source to its
+/// channel is this exact byte mapping, never a match on decoded parts.
+pub(crate) fn source_key_of<'b>(channel_key: &[u8], buf: &'b mut Vec<u8>) -> Option<&'b [u8]> {
+    let suffix = channel_key.strip_prefix(CHANNELS_PREFIX.as_bytes())?;
+    buf.clear();
+    buf.extend_from_slice(SOURCES_PREFIX.as_bytes());
+    buf.extend_from_slice(suffix);
+    Some(buf.as_slice())
 }
 
 /// Builds the endpoint-scoped channel key a publisher registers under (for tests and tools).
@@ -467,12 +530,67 @@ mod tests {
     }
 
     #[test]
-    fn sources_and_other_keys_are_recognised() {
+    fn source_keys_parse_like_channel_keys() {
         assert_eq!(
             parse_key(b"v1/event_sources/namespace/agg/topic/kv-events/1"),
-            Ok(RecordKey::EventSource)
+            Ok(RecordKey::EventSource {
+                namespace: "agg".into(),
+                scope: ChannelScope::Namespace,
+                topic: "kv-events".into(),
+                publisher_id: PublisherId::new(1),
+            })
+        );
+        assert_eq!(
+            parse_key(
+                b"v1/event_sources/namespace/ns%2Eone/component/backend/endpoint/generate/topic/kv-events/17beee254453c3"
+            ),
+            Ok(RecordKey::EventSource {
+                namespace: "ns.one".into(),
+                scope: ChannelScope::Endpoint {
+                    component: "backend".into(),
+                    endpoint: "generate".into(),
+                },
+                topic: "kv-events".into(),
+                publisher_id: PublisherId::new(6_683_854_501_073_859),
+            })
+        );
+        assert_eq!(keyspace_of(b"v1/event_sources/x"), Some(Keyspace::Sources));
+        assert_eq!(
+            parse_key(b"v1/event_sources/namespace/n/topic/kv-events"),
+            Err(KeyError::Layout("event source"))
+        );
+        assert_eq!(
+            parse_key(b"v1/event_sources/namespace/n/topic/kv-events/zz"),
+            Err(KeyError::BadId)
+        );
+        assert_eq!(
+            parse_key(b"v1/event_sources/namespace/n%G0/topic/kv-events/1"),
+            Err(KeyError::BadEscape)
         );
         assert_eq!(parse_key(b"v2/whatever"), Ok(RecordKey::Other));
         assert_eq!(parse_key(b""), Ok(RecordKey::Other));
+    }
+
+    #[test]
+    fn namespace_prefixes_cover_every_keyspace() {
+        let p = namespace_prefixes("ns.one");
+        assert_eq!(
+            p,
+            [
+                "v1/instances/ns.one/",
+                "v1/mdc/ns.one/",
+                "v1/event_channels/namespace/ns%2Eone/",
+                "v1/event_sources/namespace/ns%2Eone/",
+            ]
+        );
+        for (prefix, space) in p.iter().zip(Keyspace::ALL) {
+            assert_eq!(keyspace_of(prefix.as_bytes()), Some(space));
+        }
+        let mut buf = Vec::new();
+        assert_eq!(
+            source_key_of(b"v1/event_channels/namespace/a/topic/kv-events/1", &mut buf),
+            Some(&b"v1/event_sources/namespace/a/topic/kv-events/1"[..])
+        );
+        assert_eq!(source_key_of(b"v1/mdc/a", &mut buf), None);
     }
 }

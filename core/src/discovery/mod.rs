@@ -1,9 +1,10 @@
 //! Dynamo worker discovery, the pure part: etcd keys and records in, fleet views out.
 //!
 //! Role: everything between the etcd watcher (in `control/`, which owns the I/O) and the registry
-//! snapshot: key layouts ([`keys`]), record parsing ([`records`]), the reducer ([`reducer`]), its
-//! held state (`held`) and its join rules ([`join`]), the published [`fleet::FleetView`], typed
-//! diagnostics ([`diag`]) and mixed-namespace detection ([`mixed`]). Spec-gap decisions are in `docs/decisions.md` (section "The discovery reducer").
+//! snapshot: key layouts ([`keys`]), record parsing ([`records`]; event sources in [`sources`]),
+//! the reducer ([`reducer`]), its held state (`held`) and its join rules ([`join`]), the
+//! published [`fleet::FleetView`], typed diagnostics ([`diag`]) and mixed-namespace detection
+//! ([`mixed`]). Spec-gap decisions are in `docs/decisions.md` (section "The discovery reducer").
 //!
 //! Invariants:
 //! - deterministic and runtime-free: no clock (time is an argument), no I/O, no logging, no
@@ -20,6 +21,7 @@ pub mod keys;
 pub mod mixed;
 pub mod records;
 pub mod reducer;
+pub mod sources;
 
 #[cfg(test)]
 mod channel_tests;
@@ -30,10 +32,12 @@ mod fixture_tests;
 #[cfg(test)]
 mod prop_tests;
 #[cfg(test)]
+mod source_tests;
+#[cfg(test)]
 mod test_support;
 
 pub use diag::{Diagnostic, DiscoveryEventKind, DuplicateKind, EventCounts, Level};
-pub use fleet::{Capacity, Family, FleetView, Publisher, Role, TcpTarget, Worker};
+pub use fleet::{Capacity, EventSource, Family, FleetView, Publisher, Role, TcpTarget, Worker};
 pub use ids::{InstanceId, PublisherId, UnixMillis};
 pub use keys::{Keyspace, RecordKey};
 pub use reducer::{KvEvent, Reducer};
@@ -47,5 +51,5 @@ pub const MAX_RECORD_BYTES: usize = 16 * 1024 * 1024;
 pub const MAX_RETAINED_CARD_BYTES: usize = 1024 * 1024;
 
 /// At most this many distinct keys are held per keyspace (instances, cards and, event
-/// channels); updates to held keys are always accepted (DISC-MEM-04).
+/// channels and event sources); updates to held keys are always accepted (DISC-MEM-04).
 pub const MAX_RECORDS_PER_KEYSPACE: usize = 16_384;

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use super::fleet::FleetView;
 use super::reducer::Reducer;
-use super::test_support::{Kv, card, card_json, channel, del, endpoint, put};
+use super::test_support::{Kv, card, card_json, channel, del, endpoint, put, source};
 
 struct Rng(u64);
 
@@ -49,7 +49,7 @@ fn record(rng: &mut Rng) -> Kv {
     let ns = NAMESPACES[rng.below(2) as usize];
     let comp = COMPONENTS[rng.below(3) as usize];
     let id = 1 + rng.below(6);
-    match rng.below(5) {
+    match rng.below(6) {
         0 | 1 => {
             let mut kv = endpoint(ns, comp, "generate", id);
             if rng.below(4) == 0 {
@@ -62,6 +62,19 @@ fn record(rng: &mut Rng) -> Kv {
         3 => {
             let model = ["a", "b"][rng.below(2) as usize];
             card(ns, comp, id, card_json(model, ROLES[rng.below(5) as usize]))
+        }
+        4 => {
+            // Event sources, now and then naming another publisher than their key (malformed).
+            let pid = 1 + rng.below(5);
+            let mut kv = source(ns, comp, pid, 1 + rng.below(6), rng.below(2) as u32);
+            if rng.below(4) == 0 {
+                kv.1 = kv.1.replacen(
+                    &format!("\"publisher_id\":{pid}"),
+                    &format!("\"publisher_id\":{}", pid + 1),
+                    1,
+                );
+            }
+            kv
         }
         _ => {
             let topic =

@@ -2,7 +2,7 @@
 //!
 //! Role: turn one untrusted etcd value into a typed record: an Endpoint record
 //! ([`InstanceRecord`]), a Model record ([`CardRecord`]) or an EventChannel record
-//! ([`ChannelClass`]). Shapes follow ai-dynamo/dynamo `DiscoveryInstance`, `ModelDeploymentCard`,
+//! ([`ChannelClass`]); EventSource records are read by `discovery::sources`, whose errors ([`SourceError`]) live here. Shapes follow ai-dynamo/dynamo `DiscoveryInstance`, `ModelDeploymentCard`,
 //! `ModelRuntimeConfig` and `EventTransport`.
 //!
 //! Invariants:
@@ -57,6 +57,43 @@ pub enum MalformedReason {
     /// The channel's `topic` differs from the topic in its key.
     #[error("event channel topic differs from its key")]
     TopicMismatch,
+    /// An event-source record that cannot be trusted (see [`SourceError`]).
+    #[error("event source {0}")]
+    Source(#[from] SourceError),
+}
+
+/// Why an EventSource record is malformed.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum SourceError {
+    /// `topic` is missing or is not `kv-events`.
+    #[error("topic is not kv-events")]
+    Topic,
+    /// The top-level `publisher_id` is missing or not an id.
+    #[error("publisher_id: {0}")]
+    PublisherId(IdError),
+    /// `metadata.publisher_id` is present but not an id.
+    #[error("metadata.publisher_id: {0}")]
+    MetadataPublisherId(IdError),
+    /// A `publisher_id` of the value names another publisher than the key.
+    #[error("publisher_id {found} differs from the key's {key}")]
+    PublisherMismatch {
+        /// The publisher id of the key.
+        key: PublisherId,
+        /// The publisher id found in the value.
+        found: PublisherId,
+    },
+    /// `metadata` is missing, not an object, or repeats a field.
+    #[error("metadata is missing or not an object")]
+    NoMetadata,
+    /// `metadata.worker` is missing, not an object, or repeats a field.
+    #[error("metadata.worker is missing or not an object")]
+    NoWorker,
+    /// `metadata.worker.worker_id` is missing or not an id.
+    #[error("metadata.worker.worker_id: {0}")]
+    WorkerId(IdError),
+    /// `metadata.worker.dp_rank` is missing or not an integer in `0..=u32::MAX`.
+    #[error("metadata.worker.dp_rank is missing or not a u32")]
+    DpRank,
 }
 
 /// What about a channel the router does not support (LOAD-CHAN-07, Q-20).
@@ -212,20 +249,27 @@ struct RecordFields {
 /// Parse a record's top-level fields; a value that is not a JSON object is refused as such (a
 /// derived struct would otherwise also accept an array).
 fn record_fields(value: &[u8]) -> Result<RecordFields, MalformedReason> {
-    let first = value.iter().find(|b| !b.is_ascii_whitespace());
-    if first != Some(&b'{') {
-        return Err(
-            if serde_json::from_slice::<serde::de::IgnoredAny>(value).is_ok() {
-                MalformedReason::NotObject
-            } else {
-                MalformedReason::Json
-            },
-        );
-    }
+    expect_object(value)?;
     serde_json::from_slice(value).map_err(|_| MalformedReason::Json)
 }
 
-fn type_is(kind: Option<&Value>, expected: &str) -> Result<(), MalformedReason> {
+/// Refuses a value that does not start like a JSON object: `NotObject` when it is other JSON,
+/// `Json` when it is not JSON at all.
+pub(super) fn expect_object(value: &[u8]) -> Result<(), MalformedReason> {
+    let first = value.iter().find(|b| !b.is_ascii_whitespace());
+    if first == Some(&b'{') {
+        return Ok(());
+    }
+    Err(
+        if serde_json::from_slice::<serde::de::IgnoredAny>(value).is_ok() {
+            MalformedReason::NotObject
+        } else {
+            MalformedReason::Json
+        },
+    )
+}
+
+pub(super) fn type_is(kind: Option<&Value>, expected: &str) -> Result<(), MalformedReason> {
     match kind {
         None | Some(Value::Null) => Ok(()),
         Some(Value::String(t)) if t == expected => Ok(()),

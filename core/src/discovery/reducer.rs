@@ -7,7 +7,10 @@
 //!
 //! Invariants:
 //! - caps are checked before parsing: a new key beyond `MAX_RECORDS_PER_KEYSPACE` is refused (one
-//!   diagnostic per keyspace and pass), a value above `MAX_RECORD_BYTES` is never parsed;
+//!   diagnostic per keyspace and pass; event sources are a keyspace of their own), a value above
+//!   `MAX_RECORD_BYTES` is never parsed;
+//! - an event source only ever annotates the kv-events publisher of the channel key with its
+//!   suffix: it creates no publisher, and a malformed or deleted one leaves `source: None`;
 //! - a put whose bytes equal the held value changes nothing (heartbeats, idempotent resyncs);
 //! - a resync keeps `first_seen` per worker; keys absent from the new pass are gone at its end
 //!   (DISC-ETCD-04/07); no view is built from a half-applied pass;
@@ -18,7 +21,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use super::diag::{Diagnostic, EventCounts, Sink};
-use super::fleet::{Family, FleetView};
+use super::fleet::{EventSource, Family, FleetView};
 use super::held::{ChannelRec, Held, HeldMap, Memo, Slot, ValueDigest};
 use super::ids::{InstanceId, UnixMillis};
 use super::join::{JoinMemory, build_view};
@@ -28,6 +31,7 @@ use super::records::{
     CardRecord, ChannelClass, InstanceRecord, MalformedReason, classify_channel, clip, parse_card,
     parse_instance,
 };
+use super::sources::{is_read_topic, parse_event_source};
 use super::{MAX_RECORD_BYTES, MAX_RECORDS_PER_KEYSPACE};
 
 /// One etcd watch or range-get event.
@@ -47,16 +51,19 @@ pub enum KvEvent<'a> {
     },
 }
 
+const KEYSPACES: usize = Keyspace::ALL.len();
+
 /// The reducer. Create one per watcher and reuse it across reconnects (DISC-ETCD-07).
 #[derive(Debug)]
 pub struct Reducer {
     pub(crate) instances: HeldMap<InstanceRecord>,
     pub(crate) cards: HeldMap<CardRecord>,
     pub(crate) channels: HeldMap<ChannelRec>,
+    pub(crate) sources: HeldMap<EventSource>,
     pub(crate) memo: BTreeMap<InstanceId, Memo>,
     epoch: u64,
-    live: [usize; 3],
-    cap_logged: [bool; 3],
+    live: [usize; KEYSPACES],
+    cap_logged: [bool; KEYSPACES],
     in_resync: bool,
     dirty: bool,
     last: Arc<FleetView>,
@@ -78,10 +85,11 @@ impl Reducer {
             instances: BTreeMap::new(),
             cards: BTreeMap::new(),
             channels: BTreeMap::new(),
+            sources: BTreeMap::new(),
             memo: BTreeMap::new(),
             epoch: 0,
-            live: [0; 3],
-            cap_logged: [false; 3],
+            live: [0; KEYSPACES],
+            cap_logged: [false; KEYSPACES],
             in_resync: false,
             dirty: false,
             last: Arc::new(FleetView::default()),
@@ -103,7 +111,7 @@ impl Reducer {
     /// refreshes it (DISC-ETCD-04). Views are not rebuilt until [`Reducer::end_resync`].
     pub fn begin_resync(&mut self) {
         self.epoch = self.epoch.wrapping_add(1);
-        self.live = [0; 3];
+        self.live = [0; KEYSPACES];
         self.in_resync = true;
     }
 
@@ -114,9 +122,10 @@ impl Reducer {
         let mut removed = sweep(&mut self.instances, epoch);
         removed |= sweep(&mut self.cards, epoch);
         removed |= sweep(&mut self.channels, epoch);
+        removed |= sweep(&mut self.sources, epoch);
         self.dirty |= removed;
         self.in_resync = false;
-        self.cap_logged = [false; 3];
+        self.cap_logged = [false; KEYSPACES];
     }
 
     /// Whether a resync pass is open.
@@ -135,6 +144,7 @@ impl Reducer {
             &self.instances,
             &self.cards,
             &self.channels,
+            &self.sources,
             &mut self.memo,
             &mut self.join_memory,
             &mut self.sink,
@@ -167,12 +177,13 @@ impl Reducer {
             Keyspace::Instances => self.instances.len(),
             Keyspace::Cards => self.cards.len(),
             Keyspace::Channels => self.channels.len(),
+            Keyspace::Sources => self.sources.len(),
         }
     }
 
     fn put(&mut self, key: &[u8], value: &[u8], now: UnixMillis) {
         let Some(space) = keyspace_of(key) else {
-            return; // event sources and foreign keys are ignored
+            return; // foreign keys are ignored
         };
         let digest = if value.len() > MAX_RECORD_BYTES {
             ValueDigest::Oversize(value.len())
@@ -192,6 +203,7 @@ impl Reducer {
                 .channels
                 .get_mut(key)
                 .map(|h| refresh(h, digest, epoch)),
+            Keyspace::Sources => self.sources.get_mut(key).map(|h| refresh(h, digest, epoch)),
         };
         let was_live = match existing {
             Some(Refresh::Same { was_live }) => {
@@ -227,6 +239,10 @@ impl Reducer {
             }
             Keyspace::Channels => {
                 let slot = channel_slot(parsed_key, value, digest, key);
+                self.store(space, key, digest, now, slot);
+            }
+            Keyspace::Sources => {
+                let slot = source_slot(parsed_key, value, digest, key);
                 self.store(space, key, digest, now, slot);
             }
         }
@@ -285,6 +301,10 @@ impl Reducer {
                 .channels
                 .remove(key)
                 .map(|h| (h.epoch, h.slot.is_used())),
+            Keyspace::Sources => self
+                .sources
+                .remove(key)
+                .map(|h| (h.epoch, h.slot.is_used())),
         };
         if let Some((held_epoch, used)) = removed {
             if held_epoch == epoch
@@ -332,6 +352,12 @@ impl StoreIn<CardRecord> for Reducer {
 impl StoreIn<ChannelRec> for Reducer {
     fn map_for(&mut self, _: Keyspace) -> &mut HeldMap<ChannelRec> {
         &mut self.channels
+    }
+}
+
+impl StoreIn<EventSource> for Reducer {
+    fn map_for(&mut self, _: Keyspace) -> &mut HeldMap<EventSource> {
+        &mut self.sources
     }
 }
 
@@ -485,6 +511,34 @@ fn channel_slot(
             }),
         },
         ChannelClass::Malformed(r) => malformed(raw_key, r),
+    }
+}
+
+fn source_slot(
+    key: Result<RecordKey, super::keys::KeyError>,
+    value: &[u8],
+    digest: ValueDigest,
+    raw_key: &[u8],
+) -> Slot<EventSource> {
+    let (namespace, topic, publisher_id) = match key {
+        Ok(RecordKey::EventSource {
+            namespace,
+            topic,
+            publisher_id,
+            ..
+        }) => (namespace, topic, publisher_id),
+        Ok(_) => return Slot::Skipped { why: None },
+        Err(e) => return malformed(raw_key, e.into()),
+    };
+    if !is_read_topic(&topic) {
+        return Slot::Skipped { why: None }; // as channels of other topics (LOAD-CHAN-08)
+    }
+    if let Some(r) = oversize(digest) {
+        return malformed(raw_key, r);
+    }
+    match parse_event_source(publisher_id, value) {
+        Ok(rec) => Slot::Used { namespace, rec },
+        Err(r) => malformed(raw_key, r),
     }
 }
 

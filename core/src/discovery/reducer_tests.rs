@@ -10,7 +10,7 @@ use crate::discovery::MAX_RETAINED_CARD_BYTES;
 use crate::discovery::diag::DiscoveryEventKind;
 use crate::discovery::fleet::{DisaggregatedEndpoint, Role};
 use crate::discovery::test_support::{
-    T0, card, card_json, channel, del, endpoint, put, put_at, view_of,
+    T0, card, card_json, channel, del, endpoint, put, put_at, source, view_of,
 };
 
 const ID: u64 = 7_465_265_302_745_285;
@@ -300,7 +300,7 @@ fn fill(r: &mut Reducer, n: usize, make: impl Fn(u64) -> crate::discovery::test_
 #[test]
 fn keyspace_caps_refuse_only_new_keys() {
     type Make = fn(u64) -> crate::discovery::test_support::Kv;
-    let makers: [(Keyspace, Make); 3] = [
+    let makers: [(Keyspace, Make); 4] = [
         (Keyspace::Instances, |i| endpoint("ns", "b", "generate", i)),
         (Keyspace::Cards, |i| {
             card("ns", "b", i, card_json("m", None))
@@ -308,6 +308,7 @@ fn keyspace_caps_refuse_only_new_keys() {
         (Keyspace::Channels, |i| {
             channel("ns", "b", "kv_metrics", i, "tcp://h:1")
         }),
+        (Keyspace::Sources, |i| source("ns", "b", i, 1, 0)),
     ];
     for (space, make) in makers {
         let mut r = Reducer::new();

@@ -5,7 +5,7 @@ use serde_json::{Value, json};
 use super::diag::Diagnostic;
 use super::fleet::FleetView;
 use super::ids::{PublisherId, UnixMillis};
-use super::keys::channel_key;
+use super::keys::{CHANNELS_PREFIX, SOURCES_PREFIX, channel_key};
 use super::reducer::{KvEvent, Reducer};
 
 pub(crate) const T0: UnixMillis = UnixMillis(1_790_136_662_000);
@@ -62,6 +62,38 @@ pub(crate) fn channel(ns: &str, component: &str, topic: &str, pid: u64, ep: &str
                       "endpoint": {"namespace": ns, "component": component, "name": "generate"}},
             "topic": topic, "instance_id": pid,
             "transport": {"kind": "Zmq", "config": {"endpoint": ep}}
+        })
+        .to_string(),
+    )
+}
+
+/// The `v1/event_sources/` record Dynamo 1.6.1 writes next to the kv-events channel
+/// `channel(ns, component, "kv-events", pid, _)`.
+pub(crate) fn source(ns: &str, component: &str, pid: u64, worker_id: u64, dp_rank: u32) -> Kv {
+    let channel = channel_key(
+        ns,
+        component,
+        "generate",
+        "kv-events",
+        PublisherId::new(pid),
+    );
+    let scope = json!({"namespace": ns, "component": component, "name": "generate"});
+    (
+        channel.replacen(CHANNELS_PREFIX, SOURCES_PREFIX, 1),
+        json!({
+            "type": "EventSource",
+            "scope": {"kind": "endpoint", "endpoint": scope},
+            "topic": "kv-events", "publisher_id": pid,
+            "metadata": {
+                "kv_state_endpoint": scope,
+                "worker": {"worker_id": worker_id, "dp_rank": dp_rank},
+                "publisher_id": pid,
+                "recovery_target": {
+                    "component": component, "namespace": ns, "instance_id": worker_id,
+                    "endpoint": format!("worker_kv_query_source_{pid:x}"),
+                    "transport": {"tcp": format!("10.0.0.4:37455/{worker_id:x}/{ns}/{component}")}
+                }
+            }
         })
         .to_string(),
     )
