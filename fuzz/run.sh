@@ -32,7 +32,8 @@ else
 fi
 
 # Longest input per target: big enough to reach the codecs' own limits (4 KiB chunk-size lines,
-# 8 KiB trailers, 64 KiB heads, 16,389-byte kv_metrics frames), small enough to keep executions fast.
+# 8 KiB trailers, 64 KiB heads, 16,389-byte kv_metrics frames, a kv-events batch at its 128-event
+# or 8192-hash cap), small enough to keep executions fast.
 max_len() {
     case $1 in
         http1_request) echo 20000 ;;
@@ -40,6 +41,7 @@ max_len() {
         config_yaml) echo 8192 ;;
         zmtp_sub) echo 20000 ;;
         dynamo_frames) echo 20000 ;;
+        kv_events) echo 20000 ;;
         *) echo 8192 ;;
     esac
 }

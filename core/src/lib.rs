@@ -19,6 +19,7 @@ pub mod headers;
 pub mod http1;
 pub mod ingress;
 pub mod json_scan;
+pub mod kv;
 pub mod load;
 #[cfg(test)]
 #[cfg(loom)]
