@@ -55,7 +55,7 @@ pub(crate) fn workers_json(snap: &RouterSnapshot, control: &ControlStats, load: 
         fleet
             .workers
             .iter()
-            .map(|w| worker_json(w, &load.store, now))
+            .map(|w| worker_json(w, load, now))
             .collect()
     } else {
         Vec::new()
@@ -128,9 +128,27 @@ fn load_json(w: &Worker, store: &LoadStore, now: continuum_core::clock::Instant)
         .collect()
 }
 
-fn worker_json(w: &Worker, store: &LoadStore, now: continuum_core::clock::Instant) -> Value {
+/// The worker's indexed ranks (KV-IDX): one entry per rank the KV index holds blocks or a
+/// cursor for, with its block count, last `event_id` and the age of that event.
+fn kv_json(w: &Worker, load: &Signals, now: continuum_core::clock::Instant) -> Vec<Value> {
+    load.kv
+        .ranks_of(w.instance_id)
+        .into_iter()
+        .map(|r| {
+            json!({
+                "dp_rank": r.key.dp_rank,
+                "blocks": r.blocks,
+                "last_event_id": r.last_event_id,
+                "last_event_age_ms": u64::try_from(now.saturating_since(r.last_event_at).as_millis()).unwrap_or(u64::MAX),
+            })
+        })
+        .collect()
+}
+
+fn worker_json(w: &Worker, load: &Signals, now: continuum_core::clock::Instant) -> Value {
     json!({
-        "load": load_json(w, store, now),
+        "load": load_json(w, &load.store, now),
+        "kv": kv_json(w, load, now),
         "instance_id": w.instance_id.hex(),
         "worker_id": w.instance_id.get().to_string(),
         "namespace": w.namespace,

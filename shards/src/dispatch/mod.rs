@@ -92,13 +92,14 @@ impl Dispatcher {
         ledger: DispatchLedger,
         picker: Box<dyn WorkerPicker>,
     ) -> Self {
+        let kv = signals.kv.handles();
         Self {
             metrics,
             signals,
             pool: RefCell::new(Pool::default()),
             cursors: RefCell::new(Vec::new()),
             shim_cursor: Cell::new(shard),
-            picking: RefCell::new(plan::Picking::new(ledger, picker)),
+            picking: RefCell::new(plan::Picking::new(ledger, picker, kv)),
             shard,
         }
     }

@@ -13,11 +13,12 @@ use std::sync::Arc;
 use continuum_core::clock::Instant;
 use continuum_core::discovery::FleetView;
 use continuum_core::headers::PinHeaders;
+use continuum_core::kv::shared::{IndexReader, Merged};
 use continuum_core::load::{
     DispatchId, DispatchLedger, DispatchLoad, DispatchRole, InflightReader, LoadKey, LoadView,
 };
 use continuum_core::picker::{
-    LoadBasedPicker, NoOverlap, PickInput, PickerCursors, Picks, StoreLoads, WorkerPicker,
+    LoadBasedPicker, PickInput, PickerCursors, Picks, StoreLoads, WorkerPicker,
     estimate_prompt_tokens,
 };
 use continuum_core::snapshot::{BackendIdx, RouterSnapshot};
@@ -106,15 +107,22 @@ const PICK_REFRESH_EVERY: std::time::Duration = std::time::Duration::from_millis
 pub(super) struct Picking {
     pub(super) picker: Box<dyn WorkerPicker>,
     pub(super) ledger: DispatchLedger,
+    /// This shard's read handles on every shard's KV index (merged at pick time).
+    kv: Vec<IndexReader>,
     /// When the ledger was last refreshed by a pick.
     refreshed: Option<Instant>,
 }
 
 impl Picking {
-    pub(super) fn new(ledger: DispatchLedger, picker: Box<dyn WorkerPicker>) -> Self {
+    pub(super) fn new(
+        ledger: DispatchLedger,
+        picker: Box<dyn WorkerPicker>,
+        kv: Vec<IndexReader>,
+    ) -> Self {
         Self {
             picker,
             ledger,
+            kv,
             refreshed: None,
         }
     }
@@ -188,7 +196,7 @@ impl Dispatcher {
             now,
             max_staleness: snap.config.dynamo.load.max_staleness,
             prompt_blocks: &[],
-            overlap: &NoOverlap,
+            overlap: &Merged(&st.kv),
         };
         // One candidate: a pinned request is never re-picked (SHIM-16/17).
         let mut picks = Picks::new(1);

@@ -5,7 +5,9 @@
 //! publishers ([`continuum_core::subscriptions::admitted`], ascending ids, capped) whose stable
 //! hash names this shard ([`continuum_core::subscriptions::shard_of`]) and whose address the
 //! control thread resolved and allowed (CFG-20) get a task ([`task::run`]: connector, backoff,
-//! the generic [`driver`]) with the family's sink (`kv_metrics`: [`load_sink`]); a task whose
+//! the generic [`driver`]) with the family's sink (`kv_metrics`: [`load_sink`]; `kv-events`,
+//! with the `dynamo-kv` feature and `dynamo.kv.enabled`: `kv_sink`, writing the shard's KV index
+//! through `kv`); a task whose
 //! publisher left, or whose address decision changed (RELOAD-03), is stopped. A publisher whose
 //! address is refused or not yet resolved is listed as `pending`.
 //!
@@ -14,6 +16,10 @@
 //! grace of LOAD-STORE-16).
 
 pub mod driver;
+#[cfg(feature = "dynamo-kv")]
+mod kv;
+#[cfg(feature = "dynamo-kv")]
+mod kv_sink;
 mod load_sink;
 mod task;
 
@@ -33,7 +39,14 @@ use crate::signals::subs::{SubRow, SubState};
 use task::{DirectTcp, Jitter, Spec};
 
 /// The families this build subscribes to, in reconcile order.
+#[cfg(feature = "dynamo-kv")]
+const FAMILIES: [Family; 2] = [Family::KvMetrics, Family::KvEvents];
+#[cfg(not(feature = "dynamo-kv"))]
 const FAMILIES: [Family; 1] = [Family::KvMetrics];
+
+/// How often the KV upkeep runs (down-time clearing, admin rows).
+#[cfg(feature = "dynamo-kv")]
+const KV_TICK: std::time::Duration = std::time::Duration::from_millis(250);
 
 struct Running {
     addr: SocketAddr,
@@ -46,6 +59,9 @@ pub(crate) struct Ingest {
     signals: Arc<Signals>,
     jitter: Rc<Jitter>,
     running: HashMap<(Family, PublisherId), Running>,
+    /// The shard's KV writer side, created when the KV family is first enabled.
+    #[cfg(feature = "dynamo-kv")]
+    kv: Option<(kv::SharedKv, LocalSignal)>,
 }
 
 impl std::fmt::Debug for Ingest {
@@ -65,6 +81,8 @@ impl Ingest {
             signals,
             jitter: Rc::new(Jitter::for_shard(shard)),
             running: HashMap::new(),
+            #[cfg(feature = "dynamo-kv")]
+            kv: None,
         }
     }
 
@@ -75,12 +93,43 @@ impl Ingest {
         let d = &snap.config.dynamo;
         match family {
             Family::KvMetrics => (d.enabled, d.load.transport == LoadTransport::Direct),
-            Family::KvEvents => (false, false),
+            Family::KvEvents => (
+                cfg!(feature = "dynamo-kv") && d.enabled && d.kv.enabled,
+                d.load.transport == LoadTransport::Direct,
+            ),
+        }
+    }
+
+    /// The shard's KV state, created (with its upkeep task) on first use.
+    #[cfg(feature = "dynamo-kv")]
+    fn kv(&mut self) -> Option<kv::SharedKv> {
+        if self.kv.is_none() {
+            let state = kv::ShardKv::new(self.shard, self.signals.clone())?;
+            let stop = LocalSignal::default();
+            monoio::spawn(kv_upkeep(Rc::downgrade(&state), stop.clone()));
+            self.kv = Some((state, stop));
+        }
+        self.kv.as_ref().map(|(k, _)| k.clone())
+    }
+
+    /// Bring the KV state in line with `snap` before the tasks are reconciled: the live gate
+    /// follows the fleet; switching the family off clears the index.
+    #[cfg(feature = "dynamo-kv")]
+    fn reconcile_kv(&mut self, snap: &RouterSnapshot) {
+        let (enabled, _) = Self::family_policy(snap, Family::KvEvents);
+        if enabled {
+            if let Some(k) = self.kv() {
+                k.borrow_mut().set_fleet(&snap.fleet);
+            }
+        } else if let Some((k, _)) = &self.kv {
+            k.borrow_mut().close_all();
         }
     }
 
     /// Bring the running tasks in line with `snap`.
     pub(crate) fn reconcile(&mut self, snap: &Arc<RouterSnapshot>) {
+        #[cfg(feature = "dynamo-kv")]
+        self.reconcile_kv(snap);
         let table = self.signals.table(self.shard);
         let shards = self.signals.shards();
         let mut wanted: HashMap<(Family, PublisherId), Option<SocketAddr>> = HashMap::new();
@@ -101,6 +150,15 @@ impl Ingest {
                     .filter(|_| direct);
                 let key = (family, p.publisher_id);
                 wanted.insert(key, addr);
+                // The registered source may arrive or change after the channel (KV-IDX-09).
+                #[cfg(feature = "dynamo-kv")]
+                if family == Family::KvEvents
+                    && self.running.contains_key(&key)
+                    && let Some((k, _)) = &self.kv
+                {
+                    k.borrow_mut()
+                        .open(p.publisher_id, kv_source(p), crate::clock::now());
+                }
                 // A running task keeps its row (and state); a new or re-addressed one starts over.
                 let unchanged = self.running.get(&key).is_some_and(|r| Some(r.addr) == addr);
                 if !unchanged {
@@ -120,16 +178,27 @@ impl Ingest {
             }
         }
         // Stop what left or changed address.
+        let mut closed = Vec::new();
         self.running.retain(|key, r| {
             let keep = wanted.get(key).copied().flatten() == Some(r.addr);
             if !keep {
                 r.stop.fire();
                 if !wanted.contains_key(key) {
                     table.remove(key.0, key.1);
+                    closed.push(*key);
                 }
             }
             keep
         });
+        #[cfg(feature = "dynamo-kv")]
+        if let Some((k, _)) = &self.kv {
+            for (family, id) in &closed {
+                if *family == Family::KvEvents {
+                    k.borrow_mut().close(*id);
+                }
+            }
+        }
+        drop(closed);
         // Start what is new.
         for ((family, id), addr) in wanted {
             let Some(addr) = addr else { continue };
@@ -149,6 +218,19 @@ impl Ingest {
                     let sink = load_sink::LoadSink::new(id, self.shard, self.signals.clone());
                     monoio::spawn(task::run(DirectTcp, spec, sink));
                 }
+                #[cfg(feature = "dynamo-kv")]
+                Family::KvEvents => {
+                    let Some(k) = self.kv() else { continue };
+                    let source = snap
+                        .fleet
+                        .publishers_of(Family::KvEvents)
+                        .find(|p| p.publisher_id == id)
+                        .and_then(kv_source);
+                    k.borrow_mut().open(id, source, crate::clock::now());
+                    let sink = kv_sink::KvSink::new(id, k, table.clone());
+                    monoio::spawn(task::run(DirectTcp, spec, sink));
+                }
+                #[cfg(not(feature = "dynamo-kv"))]
                 Family::KvEvents => continue,
             }
             self.running.insert((family, id), Running { addr, stop });
@@ -160,5 +242,31 @@ impl Ingest {
         for (_, r) in self.running.drain() {
             r.stop.fire();
         }
+        #[cfg(feature = "dynamo-kv")]
+        if let Some((_, stop)) = &self.kv {
+            stop.fire();
+        }
     }
+}
+
+/// The KV upkeep of one shard, until its stop signal fires or its state is gone.
+#[cfg(feature = "dynamo-kv")]
+async fn kv_upkeep(state: std::rc::Weak<std::cell::RefCell<kv::ShardKv>>, stop: LocalSignal) {
+    loop {
+        monoio::select! {
+            _ = stop.wait() => return,
+            _ = monoio::time::sleep(KV_TICK) => {}
+        }
+        let Some(k) = state.upgrade() else { return };
+        k.borrow_mut().tick(crate::clock::now());
+    }
+}
+
+/// The `(worker, dp_rank)` a kv-events publisher registered for (`v1/event_sources`, 1.6.1).
+#[cfg(feature = "dynamo-kv")]
+fn kv_source(p: &continuum_core::discovery::Publisher) -> Option<continuum_core::load::LoadKey> {
+    p.source.map(|s| continuum_core::load::LoadKey {
+        worker_id: s.worker_id,
+        dp_rank: s.dp_rank,
+    })
 }

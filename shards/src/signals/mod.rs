@@ -3,7 +3,7 @@
 //! [`Signals`] holds the load store (one logical table of seqlock cells, written by the shard
 //! owning each publisher's subscription), every shard's unanswered-dispatch summaries (written by
 //! that shard's [`continuum_core::load::DispatchLedger`]), every shard's `kv_metrics` event
-//! counters and every shard's subscription table. Pickers on any shard read the store and all
+//! counters, every shard's subscription table and every shard's KV index read side ([`kv`]). Pickers on any shard read the store and all
 //! ledgers' tables at pick time; a scrape or an admin request reads all of it.
 //!
 //! Invariants:
@@ -13,6 +13,7 @@
 //! - nothing here is reachable from the control thread except the store, which it gates by the
 //!   live set (LOAD-STORE-15).
 
+pub mod kv;
 pub mod subs;
 
 use std::sync::Arc;
@@ -21,6 +22,7 @@ use continuum_core::discovery::Family;
 use continuum_core::load::metrics::LoadEventCounters;
 use continuum_core::load::{DispatchLedger, InflightTable, LoadStore};
 
+use kv::KvSignals;
 use subs::{SubState, SubTable};
 
 /// The signals every shard reads.
@@ -35,6 +37,8 @@ pub struct Signals {
     /// Unanswered-dispatch summaries, one writer shard each (its `DispatchLedger`); pickers on
     /// every shard read all of them (LOAD-STORE-10).
     pub inflight: Box<[Arc<InflightTable>]>,
+    /// Every shard's KV index read side, counters and rank rows.
+    pub kv: KvSignals,
 }
 
 impl Signals {
@@ -49,6 +53,7 @@ impl Signals {
                 .collect(),
             tables: (0..shards).map(|_| Arc::new(SubTable::default())).collect(),
             inflight: ledgers.iter().map(DispatchLedger::table).collect(),
+            kv: KvSignals::new(shards),
         }
     }
 
@@ -76,19 +81,25 @@ impl Signals {
     pub fn render_metrics(&self, out: &mut String) {
         use std::fmt::Write as _;
         continuum_core::load::metrics::render_load_events(out, self.events.iter());
-        let counts = subs::counts(&self.tables, Family::KvMetrics);
-        let _ = writeln!(
-            out,
-            "# HELP continuum_dynamo_load_subscriptions kv_metrics subscriptions by state.\n\
-             # TYPE continuum_dynamo_load_subscriptions gauge"
-        );
-        for (state, n) in SubState::ALL.iter().zip(counts) {
+        for (family, name) in [
+            (Family::KvMetrics, "continuum_dynamo_load_subscriptions"),
+            (Family::KvEvents, "continuum_dynamo_kv_subscriptions"),
+        ] {
+            let counts = subs::counts(&self.tables, family);
             let _ = writeln!(
                 out,
-                "continuum_dynamo_load_subscriptions{{state=\"{}\",transport=\"direct\"}} {n}",
-                state.as_str()
+                "# HELP {name} {} subscriptions by state.\n# TYPE {name} gauge",
+                family.topic()
             );
+            for (state, n) in SubState::ALL.iter().zip(counts) {
+                let _ = writeln!(
+                    out,
+                    "{name}{{state=\"{}\",transport=\"direct\"}} {n}",
+                    state.as_str()
+                );
+            }
         }
         self.store.render_gauges(out);
+        self.kv.render_metrics(out);
     }
 }
