@@ -12,7 +12,9 @@
 //! - [`etcd`]: [`etcd::EtcdServer`], a real etcd on loopback (restart, TLS, auth, etcdctl
 //!   helpers) for the discovery tests;
 //! - [`fleet`]: a real Dynamo 1.6.1 fleet (`tests/fleet/`);
-//! - [`pyclient`]: the official Python API clients (`tests/clients/`) run with the fleet venv.
+//! - [`pyclient`]: the official Python API clients (`tests/clients/`) run with the fleet venv;
+//! - [`kv`]: the KV index as the admin view and metrics show it, and `kv-events` messages built
+//!   with the router's encoders (the `dynamo-kv` tests).
 //!
 //! Everything binds 127.0.0.1 only; every wait is bounded by a deadline.
 
@@ -26,6 +28,7 @@ pub mod discovery;
 pub mod etcd;
 pub mod filestore;
 pub mod fleet;
+pub mod kv;
 pub mod pyclient;
 pub mod router;
 pub mod shim;
