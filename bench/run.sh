@@ -21,7 +21,14 @@ cd "$(dirname "$0")/.."
 target="${CARGO_TARGET_DIR:-target}"
 bench=http-hop
 features=()
-if [ "${1:-}" = "--fleet" ]; then
+if [ "${1:-}" = "--kv-index" ]; then
+    # `bench/run.sh --kv-index [kv-index-bench options]`: our KV index against
+    # dynamo-kv-router 1.6.1's, a separate package (own Cargo.lock and target
+    # dir) so Dynamo's crates never enter the router's lock file; see
+    # bench/README.md, "kv-index".
+    shift
+    exec cargo run --release --manifest-path bench/kv-index/Cargo.toml -- "$@"
+elif [ "${1:-}" = "--fleet" ]; then
     shift
     bench=fleet-hop
     features=(--features continuum-router/dynamo)

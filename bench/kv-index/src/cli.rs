@@ -1,0 +1,166 @@
+//! Command-line options of `kv-index-bench`.
+//!
+//! Invariant: parsing is pure; every accepted value is bounded, so no loop of the run is
+//! unbounded (every timed loop also stops at `--seconds`).
+
+use crate::trace::Shape;
+
+pub(crate) const USAGE: &str = "\
+usage: kv-index-bench [options]
+  Ours (continuum-core kv, one index per shard, read through kv::shared::Merged) against
+  dynamo-kv-router 1.6.1 (ConcurrentRadixTreeCompressed as one ThreadPoolIndexer lane; and
+  RadixTree) on one generated trace; every figure also as a ratio to the baseline.
+
+  --ranks N           (worker, dp_rank)s of the fleet (default 1000; 8..=4096)
+  --dp N              dp ranks per worker (default 4; must divide --ranks)
+  --shards N          our shard indexes (default 4; 1..=64)
+  --conversations N   conversations of the main trace (default 24000; quick 12000)
+  --rank-capacity N   blocks each rank's LRU cache holds (default 1024; quick 512)
+  --active N          conversations open at once (default 2 x ranks)
+  --batch N           envelopes a shard applies per publish (default 1)
+  --queries N         distinct find_matches prompts (default 4096; quick 1024)
+  --iterations N      find_matches calls per index (default 40000; quick 5000); figure 4 uses
+                      N/10 events per index (at least 100)
+  --seconds S         wall-time cap of each index's latency loop (default 10; quick 3; max 120)
+  --seed N            trace seed (default 1)
+  --caps-scale F      the figure-3 cap fill as a share of the caps (default 1; quick 0.1)
+  --no-radix          skip the RadixTree baseline
+  --no-caps           skip the cap fill
+  --breakdown         also re-run our index's window in variants, every call timed (where the
+                      time goes: store / remove / publish, the replay of the second copy, shards)
+  --quick             the smoke sizes above (a CI smoke run: well under 30 s on 2 cores
+                      once built)
+  --help";
+
+#[derive(Debug, Clone)]
+pub(crate) struct Cli {
+    pub(crate) shape: Shape,
+    pub(crate) batch: u32,
+    pub(crate) iterations: u64,
+    pub(crate) seconds: f64,
+    pub(crate) caps_scale: f64,
+    pub(crate) radix: bool,
+    pub(crate) caps: bool,
+    pub(crate) quick: bool,
+    pub(crate) breakdown: bool,
+    pub(crate) help: bool,
+}
+
+fn num<T: std::str::FromStr>(flag: &str, v: Option<&String>) -> Result<T, String> {
+    v.ok_or_else(|| format!("{flag} needs a value"))?
+        .parse()
+        .map_err(|_| format!("{flag}: not a valid number"))
+}
+
+fn bounded<T: PartialOrd + std::fmt::Display + Copy>(
+    flag: &str,
+    v: T,
+    lo: T,
+    hi: T,
+) -> Result<T, String> {
+    if v < lo || v > hi {
+        return Err(format!("{flag}: {v} is outside {lo}..={hi}"));
+    }
+    Ok(v)
+}
+
+pub(crate) fn parse(args: &[String]) -> Result<Cli, String> {
+    let quick = args.iter().any(|a| a == "--quick");
+    let mut shape = Shape {
+        ranks: 1000,
+        dp: 4,
+        shards: 4,
+        conversations: if quick { 12_000 } else { 24_000 },
+        active: 0,
+        rank_capacity: if quick { 512 } else { 1024 },
+        seed: 1,
+        sys_prompts: 16,
+        sys_blocks: 32,
+        first_user_blocks: 96,
+        resp_blocks: 8,
+        user_blocks: 8,
+        max_turns: 4,
+        sticky: 0.8,
+        queries: if quick { 1024 } else { 4096 },
+        tail_envelopes: 0,
+    };
+    let mut cli = Cli {
+        shape: shape.clone(),
+        batch: 1,
+        iterations: if quick { 5000 } else { 40_000 },
+        seconds: if quick { 3.0 } else { 10.0 },
+        caps_scale: if quick { 0.1 } else { 1.0 },
+        radix: true,
+        caps: true,
+        quick,
+        breakdown: false,
+        help: false,
+    };
+    let mut active = None;
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--quick" => {}
+            "--help" | "-h" => cli.help = true,
+            "--no-radix" => cli.radix = false,
+            "--no-caps" => cli.caps = false,
+            "--breakdown" => cli.breakdown = true,
+            "--ranks" => shape.ranks = bounded(a, num(a, it.next())?, 8, 4096)?,
+            "--dp" => shape.dp = bounded(a, num(a, it.next())?, 1, 64)?,
+            "--shards" => shape.shards = bounded(a, num(a, it.next())?, 1, 64)?,
+            "--conversations" => {
+                shape.conversations = bounded(a, num(a, it.next())?, 10, 2_000_000)?
+            }
+            "--rank-capacity" => shape.rank_capacity = bounded(a, num(a, it.next())?, 1, 262_144)?,
+            "--active" => active = Some(bounded(a, num(a, it.next())?, 1, 1_000_000)?),
+            "--batch" => cli.batch = bounded(a, num(a, it.next())?, 1, 1_000_000)?,
+            "--queries" => shape.queries = bounded(a, num(a, it.next())?, 1, 1_000_000)?,
+            "--iterations" => cli.iterations = bounded(a, num(a, it.next())?, 100, 100_000_000)?,
+            "--seconds" => cli.seconds = bounded(a, num(a, it.next())?, 0.1, 120.0)?,
+            "--seed" => shape.seed = num(a, it.next())?,
+            "--caps-scale" => cli.caps_scale = bounded(a, num(a, it.next())?, 0.001, 1.0)?,
+            other => return Err(format!("unknown option {other}")),
+        }
+    }
+    if !shape.ranks.is_multiple_of(shape.dp) {
+        return Err(format!(
+            "--dp {} does not divide --ranks {}",
+            shape.dp, shape.ranks
+        ));
+    }
+    if shape.rank_capacity < shape.longest_request() {
+        return Err(format!(
+            "--rank-capacity {} is below the longest request ({} blocks)",
+            shape.rank_capacity,
+            shape.longest_request()
+        ));
+    }
+    shape.active = active.unwrap_or(shape.ranks * 2);
+    shape.tail_envelopes = (cli.iterations / 10).max(100) as u32;
+    cli.shape = shape;
+    Ok(cli)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(v: &[&str]) -> Vec<String> {
+        v.iter().map(|x| x.to_string()).collect()
+    }
+
+    #[test]
+    fn defaults_and_bounds() {
+        let c = parse(&[]).unwrap();
+        assert_eq!(
+            (c.shape.ranks, c.shape.shards, c.shape.active),
+            (1000, 4, 2000)
+        );
+        assert!(parse(&s(&["--ranks", "3"])).is_err());
+        assert!(parse(&s(&["--ranks", "1000", "--dp", "3"])).is_err());
+        assert!(parse(&s(&["--rank-capacity", "100"])).is_err());
+        assert!(parse(&s(&["--bogus"])).is_err());
+        let q = parse(&s(&["--quick", "--ranks", "200"])).unwrap();
+        assert_eq!((q.shape.ranks, q.shape.conversations), (200, 12_000));
+    }
+}

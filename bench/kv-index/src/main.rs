@@ -1,0 +1,535 @@
+//! `kv-index-bench`: continuum-core's KV index (`kv::index` / `kv::shared`) against
+//! dynamo-kv-router 1.6.1's own indexer, side by side in one run on one generated trace, every
+//! figure also reported as a ratio to that baseline (see bench/README.md, "kv-index").
+//!
+//! Figures: (1) apply throughput on one core, (2) `find_matches` latency over 1,000 ranks for
+//! 128-block prompts, (3) bytes per `(rank, block)` ownership after the trace and after a fill
+//! to the caps, (4) event-to-visible latency across threads.
+//!
+//! Invariant: the report goes to stdout, progress to stderr; nothing is written to disk; the
+//! trace is a function of the options alone.
+#![allow(clippy::disallowed_methods)] // a benchmark times what it measures with `Instant::now`
+#![allow(clippy::print_stdout)] // the report is the program's output
+
+mod alloc;
+mod apply;
+mod breakdown;
+mod capfill;
+mod caps;
+mod cli;
+mod matches;
+mod ours;
+mod report;
+mod rng;
+mod theirs;
+mod trace;
+mod visible;
+mod warnings;
+
+use std::collections::HashMap;
+use std::hint::black_box;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use continuum_core::kv::shared::Merged;
+use continuum_core::kv::{MAX_INDEX_BLOCKS, MAX_INDEX_OWNERSHIPS};
+use continuum_core::picker::{OverlapSource, PromptBlocks};
+use dynamo_kv_router::indexer::SyncIndexer;
+
+use crate::matches::Caller;
+use crate::report::{Row, Target, Unit};
+use crate::trace::BLOCK_TOKENS;
+
+#[global_allocator]
+static GLOBAL: alloc::Counting = alloc::Counting;
+
+fn progress(what: &str, since: Instant) {
+    eprintln!("[{:>6.1}s] {what}", since.elapsed().as_secs_f64());
+}
+
+/// The median cost of one `Instant::now()` + `elapsed()` pair, in ns.
+fn timer_cost() -> f64 {
+    let mut v: Vec<u64> = (0..10_001)
+        .map(|_| {
+            let t = Instant::now();
+            t.elapsed().as_nanos() as u64
+        })
+        .collect();
+    v.sort_unstable();
+    v[v.len() / 2] as f64
+}
+
+fn mb(bytes: usize) -> String {
+    format!("{:.1} MB", bytes as f64 / 1e6)
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().collect();
+    let cli = match cli::parse(&args[1..]) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("kv-index-bench: {e}\n{}", cli::USAGE);
+            return ExitCode::from(2);
+        }
+    };
+    if cli.help {
+        println!("{}", cli::USAGE);
+        return ExitCode::SUCCESS;
+    }
+    warnings::install();
+    let began = Instant::now();
+    let shape = &cli.shape;
+    let timer = timer_cost();
+
+    progress("generating the trace", began);
+    let t = trace::generate(shape);
+    let gen_secs = began.elapsed().as_secs_f64();
+    let ar_main = ours::Arenas::of(&t.main);
+    let ar_tail = ours::Arenas::of(&t.tail);
+    let ranks = t.ranks.len();
+    let mut crtc_ids = theirs::EventIds::new(ranks);
+    let mut radix_ids = theirs::EventIds::new(ranks);
+
+    // (1) apply throughput, (3) memory after the trace.
+    progress(
+        "(1) fills, then the window in turns: ours, CRTC, RadixTree",
+        began,
+    );
+    let mut gate_ids = theirs::EventIds::new(1);
+    let applied = apply::run(
+        &t,
+        &ar_main,
+        cli.batch,
+        cli.radix,
+        &mut crtc_ids,
+        &mut radix_ids,
+        &mut gate_ids,
+    );
+    let [o_apply, c_apply, r_apply] = applied.figures;
+    let mut o = applied.ours;
+    let lane = applied.lane;
+    let radix = applied.radix.map(|tree| (tree, r_apply));
+    let o_refused = o.refusals;
+
+    // (2) find_matches: agreement, then latency.
+    progress(
+        "(2) find_matches: checking every answer against the trace",
+        began,
+    );
+    let key_rank: HashMap<_, u32> = t
+        .ranks
+        .iter()
+        .enumerate()
+        .map(|(i, &r)| (ours::key(r), i as u32))
+        .collect();
+    let worker_rank: HashMap<_, u32> = t
+        .ranks
+        .iter()
+        .enumerate()
+        .map(|(i, &r)| (theirs::worker(r), i as u32))
+        .collect();
+    let oq: Vec<_> = t.queries.iter().map(|q| ours::query(&q.blocks)).collect();
+    let tq: Vec<_> = t.queries.iter().map(|q| theirs::query(&q.blocks)).collect();
+    let handles = ours::Ours::handles(&o.readers);
+    let merged = Merged(&handles);
+    let prompt = |i: usize| PromptBlocks {
+        block_size: BLOCK_TOKENS as u32,
+        hashes: &oq[i],
+    };
+    let tree = lane.tree().clone();
+    let ag_ours = matches::agreement(&t.queries, |i, out| {
+        merged.find_matches(prompt(i), &mut |k, d| {
+            out.push((key_rank.get(&k).copied().unwrap_or(u32::MAX), d));
+        });
+    });
+    let ag_crtc = matches::agreement(&t.queries, |i, out| {
+        for (w, d) in tree.find_matches(&tq[i], false).scores {
+            out.push((worker_rank.get(&w).copied().unwrap_or(u32::MAX), d));
+        }
+    });
+    let ag_radix = radix.as_ref().map(|(r, _)| {
+        matches::agreement(&t.queries, |i, out| {
+            for (w, d) in r.find_matches(tq[i].clone(), false).scores {
+                out.push((worker_rank.get(&w).copied().unwrap_or(u32::MAX), d));
+            }
+        })
+    });
+    progress("(2) find_matches: timing (interleaved)", began);
+    let mut callers: Vec<Caller<'_>> = vec![
+        Box::new(|i| {
+            let mut acc = 0u32;
+            merged.find_matches(prompt(i), &mut |_, d| acc = acc.wrapping_add(d));
+            black_box(acc);
+        }),
+        Box::new(|i| {
+            black_box(tree.find_matches(&tq[i], false));
+        }),
+    ];
+    if let Some((r, _)) = radix.as_ref() {
+        callers.push(Box::new(|i| {
+            black_box(r.find_matches(tq[i].clone(), false));
+        }));
+    }
+    let lats = matches::measure(t.queries.len(), cli.iterations, cli.seconds, &mut callers);
+    drop(callers);
+    drop(handles);
+
+    // (4) event-to-visible.
+    let n_vis = (cli.iterations / 10).max(100) as usize;
+    progress("(4) ours: event to visible", began);
+    let v_ours = visible::ours(&mut o, &t, &ar_tail, n_vis, cli.seconds);
+    progress("(4) CRTC: event to visible", began);
+    let v_crtc = visible::crtc(&lane, &t, &mut crtc_ids, n_vis, cli.seconds);
+    let (o_nodes, o_own) = (o.nodes(), o.ownerships());
+    let (b_nodes, b_own) = (o.budget.nodes(), o.budget.ownerships());
+    drop(tree);
+    drop(o);
+    drop(lane);
+    let radix_apply = radix.map(|(tree, a)| {
+        drop(tree);
+        a
+    });
+
+    // (3) the fill to the caps, one index at a time.
+    let fill = cli
+        .caps
+        .then(|| capfill::plan(&t.ranks, shape.shards, cli.caps_scale, shape.seed));
+    let mut caps_held = (None, None, None);
+    if let Some(f) = &fill {
+        progress("(3) ours: fill to the caps", began);
+        caps_held.0 = Some(caps::ours(f, &t.ranks, shape.shards));
+        progress("(3) CRTC: fill to the caps", began);
+        caps_held.1 = Some(caps::crtc(f, &t.ranks));
+        if cli.radix {
+            progress("(3) RadixTree: fill to the caps", began);
+            caps_held.2 = Some(caps::radix(f, &t.ranks));
+        }
+    }
+    let breakdown = cli.breakdown.then(|| {
+        progress("breakdown: our window again, in variants", began);
+        breakdown::report(&t, &ar_main, cli.batch)
+    });
+    progress("done", began);
+
+    // The report.
+    let s = &t.stats;
+    let (w_stored, w_removed) = t.main.block_events(&t.main.envelopes[t.split..]);
+    let (a_stored, a_removed) = t.main.block_events(&t.main.envelopes);
+    let own = s.ownerships as f64;
+    let per_own = |bytes: usize| bytes as f64 / own;
+    let mut rows = vec![
+        Row {
+            label: "(1) apply, block events/s, one core".into(),
+            unit: Unit::Rate,
+            ours: Some(o_apply.rate()),
+            crtc: Some(c_apply.rate()),
+            radix: radix_apply.map(|a| a.rate()),
+            target: Some(Target {
+                text: ">= 5 M/s and >= 2x",
+                bound: Some(5e6),
+                ratio: Some(2.0),
+            }),
+        },
+        Row {
+            label: format!("(2) find_matches p50, {} ranks, 128 blocks", shape.ranks),
+            unit: Unit::Nanos,
+            ours: Some(lats[0].all.q(0.5)),
+            crtc: Some(lats[1].all.q(0.5)),
+            radix: lats.get(2).map(|l| l.all.q(0.5)),
+            target: None,
+        },
+        Row {
+            label: format!("(2) find_matches p99, {} ranks, 128 blocks", shape.ranks),
+            unit: Unit::Nanos,
+            ours: Some(lats[0].all.q(0.99)),
+            crtc: Some(lats[1].all.q(0.99)),
+            radix: lats.get(2).map(|l| l.all.q(0.99)),
+            target: Some(Target {
+                text: "<= 5 us and >= 2x",
+                bound: Some(5_000.0),
+                ratio: Some(2.0),
+            }),
+        },
+        Row {
+            label: format!("(3) bytes/ownership, trace ({:.2}M own.)", own / 1e6),
+            unit: Unit::Bytes,
+            ours: Some(per_own(o_apply.bytes)),
+            crtc: c_apply.swept.map(|s| per_own(s.0)),
+            radix: radix_apply.map(|a| per_own(a.bytes)),
+            target: None,
+        },
+    ];
+    if let Some(f) = &fill {
+        let fown = f.ownerships as f64;
+        let at = if f.k == f.k_caps {
+            "at the caps"
+        } else {
+            "scaled fill"
+        };
+        rows.push(Row {
+            label: format!("(3) bytes/ownership, {at} ({:.2}M own.)", fown / 1e6),
+            unit: Unit::Bytes,
+            ours: caps_held.0.map(|h| h.bytes as f64 / fown),
+            crtc: caps_held.1.map(|h| h.bytes as f64 / fown),
+            radix: caps_held.2.map(|h| h.bytes as f64 / fown),
+            target: (f.k == f.k_caps).then_some(Target {
+                text: "<= 64 B",
+                bound: Some(64.0),
+                ratio: None,
+            }),
+        });
+    }
+    rows.push(Row {
+        label: "(4) event to visible p50, other thread".into(),
+        unit: Unit::Nanos,
+        ours: Some(v_ours.lat.q(0.5)),
+        crtc: Some(v_crtc.lat.q(0.5)),
+        radix: None,
+        target: None,
+    });
+    rows.push(Row {
+        label: "(4) event to visible p99, other thread".into(),
+        unit: Unit::Nanos,
+        ours: Some(v_ours.lat.q(0.99)),
+        crtc: Some(v_crtc.lat.q(0.99)),
+        radix: None,
+        target: Some(Target {
+            text: "<= 1 ms",
+            bound: Some(1e6),
+            ratio: None,
+        }),
+    });
+
+    let mut out = String::new();
+    use std::fmt::Write as _;
+    let _ = writeln!(
+        out,
+        "kv-index-bench: continuum-core kv vs dynamo-kv-router 1.6.1, one generated trace"
+    );
+    let _ = writeln!(
+        out,
+        "command: {}{}",
+        args.join(" "),
+        if cli.quick {
+            "   (quick: smoke sizes)"
+        } else {
+            ""
+        }
+    );
+    let _ = writeln!(
+        out,
+        "machine: {} CPUs available; Instant::now+elapsed {timer:.0} ns",
+        std::thread::available_parallelism().map_or(0, |n| n.get())
+    );
+    let _ = writeln!(
+        out,
+        "trace: {} ranks ({} workers x {} dp), {} shards, {}-token blocks, seed {}; {} conversations, {} system prompts x {} blocks, prompts {}..{} blocks + {} decoded, sticky {:.0}%, LRU {} blocks/rank",
+        shape.ranks,
+        shape.ranks / shape.dp,
+        shape.dp,
+        shape.shards,
+        BLOCK_TOKENS,
+        shape.seed,
+        s.conversations,
+        shape.sys_prompts,
+        shape.sys_blocks,
+        shape.sys_blocks + shape.first_user_blocks,
+        shape.longest_request() - shape.resp_blocks,
+        shape.resp_blocks,
+        shape.sticky * 100.0,
+        shape.rank_capacity
+    );
+    let _ = writeln!(
+        out,
+        "       {} requests, {} envelopes, {} events, {:.2}M block events ({:.2}M stored, {:.2}M removed); window {} envelopes, {:.2}M block events ({:.0}% removed){}",
+        s.requests,
+        t.main.envelopes.len(),
+        t.main.ops.len(),
+        (a_stored + a_removed) as f64 / 1e6,
+        a_stored as f64 / 1e6,
+        a_removed as f64 / 1e6,
+        t.main.envelopes.len() - t.split,
+        (w_stored + w_removed) as f64 / 1e6,
+        100.0 * w_removed as f64 / (w_stored + w_removed).max(1) as f64,
+        match (s.steady, s.evicted) {
+            (true, _) => ", after the caches filled (LRU steady state)",
+            (false, true) => ", NOT in LRU steady state (window = second half; some caches full)",
+            (false, false) => ", NOT in LRU steady state (no cache ever filled)",
+        }
+    );
+    let _ = writeln!(
+        out,
+        "       end state: {} ownerships, {} distinct blocks ({:.2} owners each), {} nodes over our shards ({:.0}% of the node cap)",
+        s.ownerships,
+        s.distinct,
+        own / s.distinct.max(1) as f64,
+        s.shard_nodes,
+        100.0 * s.shard_nodes as f64 / MAX_INDEX_BLOCKS as f64
+    );
+    let _ = writeln!(
+        out,
+        "baseline: CRTC = ConcurrentRadixTreeCompressed in one ThreadPoolIndexer lane (Dynamo 1.6.1's default indexer for --router-mode kv, router_event_threads=4); RadixTree = KvIndexer's tree (router_event_threads=1)"
+    );
+    let _ = writeln!(
+        out,
+        "ratio = times better than that baseline (ours/theirs for rates, theirs/ours for times and bytes); '>= 2x' is checked against the stronger baseline"
+    );
+    let _ = writeln!(out);
+    out.push_str(&report::table(&rows));
+    let _ = writeln!(out);
+    let _ = writeln!(out, "checks:");
+    let ag = |a: &matches::Agreement| {
+        format!(
+            "{}/{}{}",
+            a.agree,
+            a.total,
+            a.first
+                .as_ref()
+                .map_or(String::new(), |f| format!(" (first: {f})"))
+        )
+    };
+    let _ = writeln!(
+        out,
+        "  find_matches answers equal to the trace's exact answer: ours {}, CRTC {}, RadixTree {}",
+        ag(&ag_ours),
+        ag(&ag_crtc),
+        ag_radix.as_ref().map_or("-".into(), ag)
+    );
+    let _ = writeln!(
+        out,
+        "  events refused (ours: over capacity {}, parent missing {}, removed hash not held {}) / warned (CRTC {}) / failed (RadixTree {})",
+        o_refused.over_capacity,
+        o_refused.parent_missing,
+        o_refused.remove_missing,
+        c_apply.errors,
+        radix_apply.map_or("-".into(), |a| a.errors.to_string())
+    );
+    let _ = writeln!(
+        out,
+        "  (4) envelopes timed: ours {} (missed {}), CRTC {} (missed {}); ours ended with {} nodes, {} ownerships (budget: {}, {})",
+        v_ours.lat.len(),
+        v_ours.missed,
+        v_crtc.lat.len(),
+        v_crtc.missed,
+        o_nodes,
+        o_own,
+        b_nodes,
+        b_own
+    );
+    for w in warnings::first() {
+        let _ = writeln!(out, "  baseline warning: {w}");
+    }
+    let _ = writeln!(out, "details:");
+    let per_ev = |a: &apply::Applied| a.allocs as f64 / a.events.max(1) as f64;
+    let _ = writeln!(
+        out,
+        "  (1) window time: ours {:.3} s, CRTC {:.3} s, RadixTree {}; allocations per block event: ours {:.2}, CRTC {:.2}, RadixTree {}",
+        o_apply.secs,
+        c_apply.secs,
+        radix_apply.map_or("-".into(), |a| format!("{:.3} s", a.secs)),
+        per_ev(&o_apply),
+        per_ev(&c_apply),
+        radix_apply.map_or("-".into(), |a| format!("{:.2}", per_ev(&a)))
+    );
+    let _ = writeln!(
+        out,
+        "  (2) calls timed: ours {}, CRTC {}, RadixTree {}; p99.9: ours {}, CRTC {}, RadixTree {}",
+        lats[0].all.len(),
+        lats[1].all.len(),
+        lats.get(2).map_or("-".into(), |l| l.all.len().to_string()),
+        Unit::Nanos.fmt(lats[0].all.q(0.999)),
+        Unit::Nanos.fmt(lats[1].all.q(0.999)),
+        lats.get(2)
+            .map_or("-".into(), |l| Unit::Nanos.fmt(l.all.q(0.999)))
+    );
+    let fast = |l: &matches::Timed| {
+        format!(
+            "{} / {}",
+            Unit::Nanos.fmt(l.fastest.q(0.5)),
+            Unit::Nanos.fmt(l.fastest.q(0.99))
+        )
+    };
+    let _ = writeln!(
+        out,
+        "  (2) each query's fastest call, p50 / p99 over the {} queries: ours {}, CRTC {}, RadixTree {}",
+        t.queries.len(),
+        fast(&lats[0]),
+        fast(&lats[1]),
+        lats.get(2).map_or("-".into(), fast)
+    );
+    let _ = writeln!(
+        out,
+        "  (3) trace: ours {} ({:.1} B per node), CRTC {} after its sweep ({} before), RadixTree {}",
+        mb(o_apply.bytes),
+        o_apply.bytes as f64 / s.shard_nodes.max(1) as f64,
+        c_apply.swept.map_or("-".into(), |s| mb(s.0)),
+        mb(c_apply.bytes),
+        radix_apply.map_or("-".into(), |a| mb(a.bytes))
+    );
+    let _ = writeln!(
+        out,
+        "  (3) trace, every allocation rounded up to its malloc chunk: ours {:.1} B/ownership, CRTC {} (after its sweep), RadixTree {}",
+        per_own(o_apply.chunks),
+        c_apply
+            .swept
+            .map_or("-".into(), |s| format!("{:.1} B", per_own(s.1))),
+        radix_apply.map_or("-".into(), |a| format!("{:.1} B", per_own(a.chunks)))
+    );
+    if let Some(f) = &fill {
+        let fown = f.ownerships as f64;
+        let h = |x: Option<caps::Held>| {
+            x.map_or("-".into(), |h| {
+                format!(
+                    "{} ({:.1} B/ownership in malloc chunks) in {:.1} s, {} refused/warned",
+                    mb(h.bytes),
+                    h.chunks as f64 / fown,
+                    h.secs,
+                    h.errors
+                )
+            })
+        };
+        let _ = writeln!(
+            out,
+            "  (3) fill: {} prompts per team of 8 ranks ({} at the caps), {} ownerships on {} nodes (caps {} / {})",
+            f.k, f.k_caps, f.ownerships, f.nodes, MAX_INDEX_OWNERSHIPS, MAX_INDEX_BLOCKS
+        );
+        let _ = writeln!(
+            out,
+            "      ours {} (index says {} ownerships, {} nodes), CRTC {}, RadixTree {}",
+            h(caps_held.0),
+            caps_held.0.and_then(|x| x.ownerships).unwrap_or(0),
+            caps_held.0.and_then(|x| x.nodes).unwrap_or(0),
+            h(caps_held.1),
+            h(caps_held.2)
+        );
+    }
+    let split = |v: &visible::Visibility| {
+        format!(
+            "small {} / {} (n={}), large {} / {} (n={})",
+            Unit::Nanos.fmt(v.small.q(0.5)),
+            Unit::Nanos.fmt(v.small.q(0.99)),
+            v.small.len(),
+            Unit::Nanos.fmt(v.large.q(0.5)),
+            Unit::Nanos.fmt(v.large.q(0.99)),
+            v.large.len()
+        )
+    };
+    let _ = writeln!(
+        out,
+        "  (4) p50 / p99 by envelope size (large: >= {} block events, a prefill): ours {}; CRTC {}",
+        visible::LARGE,
+        split(&v_ours),
+        split(&v_crtc)
+    );
+    if let Some(b) = &breakdown {
+        out.push_str(b);
+    }
+    let _ = writeln!(
+        out,
+        "  run: trace generated in {gen_s:.1} s, whole run {:.1} s",
+        began.elapsed().as_secs_f64(),
+        gen_s = gen_secs
+    );
+    print!("{out}");
+    ExitCode::SUCCESS
+}

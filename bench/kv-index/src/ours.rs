@@ -1,0 +1,162 @@
+//! Ours: continuum-core's `kv` index, one [`IndexWriter`] per shard over one router-wide
+//! [`Budget`], read through `kv::shared::Merged` as a shard reads at pick time.
+//!
+//! A rank's events go to the shard that owns its worker's publisher
+//! (`subscriptions::shard_of`, as the router assigns subscriptions); each shard publishes after
+//! every `batch` envelopes it applied (default 1: after every envelope, as the shard ingest does
+//! per decoded batch).
+
+use std::sync::Arc;
+
+use continuum_core::discovery::InstanceId;
+use continuum_core::kv::budget::Budget;
+use continuum_core::kv::index::{IndexWriter, new_index};
+use continuum_core::kv::shared::{IndexReader, IndexReaders};
+use continuum_core::kv::{EngineHash, StoredBlock, TokensHash};
+use continuum_core::load::LoadKey;
+use continuum_core::picker::BlockHash;
+
+use crate::trace::{Block, Envelope, Events, Op, Rank};
+
+/// An [`Events`]' arenas in our types (converted once, outside every timed loop).
+#[derive(Debug, Default)]
+pub(crate) struct Arenas {
+    stored: Vec<StoredBlock>,
+    removed: Vec<EngineHash>,
+}
+
+impl Arenas {
+    pub(crate) fn stored_slice(&self, start: u32, len: u32) -> &[StoredBlock] {
+        &self.stored[start as usize..(start + len) as usize]
+    }
+
+    pub(crate) fn removed_slice(&self, start: u32, len: u32) -> &[EngineHash] {
+        &self.removed[start as usize..(start + len) as usize]
+    }
+
+    pub(crate) fn of(ev: &Events) -> Self {
+        Self {
+            stored: ev.stored.iter().map(|&b| stored_block(b)).collect(),
+            removed: ev.removed.iter().map(|&h| EngineHash(h)).collect(),
+        }
+    }
+}
+
+pub(crate) fn stored_block(b: Block) -> StoredBlock {
+    StoredBlock {
+        block_hash: EngineHash(b.engine),
+        tokens_hash: TokensHash(b.tokens),
+    }
+}
+
+/// Our rank key.
+pub(crate) fn key(rank: Rank) -> LoadKey {
+    LoadKey::new(InstanceId::new(rank.worker_id), rank.dp_rank)
+}
+
+/// A query as the picker asks it: the prompt's path hashes.
+pub(crate) fn query(blocks: &[Block]) -> Vec<BlockHash> {
+    blocks.iter().map(|b| BlockHash(b.engine)).collect()
+}
+
+/// What our index refused or did not hold (all 0 on a trace that stays within the caps).
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Refusals {
+    pub(crate) over_capacity: u64,
+    pub(crate) parent_missing: u64,
+    pub(crate) remove_missing: u64,
+}
+
+impl Refusals {
+    pub(crate) fn total(&self) -> u64 {
+        self.over_capacity + self.parent_missing + self.remove_missing
+    }
+}
+
+/// The shards' indexes.
+pub(crate) struct Ours {
+    pub(crate) budget: Arc<Budget>,
+    pub(crate) writers: Vec<IndexWriter>,
+    pub(crate) readers: Vec<IndexReaders>,
+    pending: Vec<u32>,
+    batch: u32,
+    pub(crate) refusals: Refusals,
+}
+
+impl Ours {
+    pub(crate) fn new(shards: u32, batch: u32) -> Self {
+        let budget = Arc::new(Budget::new());
+        let (writers, readers) = (0..shards).map(|_| new_index(Arc::clone(&budget))).unzip();
+        Self {
+            budget,
+            writers,
+            readers,
+            pending: vec![0; shards as usize],
+            batch: batch.max(1),
+            refusals: Refusals::default(),
+        }
+    }
+
+    /// Applies one envelope to its rank's shard, publishing per the batch policy.
+    #[inline]
+    pub(crate) fn apply(&mut self, ev: &Events, ar: &Arenas, ranks: &[Rank], e: &Envelope) {
+        let rank = ranks[e.rank as usize];
+        let shard = self.shard_of(rank);
+        let k = key(rank);
+        let w = &mut self.writers[shard];
+        for op in ev.ops(e) {
+            match *op {
+                Op::Store { parent, start, len } => {
+                    let blocks = &ar.stored[start as usize..(start + len) as usize];
+                    let r = w.store(k, parent.map(EngineHash), blocks);
+                    self.refusals.over_capacity += u64::from(r.over_capacity);
+                    self.refusals.parent_missing += u64::from(r.parent_missing);
+                }
+                Op::Remove { start, len } => {
+                    let hashes = &ar.removed[start as usize..(start + len) as usize];
+                    let held = w.remove(k, hashes);
+                    self.refusals.remove_missing += u64::from(len - held.min(len));
+                }
+            }
+        }
+        let p = &mut self.pending[shard];
+        *p += 1;
+        if *p >= self.batch {
+            *p = 0;
+            w.publish();
+        }
+    }
+
+    /// The writer of `rank` (the trace's shard; all on one when there is one writer).
+    pub(crate) fn shard_of(&self, rank: Rank) -> usize {
+        rank.shard as usize % self.writers.len()
+    }
+
+    /// Publishes every shard with unpublished envelopes.
+    pub(crate) fn publish_all(&mut self) {
+        for (w, p) in self.writers.iter_mut().zip(&mut self.pending) {
+            if *p > 0 {
+                *p = 0;
+                w.publish();
+            }
+        }
+    }
+
+    /// The writers and the reader factories, apart (to drop them one after the other).
+    pub(crate) fn into_parts(self) -> (Vec<IndexWriter>, Vec<IndexReaders>) {
+        (self.writers, self.readers)
+    }
+
+    /// One reader per shard for the calling thread.
+    pub(crate) fn handles(readers: &[IndexReaders]) -> Vec<IndexReader> {
+        readers.iter().map(IndexReaders::handle).collect()
+    }
+
+    pub(crate) fn nodes(&self) -> usize {
+        self.writers.iter().map(IndexWriter::nodes).sum()
+    }
+
+    pub(crate) fn ownerships(&self) -> usize {
+        self.writers.iter().map(IndexWriter::ownerships).sum()
+    }
+}
