@@ -38,7 +38,8 @@ fn seed(etcd: &EtcdServer, kv: &str, load: &str) {
     for (k, v) in dump {
         if k == format!("v1/instances/agg/backend/generate/{WORKER_HEX}")
             || k == format!("v1/mdc/agg/backend/generate/{WORKER_HEX}")
-            || k.ends_with(&format!("/topic/kv-events/{KV_SUFFIX}")) && k.starts_with("v1/event_sources/")
+            || k.ends_with(&format!("/topic/kv-events/{KV_SUFFIX}"))
+                && k.starts_with("v1/event_sources/")
         {
             etcd.put(&k, &v);
         } else if k == format!("{channel}/kv-events/{KV_SUFFIX}")
@@ -53,8 +54,7 @@ fn seed(etcd: &EtcdServer, kv: &str, load: &str) {
 }
 
 fn config(etcd: &EtcdServer, kv: bool) -> RouterConfig {
-    let mut cfg =
-        RouterConfig::default().backend("fe-agg", "http://127.0.0.1:9", &["tiny-agg"]);
+    let mut cfg = RouterConfig::default().backend("fe-agg", "http://127.0.0.1:9", &["tiny-agg"]);
     let mut yaml = kv_yaml(&etcd.endpoint(), &[("agg", "fe-agg")]);
     if !kv {
         yaml = yaml.replace("  kv:\n    enabled: true\n", "  kv:\n    enabled: false\n");
@@ -110,7 +110,11 @@ fn kv_settings_apply_by_reload_without_restarting_the_load_path_or_discovery() {
         "{}",
         r.stderr()
     );
-    assert_eq!(kv_pub.wait_subscribed(QUIET), None, "kv-events subscribed while off");
+    assert_eq!(
+        kv_pub.wait_subscribed(QUIET),
+        None,
+        "kv-events subscribed while off"
+    );
     let seen = first_seen(&r);
     let view = KvView::read(&r);
     same("kv-events rows while off", view.subscriptions.len(), 0).unwrap();
