@@ -4,9 +4,12 @@
 //! (after the [`super::handler`] rules) and publishes them to the readers of every shard
 //! ([`super::shared`]). Nodes are built from the root along the `tokens_hash` path; a node is
 //! identified by its path hash ([`path_hash`]), so the nodes sit in one flat table keyed by path
-//! hash (a hashed radix tree). Each rank keeps a map from engine `block_hash` to node; two engine
-//! hashes may name one node, so a rank's hold on a node is reference counted: it owns the node
-//! while at least one of its engine hashes points there.
+//! hash (a hashed radix tree). Each rank has a slot (its bit in every owner set; the lowest free
+//! slot is reused first) and a map from engine `block_hash` to path hash
+//! ([`super::arena::KeyMap`]); two engine hashes may name one node, so a rank's hold on a node is
+//! reference counted: it owns the node while at least one of its engine hashes points there.
+//! A call loads the table lines its first blocks need (and those of the previous batch's
+//! replay) before it uses them, so the cache misses of a batch overlap instead of queueing.
 //!
 //! Accounting: a *block* of a rank is one engine hash it holds ([`IndexWriter::rank_blocks`]); an
 //! *ownership* is one `(rank, block)` pair, charged to the shared [`Budget`] (so every map entry the
@@ -22,19 +25,23 @@
 //! - a stored block whose engine hash the rank already holds for the same node is a no-op
 //!   (applied); for another node, the old mapping is dropped first (the engine reused the hash);
 //! - `nodes() == nodes in the writer's copy`, `ownerships() == Σ rank_blocks`, and both are what
-//!   this index holds of the budget (given back on drop);
+//!   this index holds of the budget (given back on drop); a rank's slot is freed only once it
+//!   holds nothing (so no owner set still has its bit);
 //! - the writer never reads the published copy and readers never see unpublished writes, except
 //!   that a writer left unpublished for [`MAX_UNPUBLISHED_OPS`] ops publishes by itself (between
 //!   two operations, never inside one) so its journal stays bounded.
 
-use std::collections::HashMap;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
 use std::fmt;
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
+use super::arena::KeyMap;
 use super::budget::Budget;
-use super::shared::{IndexReaders, Keyed, Op, Published, Table};
+use super::keyed::Keyed;
+use super::shared::{BATCH, IndexReaders, Op, Published, Table};
 use super::{EngineHash, MAX_BLOCKS_PER_RANK, MAX_OWNERS_PER_NODE, StoredBlock, path_hash};
 use crate::load::LoadKey;
 use crate::picker::BlockHash;
@@ -92,7 +99,7 @@ pub fn new_index_with_caps(budget: Arc<Budget>, caps: Caps) -> (IndexWriter, Ind
             keyed,
             journal: Vec::new(),
             ranks: Vec::new(),
-            free: Vec::new(),
+            free: BinaryHeap::new(),
             slots: HashMap::with_hasher(keyed),
             nodes: 0,
             ownerships: 0,
@@ -127,9 +134,19 @@ impl fmt::Debug for IndexWriter {
 struct Rank {
     key: LoadKey,
     /// Engine hash → path hash of its node.
-    entries: HashMap<EngineHash, u64, Keyed>,
+    entries: KeyMap,
     /// Nodes this rank reaches through more than one engine hash: references beyond the first.
     extra: HashMap<u64, u32, Keyed>,
+}
+
+/// What [`State::detach`] did.
+enum Detach {
+    /// The rank did not hold the engine hash.
+    NotHeld,
+    /// Dropped; the rank still owns the node through another engine hash.
+    StillHeld,
+    /// Dropped, and it was the rank's last reference to this node (its path hash).
+    Leave(u64),
 }
 
 /// Budget reserved (or freed) during one call and not yet settled with the shared [`Budget`].
@@ -156,7 +173,8 @@ struct State {
     /// Ops applied to `work` since the last publish (the published copy lacks them).
     journal: Vec<Op>,
     ranks: Vec<Option<Rank>>,
-    free: Vec<u32>,
+    /// Free slots, lowest first.
+    free: BinaryHeap<Reverse<u32>>,
     slots: HashMap<LoadKey, u32, Keyed>,
     nodes: usize,
     ownerships: usize,
@@ -178,9 +196,8 @@ fn caught_up<'a>(work: &'a mut Arc<Table>, lag: &mut Vec<Op>) -> &'a mut Table {
     }
     // Unique by now, so this never clones; `make_mut` (not `get_mut`) only to stay panic-free.
     let table = Arc::make_mut(work);
-    for op in lag.drain(..) {
-        table.apply(&op);
-    }
+    table.apply_all(lag);
+    lag.clear();
     const KEEP: usize = 16_384;
     if lag.capacity() > KEEP {
         lag.shrink_to(KEEP);
@@ -198,6 +215,8 @@ impl IndexWriter {
         blocks: &[StoredBlock],
     ) -> StoreResult {
         self.bound_journal();
+        // Start the first blocks' loads before the replay, so the two overlap.
+        std::hint::black_box(self.st.prewarm_store(&self.work, rank, parent, blocks));
         let t = caught_up(&mut self.work, &mut self.lag);
         self.st.store(t, rank, parent, blocks)
     }
@@ -214,13 +233,41 @@ impl IndexWriter {
             return 0;
         };
         self.bound_journal();
+        // Start the first hashes' loads before the replay, so the two overlap.
+        let mut warm = self.st.rank(slot).map_or(0, |rk| {
+            let head = hashes.get(..BATCH).unwrap_or(hashes);
+            head.iter().fold(0, |a, eh| a ^ rk.entries.touch(eh.0))
+        });
         let t = caught_up(&mut self.work, &mut self.lag);
         let mut n = 0u32;
-        for eh in hashes {
-            if self.st.unref(t, slot, *eh) {
+        for few in hashes.chunks(BATCH) {
+            // Stage by stage, so the cache misses of the few overlap: the rank's entries, then
+            // the buckets of the nodes it lets go of.
+            if let Some(rk) = self.st.rank(slot) {
+                warm ^= few.iter().fold(0, |a, eh| a ^ rk.entries.touch(eh.0));
+            }
+            let mut leaving = [0u64; BATCH];
+            let mut k = 0;
+            for eh in few {
+                match self.st.detach(slot, *eh) {
+                    Detach::NotHeld => continue,
+                    Detach::Leave(path) => {
+                        if let Some(l) = leaving.get_mut(k) {
+                            *l = path;
+                            k += 1;
+                        }
+                    }
+                    Detach::StillHeld => {}
+                }
                 n = n.saturating_add(1);
             }
+            let leaving = leaving.get(..k).unwrap_or(&[]);
+            warm ^= leaving.iter().fold(0, |a, p| a ^ t.touch(*p));
+            for &path in leaving {
+                self.st.leave(t, slot, path);
+            }
         }
+        std::hint::black_box(warm);
         self.st.settle();
         self.st.close_if_empty(t, slot);
         n
@@ -307,10 +354,11 @@ impl State {
         self.ranks.get_mut(slot as usize).and_then(Option::as_mut)
     }
 
-    fn op(&mut self, t: &mut Table, op: Op) -> (usize, usize) {
-        let r = t.apply(&op);
+    /// Applies `op` to the writer's copy and journals it; returns what [`Table::apply`] does.
+    fn op(&mut self, t: &mut Table, op: Op) -> bool {
+        let changed = t.apply(&op);
         self.journal.push(op);
-        r
+        changed
     }
 
     fn store(
@@ -324,7 +372,7 @@ impl State {
         let slot = self.slots.get(&rank).copied();
         let mut parent_path = match parent {
             None => None,
-            Some(eh) => match slot.and_then(|s| self.rank(s)?.entries.get(&eh).copied()) {
+            Some(eh) => match slot.and_then(|s| self.rank(s)?.entries.get(eh.0)) {
                 Some(p) => Some(BlockHash(p)),
                 None => {
                     r.parent_missing = true;
@@ -339,18 +387,63 @@ impl State {
             Some(s) => s,
             None => self.open_slot(t, rank),
         };
-        for (i, b) in blocks.iter().enumerate() {
-            let path = path_hash(parent_path, b.tokens_hash);
-            if !self.admit(t, slot, b.block_hash, path.0, blocks.len() - i) {
-                r.over_capacity = u32::try_from(blocks.len() - i).unwrap_or(u32::MAX);
-                break;
+        let mut warm = 0u64;
+        'chain: for (c, few) in blocks.chunks(BATCH).enumerate() {
+            // The few's paths, then their lines warmed stage by stage (see `remove`).
+            let mut paths = [0u64; BATCH];
+            let mut prev = parent_path;
+            for (p, b) in paths.iter_mut().zip(few) {
+                let path = path_hash(prev, b.tokens_hash);
+                *p = path.0;
+                prev = Some(path);
             }
-            r.applied = r.applied.saturating_add(1);
-            parent_path = Some(path);
+            if let Some(rk) = self.rank(slot) {
+                for (p, b) in paths.iter().zip(few) {
+                    warm ^= rk.entries.touch(b.block_hash.0) ^ t.touch(*p);
+                }
+            }
+            for (j, (b, &path)) in few.iter().zip(&paths).enumerate() {
+                let left = blocks.len() - c * BATCH - j;
+                if !self.admit(t, slot, b.block_hash, path, left) {
+                    r.over_capacity = u32::try_from(left).unwrap_or(u32::MAX);
+                    break 'chain;
+                }
+                r.applied = r.applied.saturating_add(1);
+            }
+            parent_path = prev;
         }
+        std::hint::black_box(warm);
         self.settle();
         self.close_if_empty(t, slot);
         r
+    }
+
+    /// Loads what the first [`BATCH`] blocks of a [`Self::store`] will touch (a read of `t`,
+    /// which readers may still hold: only the plain loads, nothing is written).
+    fn prewarm_store(
+        &self,
+        t: &Table,
+        rank: LoadKey,
+        parent: Option<EngineHash>,
+        blocks: &[StoredBlock],
+    ) -> u64 {
+        let Some(rk) = self.slots.get(&rank).and_then(|&s| self.rank(s)) else {
+            return 0;
+        };
+        let mut prev = match parent {
+            None => None,
+            Some(eh) => match rk.entries.get(eh.0) {
+                Some(p) => Some(BlockHash(p)),
+                None => return 0,
+            },
+        };
+        let mut warm = 0;
+        for b in blocks.iter().take(BATCH) {
+            let path = path_hash(prev, b.tokens_hash);
+            warm ^= rk.entries.touch(b.block_hash.0) ^ t.touch(path.0);
+            prev = Some(path);
+        }
+        warm
     }
 
     /// Admits one block; `false`: refused by a cap (nothing changed but a dropped old mapping of
@@ -359,7 +452,7 @@ impl State {
         let Some(rk) = self.rank(slot) else {
             return false;
         };
-        match rk.entries.get(&eh).copied() {
+        match rk.entries.get(eh.0) {
             Some(p) if p == path => return true,
             Some(_) => {
                 self.unref(t, slot, eh);
@@ -375,97 +468,124 @@ impl State {
         if !self.take_ownership(left) {
             return false;
         }
-        if t.owns(path, slot) {
+        let state = t.owner_state(path, slot);
+        if let Some((_, true)) = state {
             if let Some(rk) = self.rank_mut(slot) {
                 let c = rk.extra.entry(path).or_insert(0);
                 *c = c.saturating_add(1);
             }
         } else {
-            let room = match t.owner_count(path) {
-                Some(n) => n < self.caps.owners_per_node,
+            let room = match state {
+                Some((n, _)) => (n as usize) < self.caps.owners_per_node,
                 None => self.take_node(left),
             };
             if !room {
                 self.credit.ownerships += 1;
                 return false;
             }
-            let (created, _) = self.op(t, Op::Add { path, slot });
-            self.nodes += created;
+            if self.op(t, Op::Add { path, slot }) {
+                self.nodes += 1;
+            }
         }
         if let Some(rk) = self.rank_mut(slot) {
-            rk.entries.insert(eh, path);
+            rk.entries.insert(eh.0, path);
         }
         self.ownerships += 1;
         true
     }
 
+    /// `slot` lets go of node `path` (its last reference to it).
+    fn leave(&mut self, t: &mut Table, slot: u32, path: u64) {
+        if self.op(t, Op::Remove { path, slot }) {
+            self.nodes = self.nodes.saturating_sub(1);
+            self.credit.nodes += 1;
+        }
+    }
+
     /// Drops engine hash `eh` of `slot`; returns whether the rank held it.
     fn unref(&mut self, t: &mut Table, slot: u32, eh: EngineHash) -> bool {
-        let Some(rk) = self.rank_mut(slot) else {
-            return false;
-        };
-        let Some(path) = rk.entries.remove(&eh) else {
-            return false;
-        };
-        let shared = match rk.extra.get_mut(&path) {
-            Some(c) if *c > 1 => {
-                *c -= 1;
+        match self.detach(slot, eh) {
+            Detach::NotHeld => false,
+            Detach::StillHeld => true,
+            Detach::Leave(n) => {
+                self.leave(t, slot, n);
                 true
             }
-            Some(_) => {
-                rk.extra.remove(&path);
-                true
-            }
-            None => false,
-        };
-        if !shared {
-            let (_, removed) = self.op(t, Op::Remove { path, slot });
-            self.nodes = self.nodes.saturating_sub(removed);
-            self.credit.nodes += removed;
         }
+    }
+
+    /// The rank-side half of [`Self::unref`]: drops the mapping and its ownership; the caller
+    /// must [`Self::leave`] the node on [`Detach::Leave`].
+    fn detach(&mut self, slot: u32, eh: EngineHash) -> Detach {
+        let Some(rk) = self.rank_mut(slot) else {
+            return Detach::NotHeld;
+        };
+        let Some(n) = rk.entries.remove(eh.0) else {
+            return Detach::NotHeld;
+        };
+        let shared = !rk.extra.is_empty()
+            && match rk.extra.get_mut(&n) {
+                Some(c) if *c > 1 => {
+                    *c -= 1;
+                    true
+                }
+                Some(_) => {
+                    rk.extra.remove(&n);
+                    true
+                }
+                None => false,
+            };
         self.ownerships = self.ownerships.saturating_sub(1);
         self.credit.ownerships += 1;
-        true
+        if shared {
+            Detach::StillHeld
+        } else {
+            Detach::Leave(n)
+        }
     }
 
     fn clear_slot(&mut self, t: &mut Table, slot: u32) -> u32 {
-        let Some(rk) = self.ranks.get_mut(slot as usize).and_then(Option::take) else {
+        let Some(mut rk) = self.ranks.get_mut(slot as usize).and_then(Option::take) else {
             return 0;
         };
         let held = rk.entries.len();
-        let key = rk.key;
-        let mut paths: Vec<u64> = rk.entries.values().copied().collect();
-        drop(rk);
-        paths.sort_unstable();
-        paths.dedup();
-        let (_, removed) = self.op(
-            t,
-            Op::RemoveAll {
-                slot,
-                paths: paths.into_boxed_slice(),
-            },
-        );
-        self.nodes = self.nodes.saturating_sub(removed);
-        self.credit.nodes += removed;
+        for (_, n) in rk.entries.iter() {
+            // Each node once: skip the references beyond the first.
+            if let Some(c) = rk.extra.get_mut(&n).filter(|c| **c > 0) {
+                *c -= 1;
+                continue;
+            }
+            self.leave(t, slot, n);
+        }
         self.ownerships = self.ownerships.saturating_sub(held);
         self.credit.ownerships += held;
         self.settle();
-        self.free_slot(t, slot, key);
+        self.free_slot(t, slot, rk.key);
         u32::try_from(held).unwrap_or(u32::MAX)
     }
 
     fn open_slot(&mut self, t: &mut Table, key: LoadKey) -> u32 {
         let slot = match self.free.pop() {
-            Some(s) => s,
+            Some(Reverse(s)) => s,
             None => {
                 self.ranks.push(None);
                 u32::try_from(self.ranks.len() - 1).unwrap_or(u32::MAX)
             }
         };
+        let need = slot as usize / 64 + 1;
+        if need > t.words() {
+            let words = need.max(t.words().saturating_mul(2));
+            self.op(
+                t,
+                Op::Widen {
+                    words: u32::try_from(words).unwrap_or(u32::MAX),
+                },
+            );
+        }
         if let Some(r) = self.ranks.get_mut(slot as usize) {
             *r = Some(Rank {
                 key,
-                entries: HashMap::with_hasher(self.keyed),
+                entries: KeyMap::new(self.keyed),
                 extra: HashMap::with_hasher(self.keyed),
             });
         }
@@ -493,7 +613,7 @@ impl State {
     /// Forgets a slot whose rank is already gone from `ranks`.
     fn free_slot(&mut self, t: &mut Table, slot: u32, key: LoadKey) {
         self.slots.remove(&key);
-        self.free.push(slot);
+        self.free.push(Reverse(slot));
         self.op(t, Op::Key { slot, key: None });
     }
 

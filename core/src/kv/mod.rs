@@ -21,11 +21,13 @@
 //!   `path[i] = XXH3-64(LE path[i-1] || LE tokens_hash[i], seed 1337)` ([`path_hash`]), so a
 //!   request's block hashes (`picker::BlockHash`) look nodes up directly.
 
+mod arena;
 pub mod budget;
 pub mod encode;
 pub mod event;
 pub mod handler;
 pub mod index;
+mod keyed;
 pub mod shared;
 
 #[cfg(test)]
