@@ -32,14 +32,16 @@ pub enum EncodeError {
     TooLarge(usize),
 }
 
-fn header(out: &mut Vec<u8>, enc: Encoding, n: usize) {
+/// A struct header: a map of `n` entries, or an array of `n` elements.
+pub(crate) fn header(out: &mut Vec<u8>, enc: Encoding, n: usize) {
     match enc {
         Encoding::Map => write_map_len(out, n),
         Encoding::Array => write_array_len(out, n),
     }
 }
 
-fn key(out: &mut Vec<u8>, enc: Encoding, name: &str) {
+/// A field name (map encoding only).
+pub(crate) fn key(out: &mut Vec<u8>, enc: Encoding, name: &str) {
     if enc == Encoding::Map {
         write_str(out, name.as_bytes());
     }

@@ -17,6 +17,7 @@ use super::event::{
 use super::{EngineHash, StoredBlock};
 use crate::discovery::ids::InstanceId;
 pub use crate::dynamo_event::Encoding;
+use crate::dynamo_event::encode::{header, key};
 use crate::dynamo_event::msgpack::{
     write_array_len, write_map_len, write_opt_u64, write_str, write_u64,
 };
@@ -82,19 +83,6 @@ pub fn event_ref<'a>(batch: &'a KvBatch, ev: &KvEvent) -> KvEventRef<'a> {
         event_id: ev.event_id,
         tier: ev.tier,
         data,
-    }
-}
-
-fn header(out: &mut Vec<u8>, enc: Encoding, n: usize) {
-    match enc {
-        Encoding::Map => write_map_len(out, n),
-        Encoding::Array => write_array_len(out, n),
-    }
-}
-
-fn key(out: &mut Vec<u8>, enc: Encoding, name: &str) {
-    if enc == Encoding::Map {
-        write_str(out, name.as_bytes());
     }
 }
 
