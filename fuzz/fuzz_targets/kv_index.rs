@@ -2,7 +2,9 @@
 //! indexes on one small shared `Budget`, driven by a sequence of ops read from the input.
 //!
 //! Input layout: 2 bytes of caps (blocks per rank 1..=8, owners per node 1..=4, budget nodes
-//! 1..=16, budget ownerships 1..=32), then ops, each an op byte and its operands:
+//! 1..=16, budget ownerships 1..=32; with bit 5 of the first byte set, a *wide* input: 160 ranks
+//! instead of 6 and caps and budgets scaled up, so an index holds more than 64 ranks and owner
+//! sets spill past one bitset word), then ops, each an op byte and its operands:
 //! `store rank parent n tokens… hashes…`, `remove rank n hashes…`, `clear rank`, `publish`,
 //! `find rank-set len tokens…`. Engine hashes come from a space of 16 values so re-stores,
 //! reused hashes, two hashes on one node, unknown parents and unknown removals are all common.
@@ -27,7 +29,10 @@ use continuum_core::load::LoadKey;
 use continuum_core::picker::BlockHash;
 use libfuzzer_sys::fuzz_target;
 
+/// Ranks of a narrow input (every owner set fits one 64-slot word).
 const RANKS: u32 = 6;
+/// Ranks of a wide input: 80 per index, so owner sets spill past one word.
+const WIDE_RANKS: u32 = 160;
 
 struct Bytes<'a>(&'a [u8]);
 
@@ -39,8 +44,8 @@ impl Bytes<'_> {
     }
 }
 
-fn rank(b: u8) -> LoadKey {
-    let r = u32::from(b) % RANKS;
+fn rank(b: u8, ranks: u32) -> LoadKey {
+    let r = u32::from(b) % ranks;
     LoadKey::new(InstanceId::new(u64::from(r % 3)), r)
 }
 
@@ -107,13 +112,16 @@ fuzz_target!(|data: &[u8]| {
     let (Some(c0), Some(c1)) = (input.next(), input.next()) else {
         return;
     };
+    // Bit 5 of the first byte: a wide input (many ranks per index, big budgets).
+    let wide = c0 & 0x20 != 0;
+    let (ranks, scale) = if wide { (WIDE_RANKS, 16) } else { (RANKS, 1) };
     let caps = Caps {
         blocks_per_rank: 1 + usize::from(c0 % 8),
-        owners_per_node: 1 + usize::from((c0 >> 3) % 4),
+        owners_per_node: 1 + usize::from((c0 >> 3) % 4) * if wide { 40 } else { 1 },
     };
     let budget = Arc::new(Budget::with_limits(
-        1 + usize::from(c1 % 16),
-        1 + usize::from((c1 >> 4) * 2),
+        (1 + usize::from(c1 % 16)) * scale,
+        1 + usize::from((c1 >> 4) * 2) * scale,
     ));
     let (w0, r0) = new_index_with_caps(Arc::clone(&budget), caps);
     let (w1, r1) = new_index_with_caps(Arc::clone(&budget), caps);
@@ -130,7 +138,7 @@ fuzz_target!(|data: &[u8]| {
                 let (Some(r), Some(p), Some(n)) = (input.next(), input.next(), input.next()) else {
                     break;
                 };
-                let k = rank(r);
+                let k = rank(r, ranks);
                 let parent = (p % 3 != 0).then(|| EngineHash(u64::from(p % 16)));
                 let n = usize::from(n % 7);
                 let mut blocks = Vec::with_capacity(n);
@@ -156,7 +164,7 @@ fuzz_target!(|data: &[u8]| {
                 let (Some(r), Some(n)) = (input.next(), input.next()) else {
                     break;
                 };
-                let k = rank(r);
+                let k = rank(r, ranks);
                 let hashes: Vec<EngineHash> = (0..n % 5)
                     .filter_map(|_| input.next())
                     .map(|b| EngineHash(u64::from(b % 16)))
@@ -168,7 +176,7 @@ fuzz_target!(|data: &[u8]| {
             }
             2 => {
                 let Some(r) = input.next() else { break };
-                let k = rank(r);
+                let k = rank(r, ranks);
                 let before = rig.writers[shard(k)].rank_blocks(k);
                 assert_eq!(rig.writers[shard(k)].clear_rank(k) as usize, before);
                 assert_eq!(rig.writers[shard(k)].rank_blocks(k), 0);
