@@ -150,10 +150,11 @@ impl Ingest {
                     .filter(|_| direct);
                 let key = (family, p.publisher_id);
                 wanted.insert(key, addr);
-                // The registered source may arrive or change after the channel (KV-IDX-09).
+                // Every subscription that runs (or is about to) is tracked with its registered
+                // source, which may arrive or change after the channel (KV-IDX-09).
                 #[cfg(feature = "dynamo-kv")]
                 if family == Family::KvEvents
-                    && self.running.contains_key(&key)
+                    && addr.is_some()
                     && let Some((k, _)) = &self.kv
                 {
                     k.borrow_mut()
@@ -220,13 +221,8 @@ impl Ingest {
                 }
                 #[cfg(feature = "dynamo-kv")]
                 Family::KvEvents => {
+                    // Tracked (`ShardKv::open`) in the loop above, with its source.
                     let Some(k) = self.kv() else { continue };
-                    let source = snap
-                        .fleet
-                        .publishers_of(Family::KvEvents)
-                        .find(|p| p.publisher_id == id)
-                        .and_then(kv_source);
-                    k.borrow_mut().open(id, source, crate::clock::now());
                     let sink = kv_sink::KvSink::new(id, k, table.clone());
                     monoio::spawn(task::run(DirectTcp, spec, sink));
                 }
