@@ -19,6 +19,7 @@ mod caps;
 mod cli;
 mod matches;
 mod ours;
+mod probe;
 mod report;
 mod rng;
 mod theirs;
@@ -80,6 +81,8 @@ fn main() -> ExitCode {
     let began = Instant::now();
     let shape = &cli.shape;
     let timer = timer_cost();
+    progress("probing the memory", began);
+    let mem = probe::probe();
 
     progress("generating the trace", began);
     let t = trace::generate(shape);
@@ -172,6 +175,49 @@ fn main() -> ExitCode {
     }
     let lats = matches::measure(t.queries.len(), cli.iterations, cli.seconds, &mut callers);
     drop(callers);
+    // The floor of (2): prompts none of the indexes holds (as many as the queries, so each call
+    // misses in the caches as a real one does), timed the same way: each figure is its walk plus
+    // what any call costs here.
+    let mut nr = rng::Rng::new(shape.seed ^ 0xF100_4000);
+    let nones: Vec<Vec<trace::Block>> = (0..t.queries.len())
+        .map(|_| {
+            (0..trace::QUERY_BLOCKS)
+                .map(|_| trace::Block {
+                    engine: nr.next_u64() | 1,
+                    tokens: nr.next_u64() | 1,
+                })
+                .collect()
+        })
+        .collect();
+    let o_none: Vec<_> = nones.iter().map(|b| ours::query(b)).collect();
+    let t_none: Vec<_> = nones.iter().map(|b| theirs::query(b)).collect();
+    drop(nones);
+    let mut floor_callers: Vec<Caller<'_>> = vec![
+        Box::new(|i| {
+            let p = PromptBlocks {
+                block_size: BLOCK_TOKENS as u32,
+                hashes: &o_none[i],
+            };
+            merged.find_matches(p, &mut |_, d| {
+                black_box(d);
+            });
+        }),
+        Box::new(|i| {
+            black_box(tree.find_matches(&t_none[i], false));
+        }),
+    ];
+    if let Some((r, _)) = radix.as_ref() {
+        floor_callers.push(Box::new(|i| {
+            black_box(r.find_matches(t_none[i].clone(), false));
+        }));
+    }
+    let floor = matches::measure(
+        t.queries.len(),
+        (cli.iterations / 4).max(1000),
+        cli.seconds / 4.0,
+        &mut floor_callers,
+    );
+    drop(floor_callers);
     drop(handles);
 
     // (4) event-to-visible.
@@ -318,8 +364,10 @@ fn main() -> ExitCode {
     );
     let _ = writeln!(
         out,
-        "machine: {} CPUs available; Instant::now+elapsed {timer:.0} ns",
-        std::thread::available_parallelism().map_or(0, |n| n.get())
+        "machine: {} CPUs available; Instant::now+elapsed {timer:.0} ns; memory (256 MiB, random lines): {:.0} ns per dependent load, {:.0} ns per load with 16 in flight",
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        mem.dependent_ns,
+        mem.parallel_ns
     );
     let _ = writeln!(
         out,
@@ -441,6 +489,20 @@ fn main() -> ExitCode {
         Unit::Nanos.fmt(lats[1].all.q(0.999)),
         lats.get(2)
             .map_or("-".into(), |l| Unit::Nanos.fmt(l.all.q(0.999)))
+    );
+    let q = |l: &matches::Timed| {
+        format!(
+            "{} / {}",
+            Unit::Nanos.fmt(l.all.q(0.5)),
+            Unit::Nanos.fmt(l.all.q(0.99))
+        )
+    };
+    let _ = writeln!(
+        out,
+        "  (2) floor, 128-block prompts no index holds (timed the same way), p50 / p99: ours {}, CRTC {}, RadixTree {}",
+        q(&floor[0]),
+        q(&floor[1]),
+        floor.get(2).map_or("-".into(), q)
     );
     let fast = |l: &matches::Timed| {
         format!(
