@@ -34,8 +34,10 @@ use std::time::Instant;
 
 use continuum_core::kv::shared::Merged;
 use continuum_core::kv::{MAX_INDEX_BLOCKS, MAX_INDEX_OWNERSHIPS};
-use continuum_core::picker::{OverlapSource, PromptBlocks};
+use continuum_core::picker::{BlockHash, OverlapSource, PromptBlocks};
 use dynamo_kv_router::indexer::SyncIndexer;
+use dynamo_kv_router::protocols::LocalBlockHash;
+use dynamo_kv_router::{ConcurrentRadixTreeCompressed, RadixTree};
 
 use crate::matches::Caller;
 use crate::report::{Row, Target, Unit};
@@ -58,6 +60,37 @@ fn timer_cost() -> f64 {
         .collect();
     v.sort_unstable();
     v[v.len() / 2] as f64
+}
+
+/// One caller per index for [`matches::measure`]: call `i` answers prompt `i` of the index's
+/// own list (`ours` for ours, `theirs` for both baselines).
+fn timed_callers<'a>(
+    merged: &'a Merged<'a>,
+    crtc: &'a ConcurrentRadixTreeCompressed,
+    radix: Option<&'a RadixTree>,
+    ours: &'a [Vec<BlockHash>],
+    theirs: &'a [Vec<LocalBlockHash>],
+) -> Vec<Caller<'a>> {
+    let mut callers: Vec<Caller<'a>> = vec![
+        Box::new(move |i| {
+            let prompt = PromptBlocks {
+                block_size: BLOCK_TOKENS as u32,
+                hashes: &ours[i],
+            };
+            let mut acc = 0u32;
+            merged.find_matches(prompt, &mut |_, d| acc = acc.wrapping_add(d));
+            black_box(acc);
+        }),
+        Box::new(move |i| {
+            black_box(crtc.find_matches(&theirs[i], false));
+        }),
+    ];
+    if let Some(r) = radix {
+        callers.push(Box::new(move |i| {
+            black_box(r.find_matches(theirs[i].clone(), false));
+        }));
+    }
+    callers
 }
 
 fn mb(bytes: usize) -> String {
@@ -158,21 +191,8 @@ fn main() -> ExitCode {
         })
     });
     progress("(2) find_matches: timing (interleaved)", began);
-    let mut callers: Vec<Caller<'_>> = vec![
-        Box::new(|i| {
-            let mut acc = 0u32;
-            merged.find_matches(prompt(i), &mut |_, d| acc = acc.wrapping_add(d));
-            black_box(acc);
-        }),
-        Box::new(|i| {
-            black_box(tree.find_matches(&tq[i], false));
-        }),
-    ];
-    if let Some((r, _)) = radix.as_ref() {
-        callers.push(Box::new(|i| {
-            black_box(r.find_matches(tq[i].clone(), false));
-        }));
-    }
+    let radix_tree = radix.as_ref().map(|(r, _)| r);
+    let mut callers = timed_callers(&merged, &tree, radix_tree, &oq, &tq);
     let lats = matches::measure(t.queries.len(), cli.iterations, cli.seconds, &mut callers);
     drop(callers);
     // The floor of (2): prompts none of the indexes holds (as many as the queries, so each call
@@ -192,25 +212,7 @@ fn main() -> ExitCode {
     let o_none: Vec<_> = nones.iter().map(|b| ours::query(b)).collect();
     let t_none: Vec<_> = nones.iter().map(|b| theirs::query(b)).collect();
     drop(nones);
-    let mut floor_callers: Vec<Caller<'_>> = vec![
-        Box::new(|i| {
-            let p = PromptBlocks {
-                block_size: BLOCK_TOKENS as u32,
-                hashes: &o_none[i],
-            };
-            merged.find_matches(p, &mut |_, d| {
-                black_box(d);
-            });
-        }),
-        Box::new(|i| {
-            black_box(tree.find_matches(&t_none[i], false));
-        }),
-    ];
-    if let Some((r, _)) = radix.as_ref() {
-        floor_callers.push(Box::new(|i| {
-            black_box(r.find_matches(t_none[i].clone(), false));
-        }));
-    }
+    let mut floor_callers = timed_callers(&merged, &tree, radix_tree, &o_none, &t_none);
     let floor = matches::measure(
         t.queries.len(),
         (cli.iterations / 4).max(1000),
@@ -490,13 +492,14 @@ fn main() -> ExitCode {
         lats.get(2)
             .map_or("-".into(), |l| Unit::Nanos.fmt(l.all.q(0.999)))
     );
-    let q = |l: &matches::Timed| {
+    let p50_p99 = |l: &matches::Lat| {
         format!(
             "{} / {}",
-            Unit::Nanos.fmt(l.all.q(0.5)),
-            Unit::Nanos.fmt(l.all.q(0.99))
+            Unit::Nanos.fmt(l.q(0.5)),
+            Unit::Nanos.fmt(l.q(0.99))
         )
     };
+    let q = |l: &matches::Timed| p50_p99(&l.all);
     let _ = writeln!(
         out,
         "  (2) floor, 128-block prompts no index holds (timed the same way), p50 / p99: ours {}, CRTC {}, RadixTree {}",
@@ -504,13 +507,7 @@ fn main() -> ExitCode {
         q(&floor[1]),
         floor.get(2).map_or("-".into(), q)
     );
-    let fast = |l: &matches::Timed| {
-        format!(
-            "{} / {}",
-            Unit::Nanos.fmt(l.fastest.q(0.5)),
-            Unit::Nanos.fmt(l.fastest.q(0.99))
-        )
-    };
+    let fast = |l: &matches::Timed| p50_p99(&l.fastest);
     let _ = writeln!(
         out,
         "  (2) each query's fastest call, p50 / p99 over the {} queries: ours {}, CRTC {}, RadixTree {}",
