@@ -10,6 +10,7 @@
 //!   queued; the time runs from opening the gate to the marker's acknowledgement, so it is the
 //!   lane thread alone, on its core, draining a queue, as a `ThreadPoolIndexer` lane does;
 //! - RadixTree: the chunk's `RouterEvent`s are built first, then applied in a timed loop.
+//! - the bound ([`crate::bound`]), last in each turn: the chunk's envelopes in a timed loop.
 //!
 //! Memory: every step touches one index only and nothing else allocates meanwhile, so the
 //! live-bytes change across an index's own steps is what it holds. For the CRTC, the drained
@@ -23,6 +24,7 @@ use dynamo_kv_router::RadixTree;
 use dynamo_kv_router::indexer::WorkerTask;
 
 use crate::alloc::{allocations, live_bytes, live_chunk_bytes};
+use crate::bound::Bound;
 use crate::ours::{Arenas, Ours};
 use crate::theirs::{self, EventIds, Lane};
 use crate::trace::{Block, Rank, Trace};
@@ -54,12 +56,14 @@ impl Applied {
     }
 }
 
-/// The three indexes after the main trace.
+/// The three indexes after the main trace, and the bound.
 pub(crate) struct Applied3 {
     pub(crate) ours: Ours,
     pub(crate) lane: Lane,
     pub(crate) radix: Option<RadixTree>,
     pub(crate) figures: [Applied; 3],
+    /// The least-work index ([`crate::bound`]) and its figure (its time and bytes).
+    pub(crate) bound: (Bound, Applied),
 }
 
 /// Accumulates the live-bytes change (requested, malloc chunks) of the steps of one index.
@@ -119,6 +123,8 @@ pub(crate) fn run(
     gate_ids: &mut EventIds,
 ) -> Applied3 {
     let mut mem = [Held::default(), Held::default(), Held::default()];
+    let mut bound_mem = Held::default();
+    let mut bound_secs = 0f64;
     let mut secs = [0f64; 3];
     let mut errors = [0u64; 3];
     let mut allocs = [0u64; 3];
@@ -159,7 +165,15 @@ pub(crate) fn run(
         })
     });
 
-    // The window, chunk by chunk, the indexes taking turns.
+    let mut bound = bound_mem.step(|| {
+        let mut b = Bound::default();
+        for e in &t.main.envelopes[fill.clone()] {
+            b.apply(&t.main, e);
+        }
+        b
+    });
+
+    // The window, chunk by chunk, the indexes taking turns (the bound last).
     for c in chunks(t) {
         let envs = &t.main.envelopes[c];
         mem[0].step(|| {
@@ -217,6 +231,13 @@ pub(crate) fn run(
                 allocs[2] += allocations() - a;
             });
         }
+        bound_mem.step(|| {
+            let start = Instant::now();
+            for e in envs {
+                bound.apply(&t.main, e);
+            }
+            bound_secs += start.elapsed().as_secs_f64();
+        });
     }
     errors[0] = o.refusals.total();
     errors[1] = warnings::count() - warned;
@@ -241,10 +262,20 @@ pub(crate) fn run(
         fig(1, crtc_bytes, Some(crtc_swept)),
         fig(2, mem[2].bytes(), None),
     ];
+    let bound_fig = Applied {
+        events,
+        secs: bound_secs,
+        bytes: bound_mem.bytes().0,
+        chunks: bound_mem.bytes().1,
+        swept: None,
+        errors: 0,
+        allocs: 0,
+    };
     Applied3 {
         ours: o,
         lane,
         radix,
         figures,
+        bound: (bound, bound_fig),
     }
 }

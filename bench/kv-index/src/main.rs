@@ -13,6 +13,7 @@
 
 mod alloc;
 mod apply;
+mod bound;
 mod breakdown;
 mod capfill;
 mod caps;
@@ -146,6 +147,10 @@ fn main() -> ExitCode {
     let lane = applied.lane;
     let radix = applied.radix.map(|tree| (tree, r_apply));
     let o_refused = o.refusals;
+    // The bound: its counts against ours after the same trace, then its memory back.
+    let (bound, b_apply) = applied.bound;
+    let b_check = (bound.ownerships(), bound.blocks(), o.ownerships());
+    drop(bound);
 
     // (2) find_matches: agreement, then latency.
     progress(
@@ -428,6 +433,11 @@ fn main() -> ExitCode {
     out.push_str(&report::table(&rows));
     let _ = writeln!(out);
     let _ = writeln!(out, "checks:");
+    let _ = writeln!(
+        out,
+        "  (1) bound after the trace: {} ownerships on {} blocks (ours: {} ownerships; should be equal)",
+        b_check.0, b_check.1, b_check.2
+    );
     let ag = |a: &matches::Agreement| {
         format!(
             "{}/{}{}",
@@ -470,6 +480,15 @@ fn main() -> ExitCode {
         let _ = writeln!(out, "  baseline warning: {w}");
     }
     let _ = writeln!(out, "details:");
+    let _ = writeln!(
+        out,
+        "  (1) bound (about the least a hashed KV-IDX-06 index does: per-rank engine-hash maps and per-block counts; no owner sets, copy, readers or caps; src/bound.rs): {}; ours {:.2}x, CRTC {:.2}x, RadixTree {} of it; {:.1} B per ownership",
+        Unit::Rate.fmt(b_apply.rate()),
+        o_apply.rate() / b_apply.rate(),
+        c_apply.rate() / b_apply.rate(),
+        radix_apply.map_or("-".into(), |a| format!("{:.2}x", a.rate() / b_apply.rate())),
+        b_apply.chunks as f64 / b_check.0.max(1) as f64
+    );
     let per_ev = |a: &apply::Applied| a.allocs as f64 / a.events.max(1) as f64;
     let _ = writeln!(
         out,
