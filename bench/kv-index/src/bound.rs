@@ -28,11 +28,10 @@ use crate::trace::{Envelope, Events, Op};
 pub(crate) struct Fold(u64);
 
 impl Hasher for Fold {
+    /// Byte by byte (the maps here hash only `u64` keys, through [`Hasher::write_u64`]).
     fn write(&mut self, bytes: &[u8]) {
-        for chunk in bytes.chunks(8) {
-            let mut b = [0u8; 8];
-            b[..chunk.len()].copy_from_slice(chunk);
-            self.write_u64(u64::from_le_bytes(b));
+        for &byte in bytes {
+            self.write_u64(u64::from(byte));
         }
     }
 
