@@ -62,8 +62,18 @@ pub(crate) struct Applied3 {
     pub(crate) lane: Lane,
     pub(crate) radix: Option<RadixTree>,
     pub(crate) figures: [Applied; 3],
-    /// The least-work index ([`crate::bound`]) and its figure (its time and bytes).
-    pub(crate) bound: (Bound, Applied),
+    /// The least-work index's run ([`crate::bound`]).
+    pub(crate) bound: BoundRun,
+}
+
+/// The bound's figure (its time and bytes) and what it held after the trace.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct BoundRun {
+    pub(crate) figure: Applied,
+    /// `(rank, engine hash)` pairs held.
+    pub(crate) ownerships: usize,
+    /// Distinct path hashes held.
+    pub(crate) blocks: usize,
 }
 
 /// Accumulates the live-bytes change (requested, malloc chunks) of the steps of one index.
@@ -262,20 +272,25 @@ pub(crate) fn run(
         fig(1, crtc_bytes, Some(crtc_swept)),
         fig(2, mem[2].bytes(), None),
     ];
-    let bound_fig = Applied {
-        events,
-        secs: bound_secs,
-        bytes: bound_mem.bytes().0,
-        chunks: bound_mem.bytes().1,
-        swept: None,
-        errors: 0,
-        allocs: 0,
+    let (bytes, chunks) = bound_mem.bytes();
+    let bound = BoundRun {
+        figure: Applied {
+            events,
+            secs: bound_secs,
+            bytes,
+            chunks,
+            swept: None,
+            errors: 0,
+            allocs: 0,
+        },
+        ownerships: bound.ownerships(),
+        blocks: bound.blocks(),
     };
     Applied3 {
         ours: o,
         lane,
         radix,
         figures,
-        bound: (bound, bound_fig),
+        bound,
     }
 }

@@ -147,10 +147,8 @@ fn main() -> ExitCode {
     let lane = applied.lane;
     let radix = applied.radix.map(|tree| (tree, r_apply));
     let o_refused = o.refusals;
-    // The bound: its counts against ours after the same trace, then its memory back.
-    let (bound, b_apply) = applied.bound;
-    let b_check = (bound.ownerships(), bound.blocks(), o.ownerships());
-    drop(bound);
+    let bound = applied.bound;
+    let (b_apply, o_own_main) = (bound.figure, o.ownerships());
 
     // (2) find_matches: agreement, then latency.
     progress(
@@ -436,7 +434,7 @@ fn main() -> ExitCode {
     let _ = writeln!(
         out,
         "  (1) bound after the trace: {} ownerships on {} blocks (ours: {} ownerships; should be equal)",
-        b_check.0, b_check.1, b_check.2
+        bound.ownerships, bound.blocks, o_own_main
     );
     let ag = |a: &matches::Agreement| {
         format!(
@@ -487,7 +485,7 @@ fn main() -> ExitCode {
         o_apply.rate() / b_apply.rate(),
         c_apply.rate() / b_apply.rate(),
         radix_apply.map_or("-".into(), |a| format!("{:.2}x", a.rate() / b_apply.rate())),
-        b_apply.chunks as f64 / b_check.0.max(1) as f64
+        b_apply.chunks as f64 / bound.ownerships.max(1) as f64
     );
     let per_ev = |a: &apply::Applied| a.allocs as f64 / a.events.max(1) as f64;
     let _ = writeln!(
