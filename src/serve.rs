@@ -71,6 +71,7 @@ pub(crate) fn start(
         addrs,
         Arc::new(FleetView::default()),
         Arc::default(),
+        None,
     )));
     let stats = Arc::new(ControlStats::default());
     stats

@@ -118,7 +118,7 @@ fn client_leaving_before_the_response_closes_the_upstream_connection() {
 fn silent_backend_times_out_with_504() {
     let (backend, closed) = raw_backend(Script::Silent);
     let mut cfg = RouterConfig::default().backend("raw", &format!("http://{backend}"), &["m1"]);
-    cfg.upstream_response = "300ms".into();
+    cfg.upstream_first_byte = "300ms".into();
     let r = RouterProcess::start(&cfg);
     let started = Instant::now();
     let resp = chat(r.addr(), &chat_body("m1", "slow", false), &[]);

@@ -22,6 +22,13 @@ pub(crate) const CHAT_BODY: &str = concat!(
     r#"{"role":"user","content":"Say hello."}],"max_tokens":16}"#
 );
 
+/// The client API key the router under test requires (`auth`), sent by every probe and by wrk
+/// (nginx and the backends ignore it).
+pub(crate) const BENCH_KEY: &str = "continuum-bench-key";
+/// `sha256:` + SHA-256 of [`BENCH_KEY`] (checked by a unit test of `servers`).
+pub(crate) const BENCH_KEY_HASH: &str =
+    "sha256:112a2eac56df5b4faf1c5aa319115537e690254e1b6f01c12efd48c5a9d6978e";
+
 /// A request a probe sends.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Probe {
@@ -58,7 +65,15 @@ pub(crate) fn free_port() -> Result<u16, BenchError> {
 
 /// Sends `probe` to `127.0.0.1:port`, returns the response status code.
 pub(crate) fn status(port: u16, probe: Probe) -> std::io::Result<u16> {
-    request(port, probe.method, probe.path, &[], probe.body).map(|r| r.status)
+    let auth = format!("Bearer {BENCH_KEY}");
+    request(
+        port,
+        probe.method,
+        probe.path,
+        &[("authorization", &auth)],
+        probe.body,
+    )
+    .map(|r| r.status)
 }
 
 /// A response read by [`request`].

@@ -74,7 +74,8 @@ http {{
     )
 }
 
-/// Router YAML for `p`.
+/// Router YAML for `p`: with a client API key (with a rate budget) and an active health check on
+/// the backend, so the hop pays for what an operator would turn on.
 pub(crate) fn router_yaml(p: &Placement) -> String {
     let cpus: Vec<String> = p.cpus.iter().map(usize::to_string).collect();
     format!(
@@ -88,7 +89,12 @@ backends:
     type: openai
     url: \"http://127.0.0.1:{backend}\"
     models: [\"bench-model\"]
+    health_check: {{ path: /health, interval: 1s, timeout: 500ms }}
+auth:
+  keys:
+    - {{ name: bench, key_hash: \"{hash}\", requests_per_second: 1000000 }}
 ",
+        hash = crate::probe::BENCH_KEY_HASH,
         port = p.port,
         workers = p.workers,
         cpus = cpus.join(", "),
@@ -187,5 +193,19 @@ mod tests {
         let y = router_yaml(&placement(vec![0, 1]));
         assert!(y.contains("shards: 2\n  cpu_affinity: [0, 1]\n  control_cpu: 0\n"));
         assert!(y.contains("url: \"http://127.0.0.1:9000\""));
+        // The hop runs with auth and health checks on, and the key wrk sends is the configured one.
+        let (c, _) = continuum_core::config::Config::from_yaml(&y, &continuum_core::config::NoEnv)
+            .unwrap_or_else(|e| panic!("bench router config invalid: {:?}", e.errors));
+        assert!(c.backends[0].health_check.is_some());
+        let auth = c.auth.expect("auth on");
+        assert!(
+            auth.keys[0]
+                .key_hash
+                .matches(crate::probe::BENCH_KEY.as_bytes())
+        );
+        assert!(
+            auth.keys[0].rate.is_some(),
+            "the rate budget is exercised too"
+        );
     }
 }

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use crate::child::Supervised;
 use crate::error::BenchError;
-use crate::probe::CHAT_BODY;
+use crate::probe::{BENCH_KEY, CHAT_BODY};
 use crate::servers::set_log;
 use crate::tempdir::TempDir;
 
@@ -23,6 +23,7 @@ pub(crate) fn post_lua() -> String {
         "wrk.method = \"POST\"\n\
          wrk.path = \"/v1/chat/completions\"\n\
          wrk.headers[\"Content-Type\"] = \"application/json\"\n\
+         wrk.headers[\"Authorization\"] = \"Bearer {BENCH_KEY}\"\n\
          wrk.body = '{CHAT_BODY}'\n"
     )
 }

@@ -19,6 +19,7 @@
 mod build;
 mod clock;
 pub mod discovery;
+mod health;
 mod reload;
 mod resolve;
 

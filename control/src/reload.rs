@@ -13,7 +13,8 @@ use continuum_shards::{PickerFactory, ShardSet};
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::discovery::{self, NotRunnable, Supervisor};
-use crate::resolve::{resolve_blocking, resolve_publishers};
+use crate::health::HealthChecks;
+use crate::resolve::{PublisherCache, resolve_blocking, resolve_publishers};
 use continuum_core::discovery::FleetView;
 use continuum_core::load::{LiveSet, LoadStore};
 use continuum_core::snapshot::PublisherAddrs;
@@ -156,25 +157,41 @@ struct State {
     /// Resolved, policy-checked addresses of the fleet's admitted publishers.
     publisher_addrs: Arc<PublisherAddrs>,
     discovery: Supervisor,
+    /// The active health checks of the running snapshot's backends.
+    health: HealthChecks,
+    /// The publishers' lookups, with the endpoints they were made for.
+    publishers: PublisherCache,
+    /// When to retry the publisher lookups that failed.
+    resolve_retry: Option<tokio::time::Instant>,
+    /// The delay before the next retry.
+    retry_delay: Duration,
 }
+
+/// The first and the longest delay before failed publisher lookups are retried.
+const RESOLVE_RETRY_MIN: Duration = Duration::from_secs(1);
+const RESOLVE_RETRY_MAX: Duration = Duration::from_secs(30);
 
 impl State {
     /// Build and publish the next snapshot from the running config, addresses and fleet; then
     /// ring every shard.
     fn publish(&mut self) -> u64 {
         let generation = self.params.cell.generation() + 1;
+        // Backends that stay (same name and address) keep their health (ejections, verdicts).
+        let previous = self.params.cell.load();
         self.params.cell.publish(RouterSnapshot::build(
             generation,
             self.params.config.clone(),
             self.addrs.clone(),
             self.fleet.clone(),
             self.publisher_addrs.clone(),
+            Some(&previous),
         ));
         self.params.shards.reload_all();
         self.params
             .stats
             .generation
             .store(generation, Ordering::Relaxed);
+        self.health.reconcile(&self.params.cell.load());
         generation
     }
 
@@ -197,13 +214,24 @@ impl State {
     /// Resolve the fleet's publishers (new ones only, unless `policy_changed`), CFG-20.
     async fn resolve_publishers(&mut self, policy_changed: bool) {
         let policy = ConnectPolicy::new(self.params.config.dynamo.load.direct_allow_cidrs.clone());
+        let empty = PublisherCache::default();
         let previous = if policy_changed {
-            PublisherAddrs::new()
+            &empty
         } else {
-            (*self.publisher_addrs).clone()
+            &self.publishers
         };
-        let next = resolve_publishers(&self.fleet, &policy, &previous).await;
-        self.publisher_addrs = Arc::new(next);
+        let next = resolve_publishers(&self.fleet, &policy, previous).await;
+        self.publisher_addrs = Arc::new(next.addrs.clone());
+        // Failed lookups are retried with a doubling delay (1 s .. 30 s) until all resolve.
+        self.resolve_retry = if next.unresolved() == 0 {
+            self.retry_delay = RESOLVE_RETRY_MIN;
+            None
+        } else {
+            let at = tokio::time::Instant::now() + self.retry_delay;
+            self.retry_delay = (self.retry_delay * 2).min(RESOLVE_RETRY_MAX);
+            Some(at)
+        };
+        self.publishers = next;
     }
 
     /// Start, stop or restart discovery for the running config. Returns whether the fleet was
@@ -282,7 +310,12 @@ async fn run(params: ControlParams, signals: Signals) -> Result<ExitReason, Cont
         fleet: Arc::new(FleetView::default()),
         publisher_addrs: Arc::default(),
         discovery,
+        health: HealthChecks::default(),
+        publishers: PublisherCache::default(),
+        resolve_retry: None,
+        retry_delay: RESOLVE_RETRY_MIN,
     };
+    st.health.reconcile(&st.params.cell.load());
     st.reconcile_discovery(true);
     let mut poll = tokio::time::interval(FILE_POLL);
     poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -310,9 +343,25 @@ async fn run(params: ControlParams, signals: Signals) -> Result<ExitReason, Cont
                     tracing::debug!(generation, workers = st.fleet.workers.len(), "fleet view published");
                 }
             }
+            _ = sleep_until_opt(st.resolve_retry) => {
+                let before = st.publisher_addrs.clone();
+                st.resolve_publishers(false).await;
+                if *st.publisher_addrs != *before {
+                    let generation = st.publish();
+                    tracing::info!(generation, "publisher lookups retried: new addresses published");
+                }
+            }
             _ = term.recv() => return Ok(drain(st, "SIGTERM").await),
             _ = int.recv() => return Ok(drain(st, "SIGINT").await),
         }
+    }
+}
+
+/// Sleep until `at`; never, when `None`.
+async fn sleep_until_opt(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
     }
 }
 
@@ -476,6 +525,7 @@ mod tests {
             Vec::new(),
             Arc::new(FleetView::default()),
             Arc::default(),
+            None,
         )));
         let spec = ShardSpec {
             bind: first.server.bind_address,

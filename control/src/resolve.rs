@@ -39,45 +39,92 @@ pub fn resolve_blocking(config: &Config) -> Vec<Option<SocketAddr>> {
 pub(crate) const PUBLISHER_RESOLVE_TIMEOUT: std::time::Duration =
     std::time::Duration::from_secs(10);
 
-/// Resolve the admitted publishers of every family once and check each against the connect
-/// policy (CFG-20). Results for publishers already in `previous` (same id, so same incarnation
-/// and endpoint) are reused; publishers that left are dropped. IP literals need no lookup; host
-/// names are looked up on the blocking pool, each bounded by [`PUBLISHER_RESOLVE_TIMEOUT`].
+/// The publishers' resolved addresses, with the endpoint each was resolved from.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct PublisherCache {
+    /// The decisions the snapshot carries.
+    pub(crate) addrs: continuum_core::snapshot::PublisherAddrs,
+    /// The `(host, port)` each decision was made for.
+    endpoints: std::collections::HashMap<continuum_core::discovery::PublisherId, (String, u16)>,
+}
+
+impl PublisherCache {
+    /// How many publishers did not resolve (to be retried).
+    pub(crate) fn unresolved(&self) -> usize {
+        self.addrs
+            .values()
+            .filter(|d| matches!(d, Err(continuum_core::subscriptions::Refusal::Unresolved)))
+            .count()
+    }
+}
+
+/// Resolve the admitted publishers of every family and check each against the connect policy
+/// (CFG-20). A decision in `previous` is reused only for the same publisher at the same
+/// endpoint and only if its lookup succeeded: a publisher whose record changed its endpoint is
+/// resolved again, and a failed lookup is retried by the next call (LOAD-STORE-16). Publishers
+/// that left are dropped. IP literals need no lookup; host names are looked up on the blocking
+/// pool all at once, so the whole call waits at most [`PUBLISHER_RESOLVE_TIMEOUT`], however
+/// many there are.
 pub(crate) async fn resolve_publishers(
     fleet: &continuum_core::discovery::FleetView,
     policy: &continuum_core::subscriptions::ConnectPolicy,
-    previous: &continuum_core::snapshot::PublisherAddrs,
-) -> continuum_core::snapshot::PublisherAddrs {
+    previous: &PublisherCache,
+) -> PublisherCache {
     use continuum_core::discovery::Family;
-    use continuum_core::subscriptions::admitted;
-    let mut out = continuum_core::snapshot::PublisherAddrs::new();
+    use continuum_core::subscriptions::{Refusal, admitted};
+    let mut out = PublisherCache::default();
+    let mut lookups = Vec::new();
     for family in [Family::KvMetrics, Family::KvEvents] {
         for p in admitted(fleet, family) {
-            if let Some(known) = previous.get(&p.publisher_id) {
-                out.insert(p.publisher_id, known.clone());
+            let endpoint = (p.tcp.host.clone(), p.tcp.port);
+            let known = previous
+                .addrs
+                .get(&p.publisher_id)
+                .filter(|d| !matches!(d, Err(Refusal::Unresolved)))
+                .filter(|_| previous.endpoints.get(&p.publisher_id) == Some(&endpoint));
+            if let Some(known) = known {
+                out.addrs.insert(p.publisher_id, known.clone());
+                out.endpoints.insert(p.publisher_id, endpoint);
                 continue;
             }
-            let resolved: Vec<SocketAddr> = match p.tcp.host.parse::<IpAddr>() {
-                Ok(ip) => vec![SocketAddr::new(ip, p.tcp.port)],
+            match p.tcp.host.parse::<IpAddr>() {
+                Ok(ip) => {
+                    let decision = policy.choose(&[SocketAddr::new(ip, p.tcp.port)]);
+                    note_refusal(p, &decision);
+                    out.addrs.insert(p.publisher_id, decision);
+                    out.endpoints.insert(p.publisher_id, endpoint);
+                }
                 Err(_) => {
-                    let target = (p.tcp.host.clone(), p.tcp.port);
+                    let target = endpoint.clone();
                     let lookup = tokio::task::spawn_blocking(move || {
                         target.to_socket_addrs().map(Iterator::collect::<Vec<_>>)
                     });
-                    match tokio::time::timeout(PUBLISHER_RESOLVE_TIMEOUT, lookup).await {
-                        Ok(Ok(Ok(addrs))) => addrs,
-                        _ => Vec::new(),
-                    }
+                    lookups.push((p, endpoint, lookup));
                 }
-            };
-            let decision = policy.choose(&resolved);
-            if let Err(why) = &decision {
-                tracing::warn!(publisher = %p.publisher_id, namespace = %p.namespace, reason = %why, "publisher not subscribed");
             }
-            out.insert(p.publisher_id, decision);
         }
     }
+    let deadline = tokio::time::Instant::now() + PUBLISHER_RESOLVE_TIMEOUT;
+    for (p, endpoint, lookup) in lookups {
+        let resolved = match tokio::time::timeout_at(deadline, lookup).await {
+            Ok(Ok(Ok(addrs))) => addrs,
+            _ => Vec::new(),
+        };
+        let decision = policy.choose(&resolved);
+        note_refusal(p, &decision);
+        out.addrs.insert(p.publisher_id, decision);
+        out.endpoints.insert(p.publisher_id, endpoint);
+    }
     out
+}
+
+fn note_refusal(
+    p: &continuum_core::discovery::Publisher,
+    decision: &Result<SocketAddr, continuum_core::subscriptions::Refusal>,
+) {
+    if let Err(why) = decision {
+        tracing::warn!(publisher = %p.publisher_id, namespace = %p.namespace, reason = %why, "publisher not subscribed");
+    }
 }
 
 #[cfg(test)]
@@ -121,7 +168,12 @@ mod tests {
             "10.0.0.0/8".parse().unwrap(),
             "127.0.0.0/8".parse().unwrap(),
         ]));
-        let got = rt.block_on(resolve_publishers(&fleet, &policy, &Default::default()));
+        let cache = rt.block_on(resolve_publishers(
+            &fleet,
+            &policy,
+            &PublisherCache::default(),
+        ));
+        let got = &cache.addrs;
         assert_eq!(
             got[&PublisherId::new(1)],
             Ok("10.1.2.3:5557".parse().unwrap())
@@ -133,12 +185,31 @@ mod tests {
                 .is_ok_and(|a| a.ip().is_loopback())
         );
         assert_eq!(got[&PublisherId::new(4)], Err(Refusal::Unresolved));
-        // A known publisher keeps its earlier decision (resolved once); a departed one is dropped.
-        let mut previous = got.clone();
-        previous.insert(PublisherId::new(1), Err(Refusal::NotAllowed));
-        previous.insert(PublisherId::new(99), Ok("10.0.0.1:1".parse().unwrap()));
+        assert_eq!(cache.unresolved(), 1);
+        // A known publisher at the same endpoint keeps its earlier decision (resolved once); a
+        // departed one is dropped.
+        let mut previous = cache.clone();
+        previous
+            .addrs
+            .insert(PublisherId::new(1), Err(Refusal::NotAllowed));
+        previous
+            .addrs
+            .insert(PublisherId::new(99), Ok("10.0.0.1:1".parse().unwrap()));
         let again = rt.block_on(resolve_publishers(&fleet, &policy, &previous));
-        assert_eq!(again[&PublisherId::new(1)], Err(Refusal::NotAllowed));
-        assert!(!again.contains_key(&PublisherId::new(99)));
+        assert_eq!(again.addrs[&PublisherId::new(1)], Err(Refusal::NotAllowed));
+        assert!(!again.addrs.contains_key(&PublisherId::new(99)));
+        // A failed lookup is not remembered: the next call looks the host up again (here it
+        // fails again, and stays counted for the retry).
+        assert_eq!(again.unresolved(), 1);
+        // A record that changed its endpoint (same publisher id) is resolved again.
+        let moved = FleetView {
+            workers: Vec::new(),
+            publishers: vec![publisher(1, "127.0.0.1")],
+        };
+        let after = rt.block_on(resolve_publishers(&moved, &policy, &previous));
+        assert_eq!(
+            after.addrs[&PublisherId::new(1)],
+            Ok("127.0.0.1:5557".parse().unwrap())
+        );
     }
 }

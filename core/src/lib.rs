@@ -10,12 +10,14 @@
 //! - snapshots ([`snapshot::RouterSnapshot`]) are immutable once built and shared by `Arc`.
 #![forbid(unsafe_code)]
 
+pub mod auth;
 pub mod backoff;
 pub mod clock;
 pub mod config;
 pub mod discovery;
 pub mod dynamo_event;
 pub mod headers;
+pub mod health;
 pub mod http1;
 pub mod ingress;
 pub mod json_scan;
@@ -26,6 +28,7 @@ pub mod load;
 mod loom_support;
 pub mod picker;
 pub mod publish;
+pub mod retry_budget;
 pub mod route;
 pub mod shim;
 pub mod snapshot;

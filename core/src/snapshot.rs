@@ -16,8 +16,10 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use crate::auth::AuthTable;
 use crate::config::{BackendConfig, Config};
 use crate::discovery::{FleetView, PublisherId};
+use crate::health::HealthTable;
 use crate::shim::ShimRoutes;
 use crate::subscriptions::Refusal;
 
@@ -69,6 +71,12 @@ pub struct RouterSnapshot {
     pub publisher_addrs: Arc<PublisherAddrs>,
     /// The direct-mode shim replicas per namespace and the model map (SHIM-03/05).
     pub shim: ShimRoutes,
+    /// Every backend's shared health (outlier ejection, active checks), by backend index, with
+    /// the pools its ejection cap is computed over: each model's replicas and each shim pool.
+    pub health: HealthTable,
+    /// The client API keys with their shared budgets (carried by key name); `None` without
+    /// `auth`.
+    pub auth: Option<AuthTable>,
 }
 
 /// Resolved and policy-checked publisher addresses.
@@ -84,6 +92,7 @@ impl RouterSnapshot {
         backend_addrs: Vec<Option<SocketAddr>>,
         fleet: Arc<FleetView>,
         publisher_addrs: Arc<PublisherAddrs>,
+        previous: Option<&RouterSnapshot>,
     ) -> Self {
         let mut per_model: HashMap<String, Vec<(BackendIdx, u32)>> = HashMap::new();
         let mut model_ids = Vec::new();
@@ -117,7 +126,14 @@ impl RouterSnapshot {
             })
             .collect();
         let shim = ShimRoutes::build(&config, &backend_addrs);
+        let health = health_table(previous, &config, &backend_addrs, &models, &shim);
+        let auth = config
+            .auth
+            .as_ref()
+            .map(|a| AuthTable::build(&config, a, previous.and_then(|p| p.auth.as_ref())));
         Self {
+            health,
+            auth,
             generation,
             config,
             shim,
@@ -143,6 +159,43 @@ impl RouterSnapshot {
     pub fn route(&self, model: &str) -> Option<&ModelRoute> {
         self.models.get(model)
     }
+}
+
+/// The health table of a new snapshot: state carried from `previous` for unchanged backends,
+/// groups from the routes.
+fn health_table(
+    previous: Option<&RouterSnapshot>,
+    config: &Config,
+    backend_addrs: &[Option<SocketAddr>],
+    models: &HashMap<String, ModelRoute>,
+    shim: &ShimRoutes,
+) -> HealthTable {
+    let keys = config
+        .backends
+        .iter()
+        .enumerate()
+        .map(|(i, b)| (b.name.0.clone(), backend_addrs.get(i).copied().flatten()))
+        .collect();
+    let mut groups: Vec<Vec<BackendIdx>> = Vec::new();
+    let mut add = |replicas: &[BackendIdx]| {
+        let mut g: Vec<BackendIdx> = Vec::with_capacity(replicas.len());
+        for r in replicas {
+            if !g.contains(r) {
+                g.push(*r);
+            }
+        }
+        g.sort_by_key(|b| b.0);
+        if !g.is_empty() && !groups.contains(&g) {
+            groups.push(g);
+        }
+    };
+    for route in models.values() {
+        add(&route.replicas);
+    }
+    for pool in shim.pools() {
+        add(pool);
+    }
+    HealthTable::carried(previous.map(|p| &p.health), keys, groups)
 }
 
 fn routable(b: &BackendConfig) -> bool {

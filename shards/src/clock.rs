@@ -23,3 +23,14 @@ pub(crate) fn now() -> Instant {
 pub(crate) fn instant() -> StdInstant {
     StdInstant::now()
 }
+
+/// Now as milliseconds on the process clock: the timeline of the shared replica health
+/// (`continuum_core::health`), which the control thread's health checker reads too.
+pub fn now_ms() -> u64 {
+    u64::try_from(now().since_origin().as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Now as nanoseconds on the process clock (the client keys' rate budgets).
+pub(crate) fn now_ns() -> u64 {
+    u64::try_from(now().since_origin().as_nanos()).unwrap_or(u64::MAX)
+}

@@ -22,7 +22,7 @@
 //! - every client `x-dynamo-*` header is dropped before dispatch (see `continuum_core::headers`).
 
 mod admin;
-mod clock;
+pub mod clock;
 mod dispatch;
 mod http;
 pub mod ingest;

@@ -130,7 +130,14 @@ fn snapshot(shim: SocketAddr) -> RouterSnapshot {
         IDS.len(),
         "the records make three workers"
     );
-    RouterSnapshot::build(1, Arc::new(config), vec![Some(shim)], fleet, Arc::default())
+    RouterSnapshot::build(
+        1,
+        Arc::new(config),
+        vec![Some(shim)],
+        fleet,
+        Arc::default(),
+        None,
+    )
 }
 
 /// Always the last candidate worker of the fleet, counting how many instances were built.

@@ -8,7 +8,7 @@ import json
 
 def arguments(description, tokens_flag):
     """Parse `--base-url`, `--model` (repeatable), `--n`, `tokens_flag` (the protocol's output
-    token limit), `--timeout` and `--prompt`."""
+    token limit), `--timeout`, `--prompt` and `--api-key` (the client's own credential header)."""
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--base-url", required=True)
     p.add_argument("--model", action="append", required=True)
@@ -16,6 +16,7 @@ def arguments(description, tokens_flag):
     p.add_argument(tokens_flag, type=int, default=8)
     p.add_argument("--timeout", type=float, default=10.0)
     p.add_argument("--prompt", default="Say hello")
+    p.add_argument("--api-key", default="unused")
     return p.parse_args()
 
 

@@ -155,6 +155,7 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=8)
     ap.add_argument("--prompt", default="Say something about routers.")
     ap.add_argument("--timeout", type=float, default=10.0, help="per request, seconds")
+    ap.add_argument("--api-key", default="unused", help="sent as Authorization: Bearer")
     ap.add_argument(
         "--header", action="append", default=[], help="NAME:VALUE sent on every request"
     )
@@ -166,7 +167,7 @@ def main():
         headers[name.strip()] = value.strip()
     client = openai.OpenAI(
         base_url=args.base_url,
-        api_key="unused",
+        api_key=args.api_key,
         timeout=args.timeout,
         max_retries=0,
         default_headers=headers,

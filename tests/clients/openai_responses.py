@@ -61,7 +61,7 @@ def run_one(client, args, model, stream, index):
 def main():
     args = client_common.arguments(__doc__.splitlines()[0], "--max-output-tokens")
     client = openai.OpenAI(
-        base_url=args.base_url, api_key="unused", max_retries=0, timeout=args.timeout
+        base_url=args.base_url, api_key=args.api_key, max_retries=0, timeout=args.timeout
     )
     return client_common.run_each(client, args, run_one)
 

@@ -14,7 +14,7 @@
 use std::collections::VecDeque;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
@@ -89,6 +89,15 @@ impl Reply {
             body: body.to_vec(),
         }
     }
+
+    /// A JSON response with `status`.
+    pub fn json_status(status: u16, body: &[u8]) -> Reply {
+        Reply::Full {
+            status,
+            headers: vec![("Content-Type".into(), "application/json".into())],
+            body: body.to_vec(),
+        }
+    }
 }
 
 /// Releases the events of one streamed reply.
@@ -128,6 +137,12 @@ struct Shared {
     queue: Mutex<VecDeque<Reply>>,
     handler: Mutex<Option<Handler>>,
     conns: AtomicU64,
+    /// The next connection id (ids stay unique whatever `conns` does).
+    next_id: AtomicU64,
+    /// The status the router's health probes get.
+    health_status: AtomicU16,
+    /// Health probes answered (not recorded as requests, their connections not counted).
+    probes: AtomicU64,
 }
 
 /// A scripted loopback backend; stops when dropped.
@@ -177,6 +192,9 @@ impl MockBackend {
             queue: Mutex::new(VecDeque::new()),
             handler: Mutex::new(None),
             conns: AtomicU64::new(0),
+            next_id: AtomicU64::new(0),
+            health_status: AtomicU16::new(200),
+            probes: AtomicU64::new(0),
         });
         let s = Arc::clone(&shared);
         let accept = std::thread::spawn(move || accept_loop(&listener, &s));
@@ -232,7 +250,17 @@ impl MockBackend {
         self.shared.requests.lock().unwrap().len()
     }
 
-    /// Number of connections accepted so far.
+    /// Answer the router's health probes with `status` from now on (200 at start).
+    pub fn set_health_status(&self, status: u16) {
+        self.shared.health_status.store(status, Ordering::SeqCst);
+    }
+
+    /// Number of health probes answered so far.
+    pub fn health_probes(&self) -> u64 {
+        self.shared.probes.load(Ordering::SeqCst)
+    }
+
+    /// Number of connections accepted so far (health probes' not counted).
     pub fn connections(&self) -> u64 {
         self.shared.conns.load(Ordering::SeqCst)
     }
@@ -273,7 +301,8 @@ fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {
     while !shared.stop.load(Ordering::SeqCst) {
         match listener.accept() {
             Ok((stream, _)) => {
-                let id = shared.conns.fetch_add(1, Ordering::SeqCst);
+                shared.conns.fetch_add(1, Ordering::SeqCst);
+                let id = shared.next_id.fetch_add(1, Ordering::SeqCst);
                 let s = Arc::clone(shared);
                 std::thread::spawn(move || serve_conn(stream, &s, id));
             }
@@ -347,6 +376,22 @@ fn serve_conn(mut stream: TcpStream, shared: &Shared, conn_id: u64) {
         };
         let close = find_header(&headers, "connection")
             .is_some_and(|v| v.to_ascii_lowercase().contains("close"));
+        if method == "GET"
+            && find_header(&headers, "user-agent") == Some("continuum-router-health-check")
+        {
+            // The router's active health check, answered like a frontend's `/health`; it is not
+            // traffic, so it is neither recorded nor counted as a connection.
+            // The status is taken before the probe is counted, so a test that changes it after
+            // seeing the count changes the next probe's answer, never this one's.
+            let status = shared.health_status.load(Ordering::SeqCst);
+            shared.conns.fetch_sub(1, Ordering::SeqCst);
+            shared.probes.fetch_add(1, Ordering::SeqCst);
+            let _ = write_reply(
+                &mut stream,
+                Reply::json_status(status, br#"{"status":"healthy"}"#),
+            );
+            return;
+        }
         let req = RecordedRequest {
             method,
             path,

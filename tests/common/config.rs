@@ -25,6 +25,8 @@ pub struct BackendSpec {
     pub weight: u32,
     /// `responses_api`, when set.
     pub responses_api: Option<String>,
+    /// More keys of the entry, one `key: value` YAML line each (`health_check: { path: /h }`).
+    pub extra: Vec<String>,
 }
 
 /// A router configuration; [`RouterConfig::default`] matches the contract's example.
@@ -44,12 +46,16 @@ pub struct RouterConfig {
     pub keepalive: String,
     /// `server.timeouts.upstream_connect`.
     pub upstream_connect: String,
-    /// `server.timeouts.upstream_response`.
-    pub upstream_response: String,
+    /// `server.timeouts.upstream_first_byte`.
+    pub upstream_first_byte: String,
+    /// `server.timeouts.upstream_idle`.
+    pub upstream_idle: String,
     /// `server.timeouts.drain`.
     pub drain: String,
     /// `server.connect_retries`.
     pub connect_retries: u32,
+    /// More `server` keys, as YAML lines indented by two spaces (`  retry_budget: {...}\n`).
+    pub server_yaml: String,
     /// `admin.token_hash`, if any.
     pub token_hash: Option<String>,
     /// `backends`.
@@ -77,9 +83,11 @@ impl Default for RouterConfig {
             header_read: "2s".into(),
             keepalive: "60s".into(),
             upstream_connect: "5s".into(),
-            upstream_response: "600s".into(),
+            upstream_first_byte: "600s".into(),
+            upstream_idle: "600s".into(),
             drain: "10s".into(),
             connect_retries: 2,
+            server_yaml: String::new(),
             token_hash: None,
             backends: Vec::new(),
             env: Vec::new(),
@@ -100,7 +108,17 @@ impl RouterConfig {
             models: models.iter().map(|m| (*m).to_string()).collect(),
             weight: 1,
             responses_api: None,
+            extra: Vec::new(),
         });
+        self
+    }
+
+    /// Adds a backend of weight 1 with more keys (see [`BackendSpec::extra`]).
+    pub fn backend_with(mut self, name: &str, url: &str, models: &[&str], extra: &[&str]) -> Self {
+        self = self.backend(name, url, models);
+        if let Some(b) = self.backends.last_mut() {
+            b.extra = extra.iter().map(|e| (*e).to_string()).collect();
+        }
         self
     }
 
@@ -117,14 +135,16 @@ impl RouterConfig {
         ));
         y.push_str(&format!(
             "  timeouts: {{ header_read: {}, keepalive: {}, upstream_connect: {}, \
-             upstream_response: {}, drain: {} }}\n",
+             upstream_first_byte: {}, upstream_idle: {}, drain: {} }}\n",
             q(&self.header_read),
             q(&self.keepalive),
             q(&self.upstream_connect),
-            q(&self.upstream_response),
+            q(&self.upstream_first_byte),
+            q(&self.upstream_idle),
             q(&self.drain)
         ));
         y.push_str(&format!("  connect_retries: {}\n", self.connect_retries));
+        y.push_str(&self.server_yaml);
         if let Some(h) = &self.token_hash {
             y.push_str(&format!("admin:\n  token_hash: {}\n", q(h)));
         }
@@ -142,6 +162,9 @@ impl RouterConfig {
             y.push_str(&format!("    weight: {}\n", b.weight));
             if let Some(api) = &b.responses_api {
                 y.push_str(&format!("    responses_api: {api}\n"));
+            }
+            for line in &b.extra {
+                y.push_str(&format!("    {line}\n"));
             }
         }
         y.push_str(&format!(

@@ -12,6 +12,8 @@
 //! - [`etcd`]: [`etcd::EtcdServer`], a real etcd on loopback (restart, TLS, auth, etcdctl
 //!   helpers) for the discovery tests;
 //! - [`fleet`]: a real Dynamo 1.6.1 fleet (`tests/fleet/`);
+//! - [`stub`]: [`stub::StubBackend`], an OpenAI backend in its own process, to freeze with
+//!   SIGSTOP;
 //! - [`pyclient`]: the official Python API clients (`tests/clients/`) run with the fleet venv;
 //! - [`kv`]: the KV index as the admin view and metrics show it, and `kv-events` messages built
 //!   with the router's encoders (the `dynamo-kv` tests).
@@ -32,6 +34,7 @@ pub mod kv;
 pub mod pyclient;
 pub mod router;
 pub mod shim;
+pub mod stub;
 pub mod zmq;
 
 use std::net::TcpListener;

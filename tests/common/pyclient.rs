@@ -92,6 +92,7 @@ pub struct OpenAiChat {
     max_tokens: u32,
     headers: Vec<(String, String)>,
     timeout: Duration,
+    api_key: String,
 }
 
 impl OpenAiChat {
@@ -106,7 +107,14 @@ impl OpenAiChat {
             max_tokens: 8,
             headers: Vec::new(),
             timeout: Duration::from_secs(10),
+            api_key: "unused".into(),
         }
+    }
+
+    /// The client's API key (sent as `Authorization: Bearer`).
+    pub fn api_key(mut self, key: &str) -> OpenAiChat {
+        self.api_key = key.into();
+        self
     }
 
     /// Another model.
@@ -171,6 +179,8 @@ impl OpenAiChat {
             self.max_tokens.to_string(),
             "--timeout".into(),
             format!("{:.3}", self.timeout.as_secs_f64()),
+            "--api-key".into(),
+            self.api_key.clone(),
         ];
         for m in &self.models {
             args.push("--model".into());

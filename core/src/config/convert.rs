@@ -16,7 +16,8 @@ use super::user::{UserAdmin, UserBackend, UserDisaggregated, UserServer};
 use super::values::{Ctx, MISSING, index, join};
 use super::{
     AdminConfig, BackendConfig, BackendKind, BackendName, BackendRole, BackendUrl,
-    DisaggregatedServing, ResponsesApi, ServerConfig, ShardCount,
+    DisaggregatedServing, ResponsesApi, RetryBudgetConfig, ServerConfig, ShardCount,
+    UpstreamTimeouts, convert_upstream,
 };
 
 /// Highest CPU index accepted in `cpu_affinity` / `control_cpu` (exclusive).
@@ -39,10 +40,10 @@ impl Default for ServerConfig {
             max_headers: 100,
             header_read_timeout: Duration::from_secs(10),
             keepalive_timeout: Duration::from_secs(60),
-            upstream_connect_timeout: Duration::from_secs(5),
-            upstream_response_timeout: Duration::from_secs(600),
+            upstream: UpstreamTimeouts::default(),
             drain_timeout: Duration::from_secs(30),
             connect_retries: 2,
+            retry_budget: RetryBudgetConfig::default(),
         }
     }
 }
@@ -144,18 +145,7 @@ pub(crate) fn server(ctx: &mut Ctx<'_>, u: Option<&UserServer>) -> ServerConfig 
         t.and_then(|t| t.keepalive.as_ref()),
         d.keepalive_timeout,
     );
-    let upstream_connect_timeout = timeout(
-        ctx,
-        "upstream_connect",
-        t.and_then(|t| t.upstream_connect.as_ref()),
-        d.upstream_connect_timeout,
-    );
-    let upstream_response_timeout = timeout(
-        ctx,
-        "upstream_response",
-        t.and_then(|t| t.upstream_response.as_ref()),
-        d.upstream_response_timeout,
-    );
+    let upstream = convert_upstream::server_upstream(ctx, t);
     let drain_timeout = timeout(
         ctx,
         "drain",
@@ -180,10 +170,10 @@ pub(crate) fn server(ctx: &mut Ctx<'_>, u: Option<&UserServer>) -> ServerConfig 
         max_headers,
         header_read_timeout,
         keepalive_timeout,
-        upstream_connect_timeout,
-        upstream_response_timeout,
+        upstream,
         drain_timeout,
         connect_retries,
+        retry_budget: convert_upstream::retry_budget(ctx, u.retry_budget.as_ref()),
     }
 }
 
@@ -222,8 +212,14 @@ pub(crate) fn valid_backend_name(name: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
 }
 
-/// `backends`.
-pub(crate) fn backends(ctx: &mut Ctx<'_>, u: Option<&Vec<UserBackend>>) -> Vec<BackendConfig> {
+/// `backends`. `server` holds the default upstream timeouts; `shim_replicas` names the backends
+/// the shim config uses (checked with `GET /health` unless their health check is turned off).
+pub(crate) fn backends(
+    ctx: &mut Ctx<'_>,
+    u: Option<&Vec<UserBackend>>,
+    server: UpstreamTimeouts,
+    shim_replicas: &HashSet<&str>,
+) -> Vec<BackendConfig> {
     let mut out = Vec::new();
     let mut names = HashSet::new();
     for (i, b) in u.into_iter().flatten().enumerate() {
@@ -312,6 +308,14 @@ pub(crate) fn backends(ctx: &mut Ctx<'_>, u: Option<&Vec<UserBackend>>) -> Vec<B
                 ResponsesApi::Native
             }
         };
+        let timeouts = convert_upstream::backend_timeouts(ctx, &base, server, b.timeouts.as_ref());
+        let health_check = convert_upstream::health_check(
+            ctx,
+            &base,
+            b.health_check.as_ref(),
+            shim_replicas.contains(name.as_str()),
+        );
+        let outlier = convert_upstream::outlier(ctx, &base, b.outlier.as_ref());
         out.push(BackendConfig {
             name: BackendName(name),
             kind,
@@ -322,6 +326,9 @@ pub(crate) fn backends(ctx: &mut Ctx<'_>, u: Option<&Vec<UserBackend>>) -> Vec<B
             enabled,
             internal,
             responses_api,
+            timeouts,
+            health_check,
+            outlier,
         });
     }
     out

@@ -15,7 +15,8 @@ use super::BackendName;
 use super::convert_namespace::check_namespace;
 use super::dynamo::{
     Blake3Digest, BrokerConfig, BrokerRole, ConditionalDisaggregation, EventBusConfig, EventBusTls,
-    KvConfig, LoadConfig, LoadTransport, MAX_DYNAMO_NAMESPACES, Secret, ShimConfig, ShimPool,
+    KvConfig, LoadConfig, LoadTransport, MAX_DYNAMO_NAMESPACES, Secret, ShimAnswers, ShimConfig,
+    ShimPool,
 };
 use super::scalar::Scalar;
 use super::user_dynamo::{UserBroker, UserEventBus, UserKv, UserLoad, UserShim};
@@ -192,10 +193,25 @@ pub(crate) fn shim(ctx: &mut Ctx<'_>, u: Option<&UserShim>) -> ShimConfig {
             }
         }
     }
+    let answers = match &u.answers {
+        None => ShimAnswers::default(),
+        Some(Scalar::Str(s)) if s == "dynamo_1_6" => ShimAnswers::Dynamo16,
+        Some(Scalar::Str(s)) if s == "strict" => ShimAnswers::Strict,
+        Some(s) => {
+            ctx.error(
+                "dynamo.shim.answers",
+                s,
+                "must be dynamo_1_6 (the 1.6 frontend's documented client errors are relayed) \
+                 or strict (every non-2xx answer is a shim failure)",
+            );
+            ShimAnswers::default()
+        }
+    };
     ShimConfig {
         backends,
         pools,
         model_map,
+        answers,
     }
 }
 

@@ -342,6 +342,31 @@ pub struct ShimConfig {
     pub pools: Vec<ShimPool>,
     /// Client model id -> Dynamo `display_name` (at most 1024 pairs).
     pub model_map: BTreeMap<String, String>,
+    /// Which non-2xx shim answers are the client's own errors (`dynamo.shim.answers`, Q-36).
+    pub answers: ShimAnswers,
+}
+
+/// `dynamo.shim.answers`: how a buffered non-2xx answer of a shim replica is read. The
+/// table itself is `continuum_core::shim::answer_is_clients`; `docs/shim.md` prints it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ShimAnswers {
+    /// The Dynamo 1.6 frontend's documented answers: 401, 403, 413, 415, 422 and a 400 whose
+    /// message is not `Invalid request` are the client's own errors, relayed; every other
+    /// non-2xx is a shim failure (default).
+    #[default]
+    Dynamo16,
+    /// The spec's strict reading (SHIM-20): every buffered non-2xx is a shim failure.
+    Strict,
+}
+
+impl ShimAnswers {
+    /// The config value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ShimAnswers::Dynamo16 => "dynamo_1_6",
+            ShimAnswers::Strict => "strict",
+        }
+    }
 }
 
 /// A `blake3:<64 hex>` artifact checksum.

@@ -14,7 +14,8 @@
 //! config (defaults filled in) for `config show`.
 //!
 //! Layout: `parse` (YAML, unknown keys) → `validate` (pipeline, cross-section rules) →
-//! `convert` (server, admin, backends), `convert_dynamo` (discovery), `convert_dynamo_file` (the
+//! `convert` (server, admin, backends), `convert_upstream` (upstream timeouts, health checks,
+//! outlier ejection, the retry budget), `convert_dynamo` (discovery), `convert_dynamo_file` (the
 //! file source), `convert_dynamo_rest` (load, shim, kv, event bus); `values`, `addr` and
 //! `convert_namespace` (Dynamo namespaces) hold the primitive parsers; `show` masks.
 //!
@@ -29,10 +30,12 @@
 mod addr;
 mod build;
 mod convert;
+mod convert_auth;
 mod convert_dynamo;
 mod convert_dynamo_file;
 mod convert_dynamo_rest;
 mod convert_namespace;
+mod convert_upstream;
 pub mod dynamo;
 mod error;
 mod parse;
@@ -91,6 +94,51 @@ pub struct Config {
     pub disaggregated_serving: DisaggregatedServing,
     /// The `dynamo` section (discovery, load, shim, kv, event bus).
     pub dynamo: dynamo::DynamoConfig,
+    /// Client API keys; `None`: every client may use every model, as without keys.
+    pub auth: Option<AuthConfig>,
+}
+
+/// `auth`: the client API keys. Every proxied request (and `/v1/models`) must carry one.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AuthConfig {
+    /// The keys, in file order (at least one).
+    pub keys: Vec<ApiKeyConfig>,
+}
+
+/// A key's name: the only label its metrics carry.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct KeyName(pub String);
+
+impl std::fmt::Display for KeyName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// One `auth.keys[]` entry.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApiKeyConfig {
+    /// Unique name.
+    pub name: KeyName,
+    /// SHA-256 of the key (the key itself is never in the config).
+    pub key_hash: TokenHash,
+    /// Client model ids it may use; `None`: all.
+    pub allowed_models: Option<Vec<String>>,
+    /// Backends its requests may reach; `None`: all.
+    pub allowed_backends: Option<Vec<BackendName>>,
+    /// Its request rate limit, held across shards; `None`: unlimited.
+    pub rate: Option<KeyRate>,
+    /// Most of its requests in flight at once, across shards; `None`: unlimited.
+    pub max_concurrent: Option<u32>,
+}
+
+/// A key's token bucket.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct KeyRate {
+    /// Sustained requests per second.
+    pub requests_per_second: f64,
+    /// Requests allowed at once after a quiet period (default: one second's worth, at least 1).
+    pub burst: u32,
 }
 
 impl Config {
@@ -146,14 +194,71 @@ pub struct ServerConfig {
     pub header_read_timeout: Duration,
     /// Idle keep-alive connections are closed after this. Default 60 s.
     pub keepalive_timeout: Duration,
-    /// Upstream TCP connect timeout. Default 5 s.
-    pub upstream_connect_timeout: Duration,
-    /// Time allowed from sending a request upstream to receiving its response head. Default 600 s.
-    pub upstream_response_timeout: Duration,
+    /// The upstream timeouts every backend gets unless its `timeouts` override them.
+    pub upstream: UpstreamTimeouts,
     /// SIGTERM drain deadline for in-flight requests. Default 30 s.
     pub drain_timeout: Duration,
     /// Extra attempts on other replicas after a connect failure (nothing sent yet). Default 2.
     pub connect_retries: u32,
+    /// How many retries are allowed as a share of requests (`server.retry_budget`).
+    pub retry_budget: RetryBudgetConfig,
+}
+
+/// The timeouts of one upstream exchange (`server.timeouts.upstream_*`, `request_deadline`,
+/// overridden per backend by `backends[].timeouts`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UpstreamTimeouts {
+    /// TCP connect. Default 5 s.
+    pub connect: Duration,
+    /// From the request written to the complete response head. Default 300 s: a buffered
+    /// completion's head comes only when the whole answer is generated.
+    pub first_byte: Duration,
+    /// Between two reads of a response body (a stalled stream). Default 120 s.
+    pub idle: Duration,
+    /// The whole request, from its arrival to the last body byte, over every attempt. Default
+    /// none: a live stream is never cut.
+    pub deadline: Option<Duration>,
+}
+
+/// `server.retry_budget` (Linkerd's retry budget): retries may add at most `ratio` attempts per
+/// request over a 10 s window, plus `min_retries_per_second` whatever the traffic.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RetryBudgetConfig {
+    /// Retries per request. Default 0.2.
+    pub ratio: f64,
+    /// Retries always allowed per second (over all shards). Default 10.
+    pub min_retries_per_second: u32,
+}
+
+/// `backends[].health_check`: the active checker's probe of one backend.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HealthCheck {
+    /// Request path (`GET`), below the backend URL's base path. Default `/health`.
+    pub path: String,
+    /// Time between probes. Default 5 s.
+    pub interval: Duration,
+    /// Time allowed for a probe's response head. Default 2 s.
+    pub timeout: Duration,
+    /// Consecutive passes that bring an unhealthy backend back. Default 2.
+    pub healthy_threshold: u32,
+    /// Consecutive failures that take a backend out of rotation. Default 3.
+    pub unhealthy_threshold: u32,
+}
+
+/// `backends[].outlier`: passive outlier ejection (on by default).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OutlierPolicy {
+    /// Consecutive failed attempts (connect failure, first-byte or idle timeout, reset, 5xx)
+    /// that eject the backend. Default 5.
+    pub consecutive_failures: u32,
+    /// The first ejection's length; the n-th in a row lasts n times as long. Default 30 s.
+    pub base_ejection: Duration,
+    /// Longest ejection, and the quiet time after which the multiplier starts over. Default
+    /// 300 s.
+    pub max_ejection: Duration,
+    /// Most of a pool ejected at once, percent (at least one replica, never the last). Default
+    /// 50.
+    pub max_ejection_percent: u8,
 }
 
 /// `admin` section.
@@ -248,6 +353,12 @@ pub struct BackendConfig {
     pub internal: bool,
     /// How `/v1/responses` requests reach this backend (INGRESS-05; default native).
     pub responses_api: ResponsesApi,
+    /// The upstream timeouts, server defaults with this backend's overrides applied.
+    pub timeouts: UpstreamTimeouts,
+    /// The active health check; shim replicas get `GET /health` unless it is turned off.
+    pub health_check: Option<HealthCheck>,
+    /// Passive outlier ejection; `None` when turned off.
+    pub outlier: Option<OutlierPolicy>,
 }
 
 /// `backends[].responses_api`: whether the backend serves `POST /v1/responses` itself.
@@ -280,6 +391,8 @@ pub struct DisaggregatedServing {
 }
 
 #[cfg(test)]
+mod tests_auth;
+#[cfg(test)]
 mod tests_basic;
 #[cfg(test)]
 mod tests_bus_kv;
@@ -289,3 +402,5 @@ pub(crate) mod tests_cfg_a;
 mod tests_cfg_b;
 #[cfg(test)]
 mod tests_file;
+#[cfg(test)]
+mod tests_upstream;

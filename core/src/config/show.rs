@@ -4,7 +4,7 @@
 //! Invariants:
 //! - `dynamo.discovery.etcd.auth.password`, `dynamo.discovery.etcd.tls.client_key` and
 //!   `dynamo.event_bus.tls.key` are always rendered as `********`;
-//! - token hashes (`admin.token_hash`, `brokers[].token_hash`) are rendered as `sha256:********`:
+//! - token hashes (`admin.token_hash`, `brokers[].token_hash`, `auth.keys[].key_hash`) are rendered as `sha256:********`:
 //!   not secrets, but there is no reason to hand out a dictionary-attackable digest;
 //! - `ca_cert`, `client_cert`, `cert` and `client_ca` paths are shown verbatim;
 //! - the output is valid config: durations and sizes use the config syntax.
@@ -45,11 +45,17 @@ pub(crate) fn to_json(c: &Config) -> Value {
             "timeouts": {
                 "header_read": fmt_duration(s.header_read_timeout),
                 "keepalive": fmt_duration(s.keepalive_timeout),
-                "upstream_connect": fmt_duration(s.upstream_connect_timeout),
-                "upstream_response": fmt_duration(s.upstream_response_timeout),
+                "upstream_connect": fmt_duration(s.upstream.connect),
+                "upstream_first_byte": fmt_duration(s.upstream.first_byte),
+                "upstream_idle": fmt_duration(s.upstream.idle),
+                "request_deadline": s.upstream.deadline.map(fmt_duration),
                 "drain": fmt_duration(s.drain_timeout),
             },
             "connect_retries": s.connect_retries,
+            "retry_budget": {
+                "ratio": s.retry_budget.ratio,
+                "min_retries_per_second": s.retry_budget.min_retries_per_second,
+            },
         },
         "admin": { "token_hash": c.admin.token_hash.as_ref().map(masked_hash) },
         "backends": c.backends.iter().map(backend).collect::<Vec<_>>(),
@@ -58,6 +64,17 @@ pub(crate) fn to_json(c: &Config) -> Value {
             "fallback_to_unified": c.disaggregated_serving.fallback_to_unified,
         },
         "dynamo": dynamo(&c.dynamo),
+        "auth": c.auth.as_ref().map(|a| json!({
+            "keys": a.keys.iter().map(|k| json!({
+                "name": k.name.0,
+                "key_hash": masked_hash(&k.key_hash),
+                "allowed_models": k.allowed_models,
+                "allowed_backends": k.allowed_backends.as_ref().map(|b| b.iter().map(|n| n.0.clone()).collect::<Vec<_>>()),
+                "requests_per_second": k.rate.map(|r| r.requests_per_second),
+                "burst": k.rate.map(|r| r.burst),
+                "max_concurrent": k.max_concurrent,
+            })).collect::<Vec<_>>(),
+        })),
     })
 }
 
@@ -85,6 +102,31 @@ fn backend(b: &BackendConfig) -> Value {
         "enabled": b.enabled,
         "internal": b.internal,
         "responses_api": b.responses_api.as_str(),
+        "timeouts": {
+            "upstream_connect": fmt_duration(b.timeouts.connect),
+            "upstream_first_byte": fmt_duration(b.timeouts.first_byte),
+            "upstream_idle": fmt_duration(b.timeouts.idle),
+            "request_deadline": b.timeouts.deadline.map(fmt_duration),
+        },
+        "health_check": match &b.health_check {
+            None => json!({ "enabled": false }),
+            Some(h) => json!({
+                "path": h.path,
+                "interval": fmt_duration(h.interval),
+                "timeout": fmt_duration(h.timeout),
+                "healthy_threshold": h.healthy_threshold,
+                "unhealthy_threshold": h.unhealthy_threshold,
+            }),
+        },
+        "outlier": match &b.outlier {
+            None => json!({ "enabled": false }),
+            Some(o) => json!({
+                "consecutive_failures": o.consecutive_failures,
+                "base_ejection": fmt_duration(o.base_ejection),
+                "max_ejection": fmt_duration(o.max_ejection),
+                "max_ejection_percent": o.max_ejection_percent,
+            }),
+        },
     })
 }
 
@@ -201,6 +243,7 @@ fn shim(s: &ShimConfig) -> Value {
             "backends": p.backends.iter().map(|b| b.0.clone()).collect::<Vec<_>>(),
         })).collect::<Vec<_>>(),
         "model_map": s.model_map,
+        "answers": s.answers.as_str(),
     })
 }
 

@@ -35,8 +35,12 @@ fn empty_document_is_all_defaults() {
     assert_eq!(c.server.max_headers, 100);
     assert_eq!(c.server.header_read_timeout, Duration::from_secs(10));
     assert_eq!(c.server.keepalive_timeout, Duration::from_secs(60));
-    assert_eq!(c.server.upstream_connect_timeout, Duration::from_secs(5));
-    assert_eq!(c.server.upstream_response_timeout, Duration::from_secs(600));
+    assert_eq!(c.server.upstream.connect, Duration::from_secs(5));
+    assert_eq!(c.server.upstream.first_byte, Duration::from_secs(300));
+    assert_eq!(c.server.upstream.idle, Duration::from_secs(120));
+    assert_eq!(c.server.upstream.deadline, None);
+    assert_eq!(c.server.retry_budget.ratio, 0.2);
+    assert_eq!(c.server.retry_budget.min_retries_per_second, 10);
     assert_eq!(c.server.drain_timeout, Duration::from_secs(30));
     assert_eq!(c.server.connect_retries, 2);
     assert!(c.admin.token_hash.is_none());
@@ -55,7 +59,7 @@ server:
   cpu_affinity: [0, 1, 2]
   control_cpu: 3
   limits: { max_body_bytes: "1MiB", max_header_bytes: 32768, max_headers: 64 }
-  timeouts: { header_read: "500ms", keepalive: "2m", upstream_connect: "1s", upstream_response: "1h", drain: "45s" }
+  timeouts: { header_read: "500ms", keepalive: "2m", upstream_connect: "1s", upstream_first_byte: "1h", upstream_idle: "90s", request_deadline: "2h", drain: "45s" }
   connect_retries: 0
 backends:
   - name: dynamo-frontend
@@ -83,9 +87,16 @@ backends:
     assert_eq!(c.server.header_read_timeout, Duration::from_millis(500));
     assert_eq!(c.server.keepalive_timeout, Duration::from_secs(120));
     assert_eq!(
-        c.server.upstream_response_timeout,
-        Duration::from_secs(3600)
+        c.server.upstream,
+        crate::config::UpstreamTimeouts {
+            connect: Duration::from_secs(1),
+            first_byte: Duration::from_secs(3600),
+            idle: Duration::from_secs(90),
+            deadline: Some(Duration::from_secs(7200)),
+        }
     );
+    // Backends without overrides inherit the server's.
+    assert_eq!(c.backends[1].timeouts, c.server.upstream);
     assert_eq!(c.server.drain_timeout, Duration::from_secs(45));
     assert_eq!(c.server.connect_retries, 0);
     let b = &c.backends[0];
@@ -126,15 +137,12 @@ fn err_field(yaml: &str, field: &str) -> ConfigErrors {
 #[test]
 fn durations_accept_unit_syntax() {
     let (c, _) = ok(
-        "server: { timeouts: { header_read: 250ms, keepalive: 30s, drain: 5m, upstream_response: 1h } }",
+        "server: { timeouts: { header_read: 250ms, keepalive: 30s, drain: 5m, upstream_idle: 1h } }",
     );
     assert_eq!(c.server.header_read_timeout, Duration::from_millis(250));
     assert_eq!(c.server.keepalive_timeout, Duration::from_secs(30));
     assert_eq!(c.server.drain_timeout, Duration::from_secs(300));
-    assert_eq!(
-        c.server.upstream_response_timeout,
-        Duration::from_secs(3600)
-    );
+    assert_eq!(c.server.upstream.idle, Duration::from_secs(3600));
 }
 
 #[test]

@@ -445,3 +445,17 @@ fn cfg_29_conditional_disaggregation_warns() {
     let c = clean(&kv("false"));
     assert!(!c.dynamo.kv.conditional_disaggregation.enabled);
 }
+
+#[test]
+fn q36_shim_answer_table_is_chosen_explicitly() {
+    use super::dynamo::ShimAnswers;
+    let c = clean(&dyn_cfg(CIDRS, POOLS));
+    assert_eq!(c.dynamo.shim.answers, ShimAnswers::Dynamo16);
+    let c = clean(&dyn_cfg(CIDRS, &format!("{POOLS}, answers: strict")));
+    assert_eq!(c.dynamo.shim.answers, ShimAnswers::Strict);
+    assert_eq!(c.show_json()["dynamo"]["shim"]["answers"], "strict");
+    rejects(
+        &dyn_cfg(CIDRS, &format!("{POOLS}, answers: dynamo_1_5")),
+        "dynamo.shim.answers",
+    );
+}

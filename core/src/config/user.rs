@@ -28,6 +28,34 @@ pub struct UserConfig {
     pub disaggregated_serving: Option<UserDisaggregated>,
     /// `dynamo`.
     pub dynamo: Option<UserDynamo>,
+    /// `auth`.
+    pub auth: Option<UserAuth>,
+}
+
+/// `auth`.
+#[derive(Debug, Default, Deserialize)]
+pub struct UserAuth {
+    /// `keys`.
+    pub keys: Option<Vec<UserApiKey>>,
+}
+
+/// One `auth.keys[]` entry.
+#[derive(Debug, Default, Deserialize)]
+pub struct UserApiKey {
+    /// `name`.
+    pub name: Option<Scalar>,
+    /// `key_hash` (`sha256:<64 lowercase hex>`).
+    pub key_hash: Option<Scalar>,
+    /// `allowed_models`.
+    pub allowed_models: Option<Vec<Scalar>>,
+    /// `allowed_backends`.
+    pub allowed_backends: Option<Vec<Scalar>>,
+    /// `requests_per_second`.
+    pub requests_per_second: Option<Scalar>,
+    /// `burst`.
+    pub burst: Option<Scalar>,
+    /// `max_concurrent`.
+    pub max_concurrent: Option<Scalar>,
 }
 
 /// `server`.
@@ -47,6 +75,17 @@ pub struct UserServer {
     pub timeouts: Option<UserTimeouts>,
     /// `connect_retries`.
     pub connect_retries: Option<Scalar>,
+    /// `retry_budget`.
+    pub retry_budget: Option<UserRetryBudget>,
+}
+
+/// `server.retry_budget`.
+#[derive(Debug, Default, Deserialize)]
+pub struct UserRetryBudget {
+    /// `ratio` (retries per request, 0..=1).
+    pub ratio: Option<Scalar>,
+    /// `min_retries_per_second`.
+    pub min_retries_per_second: Option<Scalar>,
 }
 
 /// `server.limits`.
@@ -69,10 +108,62 @@ pub struct UserTimeouts {
     pub keepalive: Option<Scalar>,
     /// `upstream_connect`.
     pub upstream_connect: Option<Scalar>,
-    /// `upstream_response`.
+    /// `upstream_response`: replaced by `upstream_first_byte` and `upstream_idle` (an error
+    /// with that advice when written).
     pub upstream_response: Option<Scalar>,
+    /// `upstream_first_byte`.
+    pub upstream_first_byte: Option<Scalar>,
+    /// `upstream_idle`.
+    pub upstream_idle: Option<Scalar>,
+    /// `request_deadline`.
+    pub request_deadline: Option<Scalar>,
     /// `drain`.
     pub drain: Option<Scalar>,
+}
+
+/// `backends[].timeouts`: per-backend overrides of the upstream timeouts.
+#[derive(Debug, Default, Deserialize)]
+pub struct UserBackendTimeouts {
+    /// `upstream_connect`.
+    pub upstream_connect: Option<Scalar>,
+    /// `upstream_first_byte`.
+    pub upstream_first_byte: Option<Scalar>,
+    /// `upstream_idle`.
+    pub upstream_idle: Option<Scalar>,
+    /// `request_deadline`.
+    pub request_deadline: Option<Scalar>,
+}
+
+/// `backends[].health_check`.
+#[derive(Debug, Default, Deserialize)]
+pub struct UserHealthCheck {
+    /// `enabled` (default true when the section is written).
+    pub enabled: Option<Scalar>,
+    /// `path`.
+    pub path: Option<Scalar>,
+    /// `interval`.
+    pub interval: Option<Scalar>,
+    /// `timeout`.
+    pub timeout: Option<Scalar>,
+    /// `healthy_threshold`.
+    pub healthy_threshold: Option<Scalar>,
+    /// `unhealthy_threshold`.
+    pub unhealthy_threshold: Option<Scalar>,
+}
+
+/// `backends[].outlier`.
+#[derive(Debug, Default, Deserialize)]
+pub struct UserOutlier {
+    /// `enabled` (default true).
+    pub enabled: Option<Scalar>,
+    /// `consecutive_failures`.
+    pub consecutive_failures: Option<Scalar>,
+    /// `base_ejection`.
+    pub base_ejection: Option<Scalar>,
+    /// `max_ejection`.
+    pub max_ejection: Option<Scalar>,
+    /// `max_ejection_percent`.
+    pub max_ejection_percent: Option<Scalar>,
 }
 
 /// `admin`.
@@ -104,6 +195,12 @@ pub struct UserBackend {
     pub internal: Option<Scalar>,
     /// `responses_api` (`native` or `chat`).
     pub responses_api: Option<Scalar>,
+    /// `timeouts`.
+    pub timeouts: Option<UserBackendTimeouts>,
+    /// `health_check`.
+    pub health_check: Option<UserHealthCheck>,
+    /// `outlier`.
+    pub outlier: Option<UserOutlier>,
 }
 
 /// `disaggregated_serving`.

@@ -147,6 +147,8 @@ pub struct UserShim {
     pub pools: Option<Vec<UserShimPool>>,
     /// `model_map`.
     pub model_map: Option<BTreeMap<String, Scalar>>,
+    /// `answers` (`dynamo_1_6` or `strict`).
+    pub answers: Option<Scalar>,
 }
 
 /// `dynamo.shim.pools[]`.

@@ -8,7 +8,7 @@
 //! Invariant: the returned [`Config`] is meaningful only when the context holds no error; the
 //! caller ([`super::parse`]) enforces that.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use super::addr::{listen_overlaps, looks_internal};
 use super::dynamo::{BrokerRole, DiscoverySource, LoadTransport};
@@ -20,15 +20,24 @@ use super::{BackendConfig, BackendName, Config, convert, convert_dynamo};
 pub(crate) fn convert(ctx: &mut Ctx<'_>, u: &UserConfig) -> Config {
     let server = convert::server(ctx, u.server.as_ref());
     let admin = convert::admin(ctx, u.admin.as_ref());
-    let backends = convert::backends(ctx, u.backends.as_ref());
     let disaggregated_serving = convert::disaggregated(ctx, u.disaggregated_serving.as_ref());
     let dynamo = convert_dynamo::dynamo(ctx, u.dynamo.as_ref());
+    let shim_replicas: HashSet<&str> = dynamo
+        .shim
+        .backends
+        .iter()
+        .chain(dynamo.shim.pools.iter().flat_map(|p| p.backends.iter()))
+        .map(|n| n.0.as_str())
+        .collect();
+    let backends = convert::backends(ctx, u.backends.as_ref(), server.upstream, &shim_replicas);
+    let auth = super::convert_auth::auth(ctx, u.auth.as_ref(), &backends);
     let config = Config {
         server,
         admin,
         backends,
         disaggregated_serving,
         dynamo,
+        auth,
     };
     cross_section(ctx, &config);
     config

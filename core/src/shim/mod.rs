@@ -21,12 +21,15 @@
 //!   errors ([`is_client_error`]: a 400 with another message, such as the frontend's request
 //!   validation, and 401/403/413/415/422), which are relayed like a streaming request's 4xx:
 //!   sending an invalid request again without pins cannot help, and it is not the fleet's
-//!   failure.
+//!   failure. Which answers those are is one table ([`answer_is_clients`]), switchable to the
+//!   spec's strict reading (`dynamo.shim.answers: strict`) so another frontend version's texts
+//!   cannot silently flip relay and fallback.
 
 mod routes;
 
 pub use routes::ShimRoutes;
 
+use crate::config::dynamo::ShimAnswers;
 use crate::ingress::errors::{ErrorClass, is_client_error, is_direct_mode_rejection};
 
 /// Whether the client asked for a stream.
@@ -171,13 +174,44 @@ impl ShimDecision {
     }
 }
 
-/// Decides what follows `outcome`. `replica_left` says whether another replica of the same pool
-/// is still within the retry budget (only a connect failure uses it).
+/// Whether a buffered non-2xx shim answer is the client's own error (relayed) rather than a shim
+/// failure, under `answers`. The one table, by status:
+///
+/// | status | `dynamo_1_6` (default) | `strict` |
+/// |---|---|---|
+/// | 400, message `Invalid request` (the 1.6 pin rejection), or no readable message | failure | failure |
+/// | 400, any other message (request validation) | client's | failure |
+/// | 401, 403, 413, 415, 422 | client's | failure |
+/// | every other non-2xx | failure | failure |
+///
+/// The direct-mode prefill rejection (SHIM-18) and the streaming rules (SHIM-21) come before this
+/// table and are the same under both.
+pub fn answer_is_clients(answers: ShimAnswers, status: u16, body: &[u8]) -> bool {
+    match answers {
+        ShimAnswers::Dynamo16 => is_client_error(status, body),
+        ShimAnswers::Strict => false,
+    }
+}
+
+/// [`decide_with`] under the default answer table (`dynamo_1_6`).
 pub fn decide(
     outcome: ShimOutcome<'_>,
     mode: RequestMode,
     fallback: UnifiedFallback,
     replica_left: bool,
+) -> ShimDecision {
+    decide_with(outcome, mode, fallback, replica_left, ShimAnswers::Dynamo16)
+}
+
+/// Decides what follows `outcome`. `replica_left` says whether another replica of the same pool
+/// is still within the retry budget (only a connect failure uses it); `answers` is the
+/// configured answer table ([`answer_is_clients`]).
+pub fn decide_with(
+    outcome: ShimOutcome<'_>,
+    mode: RequestMode,
+    fallback: UnifiedFallback,
+    replica_left: bool,
+    answers: ShimAnswers,
 ) -> ShimDecision {
     let decode_failure = match fallback {
         UnifiedFallback::Allowed => ShimDecision::FallbackUnified,
@@ -192,7 +226,9 @@ pub fn decide(
             ShimDecision::Fail(ErrorClass::DisaggregatedPrefillDecodeUnavailable)
         }
         ShimOutcome::Answered { status, body } => match mode {
-            RequestMode::Buffered if is_client_error(status, body) => ShimDecision::Relay,
+            RequestMode::Buffered if answer_is_clients(answers, status, body) => {
+                ShimDecision::Relay
+            }
             RequestMode::Buffered => decode_failure,
             RequestMode::Streaming
                 if (400..500).contains(&status) && status != 408 && status != 429 =>

@@ -88,6 +88,11 @@ impl ShimRoutes {
             .map_or(&[][..], |(_, r)| r.as_slice())
     }
 
+    /// Every replica list: the shared one and each namespace's pool (some may be empty).
+    pub fn pools(&self) -> impl Iterator<Item = &[BackendIdx]> {
+        std::iter::once(self.shared.as_slice()).chain(self.pools.iter().map(|(_, r)| r.as_slice()))
+    }
+
     /// Whether any namespace has a usable replica (the shim path is available at all).
     pub fn any_usable(&self) -> bool {
         !self.shared.is_empty() || self.pools.iter().any(|(_, r)| !r.is_empty())

@@ -205,3 +205,93 @@ fn phase_labels() {
     assert_eq!(UnifiedFallback::from_config(true), Allowed);
     assert_eq!(UnifiedFallback::from_config(false), Disabled);
 }
+
+#[test]
+fn the_strict_answer_table_makes_every_buffered_non_2xx_a_shim_failure() {
+    use crate::config::dynamo::ShimAnswers;
+    let validation =
+        br#"{"message":"Validation: messages must not be empty","type":"Bad Request","code":400}"#;
+    for (status, body) in [
+        (400, &validation[..]),
+        (401, b"{}"),
+        (422, b"{}"),
+        (413, b""),
+    ] {
+        assert!(
+            answer_is_clients(ShimAnswers::Dynamo16, status, body),
+            "{status}"
+        );
+        assert!(
+            !answer_is_clients(ShimAnswers::Strict, status, body),
+            "{status}"
+        );
+        let out = ShimOutcome::Answered { status, body };
+        assert_eq!(
+            decide_with(
+                out,
+                RequestMode::Buffered,
+                UnifiedFallback::Allowed,
+                false,
+                ShimAnswers::Dynamo16
+            ),
+            ShimDecision::Relay
+        );
+        assert_eq!(
+            decide_with(
+                out,
+                RequestMode::Buffered,
+                UnifiedFallback::Allowed,
+                false,
+                ShimAnswers::Strict
+            ),
+            ShimDecision::FallbackUnified
+        );
+        assert_eq!(
+            decide_with(
+                out,
+                RequestMode::Buffered,
+                UnifiedFallback::Disabled,
+                false,
+                ShimAnswers::Strict
+            ),
+            ShimDecision::Fail(ErrorClass::DisaggregatedDecodeFailed)
+        );
+    }
+    // The pin rejection is a failure under both; SHIM-18 and SHIM-21 are the same under both.
+    let pin = br#"{"message":"Invalid request","type":"Bad Request","code":400}"#;
+    assert!(!answer_is_clients(ShimAnswers::Dynamo16, 400, pin));
+    let rejection = format!(
+        "{{\"message\":\"{}\"}}",
+        crate::ingress::errors::DIRECT_MODE_PREFILL_ID_ERROR
+    );
+    for answers in [ShimAnswers::Dynamo16, ShimAnswers::Strict] {
+        let out = ShimOutcome::Answered {
+            status: 400,
+            body: rejection.as_bytes(),
+        };
+        assert_eq!(
+            decide_with(
+                out,
+                RequestMode::Buffered,
+                UnifiedFallback::Allowed,
+                false,
+                answers
+            ),
+            ShimDecision::Fail(ErrorClass::DisaggregatedPrefillDecodeUnavailable)
+        );
+        let out = ShimOutcome::Answered {
+            status: 404,
+            body: b"{}",
+        };
+        assert_eq!(
+            decide_with(
+                out,
+                RequestMode::Streaming,
+                UnifiedFallback::Allowed,
+                false,
+                answers
+            ),
+            ShimDecision::Relay
+        );
+    }
+}

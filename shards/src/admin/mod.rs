@@ -43,9 +43,18 @@ pub(crate) fn serve(v: Views<'_>, req: &Request, sink: &mut ResponseSink) -> Out
             ok(req, sink, "application/json", body.as_bytes())
         }
         Route::Models if read_only => {
+            // With `auth`, a key is needed and only the models it may use are listed.
+            let key = match &snap.auth {
+                None => None,
+                Some(auth) => match crate::dispatch::keys::identify(auth, req) {
+                    Ok(k) => Some(k),
+                    Err(e) => return local_error(sink, e),
+                },
+            };
             let data: Vec<_> = snap
                 .model_ids
                 .iter()
+                .filter(|id| key.is_none_or(|k| k.allows_model(id)))
                 .map(|id| serde_json::json!({"id": id, "object": "model", "created": 0, "owned_by": "continuum-router"}))
                 .collect();
             let body = serde_json::json!({"object": "list", "data": data}).to_string();
@@ -53,6 +62,10 @@ pub(crate) fn serve(v: Views<'_>, req: &Request, sink: &mut ResponseSink) -> Out
         }
         Route::Metrics if read_only => {
             let mut text = metrics::render(v.metrics, v.control);
+            metrics::render_health(&mut text, &snap.health, crate::clock::now_ms());
+            if let Some(auth) = &snap.auth {
+                metrics::render_keys(&mut text, auth);
+            }
             v.signals.render_metrics(&mut text);
             ok(req, sink, "text/plain; version=0.0.4", text.as_bytes())
         }

@@ -1,24 +1,30 @@
 //! Attempts: one request sent to one backend replica, and the plain-routing loop over replicas.
 //!
 //! [`Dispatcher::send_to`] takes a pooled keep-alive connection (or connects, bounded by
-//! `upstream_connect_timeout`), writes the request head — client `x-dynamo-*` and pin aliases
+//! the backend's `upstream_connect` timeout), writes the request head — client `x-dynamo-*` and pin aliases
 //! dropped, hop-by-hop headers dropped, the picker's pins written after them (SHIM-09) — and the
 //! body (coalesced behind the head up to [`COALESCE_BODY`]), then relays the answer. A reused
 //! connection the backend had closed is replaced by a fresh one once. Every other failure is
 //! returned as one classified [`DispatchError`], counted once under its upstream class.
 //!
-//! [`Dispatcher::plain`] rotates over the model's replicas with the shard's cursor; a retryable
-//! failure (connect: nothing was sent) moves to the next replica up to `connect_retries` times.
+//! [`Dispatcher::plain`] rotates over the model's replicas with the shard's cursor, skipping
+//! replicas that are ejected or unhealthy ([`choose`]); a retryable failure (connect: nothing
+//! was sent) moves to the next untried replica up to `connect_retries` times, each retry within
+//! the shard's retry budget. Every attempt's result is reported to the replica's shared health.
 
 use std::io::Write as _;
 
-use continuum_core::config::BackendUrl;
+use continuum_core::auth::Refusal;
+use continuum_core::config::{BackendUrl, UpstreamTimeouts};
 use continuum_core::headers::{self, RequestHeaderFate};
+use continuum_core::health::FailureEffect;
 use continuum_core::snapshot::{BackendIdx, ModelRoute, RouterSnapshot};
 use continuum_core::upstream::{DispatchError, ErrorKind, Phase};
 use monoio::net::TcpStream;
 
+use super::choose::{self, Chosen, NoReplica, Tried, choose, verdict};
 use super::exchange::{Answer, Attempt, Body, Exchange, FailureHandling};
+use super::upstream::Timing;
 use super::{Dispatcher, Ingress, convert, relay};
 use crate::clock;
 use crate::http::respond::LocalError;
@@ -51,15 +57,29 @@ impl Dispatcher {
         };
         let attempts = 1 + snap.config.server.connect_retries as usize;
         let start = self.next_cursor(route.slot);
+        let mut tried = Tried::default();
         let mut last = LocalError::UpstreamUnavailable;
         for n in 0..attempts {
-            let Some(idx) = route.replica_at(start + n) else {
-                break;
+            let now = clock::now_ms();
+            let chosen = match choose(snap, &route.replicas, start, &mut tried, now, ex.key) {
+                Ok(c) => c,
+                Err(NoReplica::Unhealthy) if n == 0 => {
+                    return ex.local_error(LocalError::NoHealthyUpstream);
+                }
+                Err(NoReplica::NotAllowed) => {
+                    if let Some(k) = ex.key {
+                        k.state.refused(Refusal::Backend);
+                    }
+                    return ex.local_error(LocalError::BackendNotAllowed);
+                }
+                Err(_) => break,
             };
-            if n > 0 {
-                self.metrics.upstream_retry();
+            if n > 0 && !self.retry_allowed() {
+                break;
             }
+            let idx = chosen.idx;
             let result = self.send_to(snap, ex, idx, attempt).await;
+            self.report(snap, chosen, &result);
             match plain_step(result) {
                 PlainStep::Answered(outcome) => return outcome,
                 PlainStep::RelayHeld(status) => {
@@ -74,6 +94,48 @@ impl Dispatcher {
             }
         }
         ex.local_error(last)
+    }
+
+    /// Whether the retry budget allows one more attempt; counts it when it does.
+    pub(super) fn retry_allowed(&self) -> bool {
+        let sec = clock::now_ms() / 1000;
+        if self.budget.borrow_mut().try_retry(sec) {
+            self.metrics.upstream_retry();
+            true
+        } else {
+            self.metrics.retry_denied();
+            false
+        }
+    }
+
+    /// Report an attempt's result to the replica's shared health, logging an ejection.
+    pub(super) fn report(
+        &self,
+        snap: &RouterSnapshot,
+        chosen: Chosen<'_>,
+        result: &Result<Answer, DispatchError>,
+    ) {
+        let idx = chosen.idx;
+        let now = clock::now_ms();
+        match choose::report(snap, chosen, verdict(result), now) {
+            Some(FailureEffect::Ejected { until_ms }) => {
+                let name = snap.backend(idx).map_or("", |b| b.name.0.as_str());
+                tracing::warn!(
+                    shard = self.shard,
+                    backend = name,
+                    ejected_for_ms = until_ms.saturating_sub(now),
+                    "backend replica ejected after consecutive failures"
+                );
+            }
+            Some(FailureEffect::Capped) => {
+                let name = snap.backend(idx).map_or("", |b| b.name.0.as_str());
+                tracing::debug!(
+                    backend = name,
+                    "backend replica kept: ejecting it would exceed max_ejection_percent"
+                );
+            }
+            Some(FailureEffect::Counted) | None => {}
+        }
     }
 
     /// One attempt on backend `idx`: a pooled or new connection, the head and body, then the
@@ -92,14 +154,14 @@ impl Dispatcher {
             Ok(b) => b,
             Err(outcome) => return Ok(Answer::Done(outcome)),
         };
-        let cfg = &snap.config.server;
+        let timeouts = &backend.timeouts;
         let pooled = self.pool.borrow_mut().checkout(addr, clock::instant());
         for slot in [pooled, None] {
             let reused = slot.is_some();
             let mut up = match slot {
                 Some(s) => s,
                 None => match monoio::time::timeout(
-                    cfg.upstream_connect_timeout,
+                    connect_timeout(timeouts, ex.started),
                     TcpStream::connect_addr(addr),
                 )
                 .await
@@ -115,7 +177,10 @@ impl Dispatcher {
                 },
             };
             let result = match write_request(ex, &mut up, &backend.url, body, attempt).await {
-                Ok(()) => relay::relay(snap, ex, &mut up, backend, attempt, reused).await,
+                Ok(()) => {
+                    let timing = Timing::new(timeouts, ex.started, clock::instant());
+                    relay::relay(&timing, ex, &mut up, backend, attempt, reused).await
+                }
                 Err(_) => Err(DispatchError::closed(Phase::Request, reused)),
             };
             match result {
@@ -135,6 +200,16 @@ impl Dispatcher {
         }
         self.metrics.dispatch_failed(DispatchError::CONNECT);
         Err(DispatchError::CONNECT)
+    }
+}
+
+/// The connect timeout, shortened to what is left of the request's deadline.
+fn connect_timeout(t: &UpstreamTimeouts, started: std::time::Instant) -> std::time::Duration {
+    match t.deadline {
+        None => t.connect,
+        Some(d) => t
+            .connect
+            .min((started + d).saturating_duration_since(clock::instant())),
     }
 }
 
@@ -215,6 +290,13 @@ fn build_upstream_head(ex: &mut Exchange<'_>, url: &BackendUrl, body: Body, atte
         match headers::request_header_fate(name, connection) {
             RequestHeaderFate::Forward => {
                 if name.eq_ignore_ascii_case(b"expect") {
+                    continue;
+                }
+                // The router's own credential is not the backend's business.
+                if ex.key.is_some()
+                    && (name.eq_ignore_ascii_case(b"authorization")
+                        || name.eq_ignore_ascii_case(b"x-api-key"))
+                {
                     continue;
                 }
                 out.extend_from_slice(name);

@@ -21,7 +21,6 @@
 //!   ([`upstream_error`]).
 
 use std::io::Write as _;
-use std::time::Duration;
 
 use continuum_core::config::{BackendConfig, ResponsesApi};
 use continuum_core::ingress::IngressError;
@@ -37,7 +36,7 @@ use continuum_core::upstream::{DispatchError, ErrorKind};
 use super::Ingress;
 use super::exchange::{Answer, Attempt, Body, Conversion, Exchange};
 use super::upstream::{
-    BodyState, Framing, ParsedHead, end_head, hold, read_upstream, write_client,
+    BodyState, Framing, ParsedHead, Timing, end_head, hold, read_upstream, write_client,
 };
 use crate::http::Outcome;
 use crate::http::respond::{self, Persistence};
@@ -193,13 +192,13 @@ pub(super) async fn relay_converted(
     ex: &mut Exchange<'_>,
     up: &mut TcpStream,
     parsed: &ParsedHead,
-    timeout: Duration,
+    timing: &Timing,
     backend: &BackendConfig,
     attempt: &Attempt<'_>,
     conv: Conversion,
 ) -> Result<(Answer, bool), DispatchError> {
     if !conv.stream() {
-        return buffered(ex, up, parsed, timeout, backend, attempt, &conv).await;
+        return buffered(ex, up, parsed, timing, backend, attempt, &conv).await;
     }
     let chunked = !ex.req.head.http10;
     let keep_alive = ex.req.head.keep_alive && chunked;
@@ -225,7 +224,7 @@ pub(super) async fn relay_converted(
     write_client(ex).await?;
     while failed.is_none() && !body.done && !conv.is_done() {
         ex.bufs.ubuf.clear();
-        match read_upstream(ex, up, timeout).await {
+        match read_upstream(ex, up, timing.body()).await {
             Ok(Ok(n)) if n > 0 => {}
             Ok(Ok(_)) if parsed.framing == Framing::UntilClose => break,
             Err(e) if e.kind == ErrorKind::Timeout => {
@@ -309,12 +308,12 @@ async fn buffered(
     ex: &mut Exchange<'_>,
     up: &mut TcpStream,
     parsed: &ParsedHead,
-    timeout: Duration,
+    timing: &Timing,
     backend: &BackendConfig,
     attempt: &Attempt<'_>,
     conv: &Conversion,
 ) -> Result<(Answer, bool), DispatchError> {
-    let reusable = hold(ex, up, parsed, timeout, MAX_CONVERTED_BODY).await?;
+    let reusable = hold(ex, up, parsed, timing, MAX_CONVERTED_BODY).await?;
     let (status, body) = match conv.buffered(&ex.bufs.held) {
         Ok(v) => (200, serde_json::to_vec(&v).unwrap_or_default()),
         Err(e) => {

@@ -15,6 +15,7 @@
 //! - [`Body::Prepared`] and [`Body::Alt`] name bytes this exchange wrote into its buffers;
 //!   [`Body::Client`] is the request body as the client sent it.
 
+use continuum_core::auth::KeyEntry;
 use continuum_core::headers::{PinHeaders, RoutingHeaders};
 use continuum_core::http1::request::HeaderSpan;
 use continuum_core::ingress::IngressError;
@@ -76,6 +77,11 @@ pub(crate) struct Exchange<'a> {
     /// The context converting a Responses request's chat answer back, built with
     /// [`ExchangeBufs::alt`] on first use and kept for the request's other attempts.
     pub(crate) responses_ctx: Option<ResponsesContext>,
+    /// When dispatch began: the origin of `request_deadline`.
+    pub(crate) started: std::time::Instant,
+    /// The client's API key when `auth` is on: its `allowed_backends` filter every replica
+    /// choice, and its credential headers are not forwarded.
+    pub(crate) key: Option<&'a KeyEntry>,
 }
 
 impl<'a> Exchange<'a> {
@@ -96,6 +102,8 @@ impl<'a> Exchange<'a> {
             body: Body::Client,
             convert: None,
             responses_ctx: None,
+            started: crate::clock::instant(),
+            key: None,
         }
     }
 

@@ -3,6 +3,8 @@
 //!
 //! - **prepare** ([`prepare`]): convert an Anthropic body to chat, find `model` and `stream` in
 //!   one bounded scan, strip client pin fields and `nvext.token_data` (INGRESS-01/02/04);
+//! - **keys** ([`keys`], when `auth` is on): the client's API key identified before anything
+//!   else, its model, rate and concurrency checked once the model is known;
 //! - **plan** ([`plan`]): when the disaggregated orchestrator runs and a discovered worker serves
 //!   the model, the shard's [`WorkerPicker`] picks and the pick is recorded in the shard's
 //!   dispatch ledger (PICK-*, SHIM-05..07); otherwise plain model routing;
@@ -22,8 +24,10 @@
 //! marked finished when the request ends, whatever the outcome.
 
 mod attempt;
+mod choose;
 mod convert;
 mod exchange;
+pub(crate) mod keys;
 mod plan;
 mod pool;
 mod prepare;
@@ -36,14 +40,17 @@ mod upstream;
 use std::cell::{Cell, RefCell};
 use std::sync::Arc;
 
+use continuum_core::config::RetryBudgetConfig;
 use continuum_core::load::DispatchLedger;
 use continuum_core::picker::WorkerPicker;
+use continuum_core::retry_budget::RetryBudget;
 use continuum_core::shim::RoutingPath;
 use continuum_core::snapshot::RouterSnapshot;
 
+use crate::clock;
 use crate::http::respond::LocalError;
 use crate::http::{Outcome, Request, ResponseSink};
-use crate::metrics::ShardMetrics;
+use crate::metrics::{AuthFailure, ShardMetrics};
 use crate::signals::Signals;
 use exchange::Attempt;
 use pool::Pool;
@@ -79,6 +86,10 @@ pub(crate) struct Dispatcher {
     /// Rotation over each namespace's shim replicas (one cursor for all pools).
     shim_cursor: Cell<usize>,
     picking: RefCell<plan::Picking>,
+    /// This shard's retry budget (`server.retry_budget`, its share of the floor).
+    budget: RefCell<RetryBudget>,
+    /// The budget's config, to notice a reload.
+    budget_cfg: Cell<RetryBudgetConfig>,
     shard: usize,
 }
 
@@ -93,7 +104,11 @@ impl Dispatcher {
         picker: Box<dyn WorkerPicker>,
     ) -> Self {
         let kv = signals.kv.handles();
+        let budget_cfg = RetryBudgetConfig::default();
+        let budget = RetryBudget::new(&budget_cfg, signals.shards());
         Self {
+            budget: RefCell::new(budget),
+            budget_cfg: Cell::new(budget_cfg),
             metrics,
             signals,
             pool: RefCell::new(Pool::default()),
@@ -142,6 +157,16 @@ impl Dispatcher {
         v
     }
 
+    /// A request arrived: it deposits into the retry budget (reconfigured first after a reload).
+    fn deposit(&self, cfg: &RetryBudgetConfig) {
+        let mut budget = self.budget.borrow_mut();
+        if self.budget_cfg.get() != *cfg {
+            budget.reconfigure(cfg, self.signals.shards());
+            self.budget_cfg.set(*cfg);
+        }
+        budget.on_request(crate::clock::now_ms() / 1000);
+    }
+
     /// The next position in a shim pool's replica rotation.
     fn next_shim_cursor(&self) -> usize {
         let v = self.shim_cursor.get();
@@ -159,7 +184,21 @@ impl Dispatcher {
         bufs: &mut ExchangeBufs,
         ingress: Ingress,
     ) -> Outcome {
+        self.deposit(&snap.config.server.retry_budget);
         let mut ex = Exchange::new(req, sink, bufs, ingress);
+        if let Some(auth) = &snap.auth {
+            match keys::identify(auth, ex.req) {
+                Ok(k) => ex.key = Some(k),
+                Err(e) => {
+                    self.metrics.auth_failed(if e == LocalError::ApiKeyMissing {
+                        AuthFailure::Missing
+                    } else {
+                        AuthFailure::Invalid
+                    });
+                    return ex.local_error(e);
+                }
+            }
+        }
         let prepared = match prepare::prepare(&mut ex) {
             Ok(p) => p,
             Err(outcome) => return outcome,
@@ -171,21 +210,28 @@ impl Dispatcher {
                 .and_then(continuum_core::json_scan::unescape_simple)
             {
                 None => Err(LocalError::ModelNotFound),
-                Some(model) => {
-                    let route = snap.route(&model);
-                    let planned = match ingress {
-                        Ingress::ResponsesCompact => plan::Plan::Off,
-                        _ => self.plan(snap, &model, body),
-                    };
-                    if route.is_none() && planned.is_none() {
-                        Err(LocalError::ModelNotFound)
-                    } else {
-                        Ok((route, planned))
+                // The key's model and budgets, once the model is known and before anything is
+                // picked (a refused request spends nothing); the in-flight slot is held until
+                // the request ends.
+                Some(model) => match ex.key.map(|k| keys::admit(k, &model, clock::now_ns())) {
+                    Some(Err(e)) => Err(e),
+                    admitted => {
+                        let slot = admitted.and_then(Result::ok);
+                        let route = snap.route(&model);
+                        let planned = match ingress {
+                            Ingress::ResponsesCompact => plan::Plan::Off,
+                            _ => self.plan(snap, &model, body),
+                        };
+                        if route.is_none() && planned.is_none() {
+                            Err(LocalError::ModelNotFound)
+                        } else {
+                            Ok((route, planned, slot))
+                        }
                     }
-                }
+                },
             }
         };
-        let (route, planned) = match found {
+        let (route, planned, _in_flight) = match found {
             Ok(f) => f,
             Err(e) => return ex.local_error(e),
         };

@@ -12,7 +12,6 @@ use std::io::Write as _;
 
 use continuum_core::config::BackendConfig;
 use continuum_core::headers;
-use continuum_core::snapshot::RouterSnapshot;
 use monoio::net::TcpStream;
 
 use continuum_core::http1::request::Method;
@@ -20,8 +19,8 @@ use continuum_core::upstream::{DispatchError, ErrorKind, Phase};
 
 use super::exchange::{Answer, Attempt, Exchange, FailureHandling};
 use super::upstream::{
-    BodyState, Framing, MAX_RESPONSE_HEAD, ParsedHead, UPSTREAM_BUF, end_head, hold, parse_head,
-    read_upstream, write_client,
+    BodyState, Framing, MAX_RESPONSE_HEAD, ParsedHead, Timing, UPSTREAM_BUF, end_head, hold,
+    parse_head, read_upstream, write_client,
 };
 use crate::http::Outcome;
 use crate::http::respond;
@@ -33,14 +32,13 @@ const MAX_HELD_BODY: usize = 256 * 1024;
 /// Relay the response on `up` (`reused`: a pooled connection). Returns the answer and whether
 /// `up` can be pooled.
 pub(super) async fn relay(
-    snap: &RouterSnapshot,
+    timing: &Timing,
     ex: &mut Exchange<'_>,
     up: &mut TcpStream,
     backend: &BackendConfig,
     attempt: &Attempt<'_>,
     reused: bool,
 ) -> Result<(Answer, bool), DispatchError> {
-    let timeout = snap.config.server.upstream_response_timeout;
     ex.bufs.ubuf.clear();
     if ex.bufs.ubuf.capacity() < UPSTREAM_BUF {
         ex.bufs.ubuf.reserve(UPSTREAM_BUF);
@@ -54,7 +52,7 @@ pub(super) async fn relay(
             ex.bufs.ubuf.reserve(UPSTREAM_BUF);
         }
         let nothing_yet = ex.bufs.ubuf.is_empty();
-        match read_upstream(ex, up, timeout).await? {
+        match read_upstream(ex, up, timing.head()).await? {
             Ok(n) if n > 0 => {}
             // EOF or reset before any response byte: a pooled connection the backend closed.
             _ if nothing_yet => return Err(DispatchError::closed(Phase::Head, reused)),
@@ -81,11 +79,11 @@ pub(super) async fn relay(
         }
     };
     if attempt.on_failure == FailureHandling::Hold && !(200..300).contains(&parsed.status) {
-        let reusable = hold(ex, up, &parsed, timeout, MAX_HELD_BODY).await?;
+        let reusable = hold(ex, up, &parsed, timing, MAX_HELD_BODY).await?;
         return Ok((Answer::Held(parsed.status), reusable));
     }
     if let Some(ctx) = ex.convert.clone() {
-        return super::convert::relay_converted(ex, up, &parsed, timeout, backend, attempt, ctx)
+        return super::convert::relay_converted(ex, up, &parsed, timing, backend, attempt, ctx)
             .await;
     }
     // An HTTP/1.0 client cannot read chunked framing: decode it and delimit by close instead.
@@ -105,7 +103,7 @@ pub(super) async fn relay(
     // more, and a failure closes the client connection mid-body.
     while !body.done {
         ex.bufs.ubuf.clear();
-        match read_upstream(ex, up, timeout).await {
+        match read_upstream(ex, up, timing.body()).await {
             Ok(Ok(n)) if n > 0 => {}
             Ok(Ok(_)) if parsed.framing == Framing::UntilClose => break,
             Ok(_) => return Err(DispatchError::new(ErrorKind::Reset, Phase::Body)),

@@ -14,19 +14,22 @@
 //! - a non-2xx answer is held back whole (bounded) before anything reaches the client, so a
 //!   failure can still fall back or become the classified error.
 
+use continuum_core::config::dynamo::ShimAnswers;
 use continuum_core::headers::RoutingHeaders;
 use continuum_core::ingress::errors::{ClassifiedError, ErrorClass};
 use continuum_core::load::DispatchId;
 use continuum_core::shim::{
-    RequestMode, RoutingPath, ShimDecision, ShimOutcome, UnifiedFallback, decide,
+    RequestMode, RoutingPath, ShimDecision, ShimOutcome, UnifiedFallback, decide, decide_with,
 };
 use continuum_core::snapshot::{ModelRoute, RouterSnapshot};
 use continuum_core::upstream::{DispatchError, ErrorKind};
 
 use super::Dispatcher;
+use super::choose::{Tried, choose};
 use super::exchange::{Answer, Attempt, Exchange, FailureHandling};
 use super::plan::Pinned;
 use super::relay;
+use crate::clock;
 use crate::http::Outcome;
 use crate::http::respond::{self, LocalError};
 
@@ -90,22 +93,31 @@ impl Dispatcher {
             UnifiedFallback::from_config(snap.config.disaggregated_serving.fallback_to_unified);
         let budget = (1 + snap.config.server.connect_retries as usize).min(pinned.replicas.len());
         let start = self.next_shim_cursor();
+        let mut tried = Tried::default();
         let mut n = 0;
         let decision = loop {
-            let Some(&idx) = pinned
-                .replicas
-                .get((start + n) % pinned.replicas.len().max(1))
-            else {
-                // The namespace lost its replicas between pick and dispatch: nothing was sent.
+            let Ok(chosen) = choose(
+                snap,
+                pinned.replicas,
+                start,
+                &mut tried,
+                clock::now_ms(),
+                ex.key,
+            ) else {
+                // No replica left to send to (none, or all unhealthy): nothing was sent.
                 break decide(ShimOutcome::ConnectFailed, mode, fallback, false);
             };
-            if n > 0 {
-                self.metrics.upstream_retry();
+            if n > 0 && !self.retry_allowed() {
+                break decide(ShimOutcome::ConnectFailed, mode, fallback, false);
             }
             n += 1;
             let replica_left = n < budget;
+            let idx = chosen.idx;
             let result = self.send_to(snap, ex, idx, &attempt).await;
-            let decision = match pinned_step(result, &ex.bufs.held, mode, fallback, replica_left) {
+            self.report(snap, chosen, &result);
+            let answers = snap.config.dynamo.shim.answers;
+            let step = pinned_step(result, &ex.bufs.held, mode, fallback, replica_left, answers);
+            let decision = match step {
                 PinnedStep::Answered(outcome) => {
                     self.metrics.dynamo.request(path);
                     return outcome;
@@ -131,6 +143,13 @@ impl Dispatcher {
         if let Some(phase) = decision.error_phase() {
             self.metrics.dynamo.error(phase);
         }
+        // The unified fallback is one more attempt: within the retry budget.
+        let decision = match decision {
+            ShimDecision::FallbackUnified if !self.retry_allowed() => {
+                ShimDecision::Fail(ErrorClass::DisaggregatedDecodeFailed)
+            }
+            d => d,
+        };
         match decision {
             ShimDecision::FallbackUnified if route.is_some() => {
                 self.metrics.dynamo.request(RoutingPath::FallbackUnified);
@@ -183,15 +202,17 @@ pub(super) fn pinned_step(
     mode: RequestMode,
     fallback: UnifiedFallback,
     replica_left: bool,
+    answers: ShimAnswers,
 ) -> PinnedStep {
     match result {
         Ok(Answer::Done(outcome)) => PinnedStep::Answered(outcome),
         Ok(Answer::Held(status)) => {
-            match decide(
+            match decide_with(
                 ShimOutcome::Answered { status, body: held },
                 mode,
                 fallback,
                 false,
+                answers,
             ) {
                 ShimDecision::Relay => PinnedStep::RelayHeld(status),
                 d => PinnedStep::Decided(d),

@@ -2,6 +2,7 @@
 //! per-backend conversion (its state across attempts), and the loops' decisions over scripted
 //! attempt outcomes.
 
+use continuum_core::config::dynamo::ShimAnswers;
 use continuum_core::config::{BackendConfig, ResponsesApi};
 use continuum_core::shim::{RequestMode, ShimDecision, ShimOutcome, UnifiedFallback, decide};
 use continuum_core::upstream::{DispatchError, ErrorKind, Phase};
@@ -240,7 +241,7 @@ fn only_a_stale_reused_connection_is_retried_on_a_fresh_one() {
 fn pinned_loop_decisions_follow_the_table() {
     use RequestMode::{Buffered, Streaming};
     use UnifiedFallback::{Allowed, Disabled};
-    let step = |r, mode, fb, left| pinned_step(r, b"", mode, fb, left);
+    let step = |r, mode, fb, left| pinned_step(r, b"", mode, fb, left, ShimAnswers::Dynamo16);
     assert_eq!(
         step(Ok(Answer::Done(OK)), Buffered, Allowed, false),
         PinnedStep::Answered(OK)
@@ -302,6 +303,7 @@ fn pinned_loop_decisions_follow_the_table() {
         Buffered,
         Allowed,
         true,
+        ShimAnswers::Dynamo16,
     );
     assert!(
         matches!(got, PinnedStep::Decided(ShimDecision::Fail(_))),
@@ -309,12 +311,38 @@ fn pinned_loop_decisions_follow_the_table() {
     );
     let pin = br#"{"message":"Invalid request","type":"Bad Request","code":400}"#;
     assert_eq!(
-        pinned_step(Ok(Answer::Held(400)), pin, Buffered, Allowed, true),
+        pinned_step(
+            Ok(Answer::Held(400)),
+            pin,
+            Buffered,
+            Allowed,
+            true,
+            ShimAnswers::Dynamo16
+        ),
         PinnedStep::Decided(ShimDecision::FallbackUnified)
     );
     let own = br#"{"message":"Validation: messages is required"}"#;
     assert_eq!(
-        pinned_step(Ok(Answer::Held(400)), own, Buffered, Allowed, true),
+        pinned_step(
+            Ok(Answer::Held(400)),
+            own,
+            Buffered,
+            Allowed,
+            true,
+            ShimAnswers::Dynamo16
+        ),
         PinnedStep::RelayHeld(400)
+    );
+    // The strict table: the same validation answer is a shim failure, and falls back.
+    assert_eq!(
+        pinned_step(
+            Ok(Answer::Held(400)),
+            own,
+            Buffered,
+            Allowed,
+            true,
+            ShimAnswers::Strict
+        ),
+        PinnedStep::Decided(ShimDecision::FallbackUnified)
     );
 }

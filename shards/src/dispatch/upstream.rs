@@ -5,13 +5,14 @@
 //!
 //! Invariants: a response head is parsed once, without allocating (header spans go into the
 //! exchange's reused buffer); the head is bounded by [`MAX_RESPONSE_HEAD`] bytes and
-//! [`MAX_RESPONSE_HEADERS`] headers; a held body by the caller's cap; every read by the upstream
-//! response timeout. Errors are classified in [`Phase::Head`]; a caller past the first client
+//! [`MAX_RESPONSE_HEADERS`] headers; a held body by the caller's cap; every read by the
+//! timeouts of its [`Timing`]. Errors are classified in [`Phase::Head`]; a caller past the first client
 //! write marks them [`Phase::Body`].
 
 use std::io::Write as _;
+use std::time::{Duration, Instant};
 
-use continuum_core::config::BackendConfig;
+use continuum_core::config::{BackendConfig, UpstreamTimeouts};
 use continuum_core::headers;
 use continuum_core::http1::chunked::ChunkedDecoder;
 use continuum_core::http1::request::HeaderSpan;
@@ -21,6 +22,7 @@ use monoio::io::AsyncReadRent;
 use monoio::net::TcpStream;
 
 use super::exchange::{Attempt, Exchange};
+use crate::clock;
 use crate::http::respond::Persistence;
 
 /// Largest upstream response head accepted.
@@ -36,6 +38,43 @@ pub(super) enum Framing {
     Length(u64),
     Chunked,
     UntilClose,
+}
+
+/// The time limits of one attempt's reads: the response head must be complete within the
+/// first-byte timeout of the request being written, each body read within the idle timeout,
+/// and every read before the request's overall deadline, when one is set.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Timing {
+    head_by: Instant,
+    idle: Duration,
+    deadline: Option<Instant>,
+}
+
+impl Timing {
+    /// The limits of an attempt on a backend with `t`, for a request that arrived at `started`,
+    /// whose request was written at `sent`.
+    pub(super) fn new(t: &UpstreamTimeouts, started: Instant, sent: Instant) -> Self {
+        let deadline = t.deadline.map(|d| started + d);
+        let head_by = sent + t.first_byte;
+        Self {
+            head_by: deadline.map_or(head_by, |d| d.min(head_by)),
+            idle: t.idle,
+            deadline,
+        }
+    }
+
+    /// The time left for the response head.
+    pub(super) fn head(&self) -> Duration {
+        self.head_by.saturating_duration_since(clock::instant())
+    }
+
+    /// The time allowed for the next body read.
+    pub(super) fn body(&self) -> Duration {
+        match self.deadline {
+            None => self.idle,
+            Some(d) => self.idle.min(d.saturating_duration_since(clock::instant())),
+        }
+    }
 }
 
 /// A parsed upstream response head; ranges index the upstream buffer, header spans are in
@@ -55,7 +94,7 @@ pub(super) async fn hold(
     ex: &mut Exchange<'_>,
     up: &mut TcpStream,
     parsed: &ParsedHead,
-    timeout: std::time::Duration,
+    timing: &Timing,
     cap: usize,
 ) -> Result<bool, DispatchError> {
     let protocol = DispatchError::new(ErrorKind::Protocol, Phase::Head);
@@ -84,7 +123,7 @@ pub(super) async fn hold(
                 return Err(protocol);
             }
             ex.bufs.ubuf.clear();
-            match read_upstream(ex, up, timeout).await? {
+            match read_upstream(ex, up, timing.body()).await? {
                 Ok(n) if n > 0 => {}
                 Ok(_) if parsed.framing == Framing::UntilClose => break,
                 _ => return Err(DispatchError::new(ErrorKind::Reset, Phase::Head)),
@@ -206,7 +245,7 @@ impl BodyState {
 pub(super) async fn read_upstream(
     ex: &mut Exchange<'_>,
     up: &mut TcpStream,
-    timeout: std::time::Duration,
+    timeout: Duration,
 ) -> Result<std::io::Result<usize>, DispatchError> {
     let buf = std::mem::take(&mut ex.bufs.ubuf);
     let (len, cap) = (buf.len(), buf.capacity());

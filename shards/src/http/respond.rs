@@ -14,6 +14,18 @@ pub(crate) enum LocalError {
     BadRequest(&'static str),
     Unauthorized,
     Forbidden,
+    /// `auth` is on and the request carries no API key.
+    ApiKeyMissing,
+    /// The API key is not configured (or was revoked by a reload).
+    ApiKeyInvalid,
+    /// The key may not use the request's model.
+    ModelNotAllowed,
+    /// The key may not reach any backend that serves the request.
+    BackendNotAllowed,
+    /// The key is over its request rate; retry after this many seconds.
+    RateLimited(u32),
+    /// The key is at its `max_concurrent`.
+    TooManyConcurrent,
     NotFound,
     MethodNotAllowed,
     ModelNotFound,
@@ -21,6 +33,8 @@ pub(crate) enum LocalError {
     BodyTooLarge,
     HeadersTooLarge,
     UpstreamUnavailable,
+    /// Every replica that could serve the request failed its active health checks.
+    NoHealthyUpstream,
     UpstreamTimeout,
     UpstreamProtocol,
     Draining,
@@ -39,18 +53,30 @@ impl LocalError {
 }
 
 impl LocalError {
+    /// The seconds a client should wait before retrying (the `retry-after` header), if any.
+    pub(crate) fn retry_after(self) -> Option<u32> {
+        match self {
+            LocalError::RateLimited(secs) => Some(secs.max(1)),
+            LocalError::TooManyConcurrent => Some(1),
+            _ => None,
+        }
+    }
+
     pub(crate) fn status(self) -> u16 {
         match self {
             LocalError::BadRequest(_) => 400,
-            LocalError::Unauthorized => 401,
-            LocalError::Forbidden => 403,
+            LocalError::Unauthorized | LocalError::ApiKeyMissing | LocalError::ApiKeyInvalid => 401,
+            LocalError::Forbidden | LocalError::ModelNotAllowed | LocalError::BackendNotAllowed => {
+                403
+            }
+            LocalError::RateLimited(_) | LocalError::TooManyConcurrent => 429,
             LocalError::NotFound | LocalError::ModelNotFound => 404,
             LocalError::MethodNotAllowed => 405,
             LocalError::Timeout => 408,
             LocalError::BodyTooLarge => 413,
             LocalError::HeadersTooLarge => 431,
             LocalError::UpstreamUnavailable | LocalError::UpstreamProtocol => 502,
-            LocalError::Draining => 503,
+            LocalError::Draining | LocalError::NoHealthyUpstream => 503,
             LocalError::UpstreamTimeout => 504,
         }
     }
@@ -67,6 +93,36 @@ impl LocalError {
                 "admin routes answer loopback peers only",
                 "permission_error",
                 "forbidden",
+            ),
+            LocalError::ApiKeyMissing => (
+                "no API key: send it as `Authorization: Bearer <key>` or `x-api-key: <key>`",
+                "invalid_request_error",
+                "missing_api_key",
+            ),
+            LocalError::ApiKeyInvalid => (
+                "incorrect API key provided",
+                "invalid_request_error",
+                "invalid_api_key",
+            ),
+            LocalError::ModelNotAllowed => (
+                "this API key may not use the requested model",
+                "permission_error",
+                "model_not_allowed",
+            ),
+            LocalError::BackendNotAllowed => (
+                "this API key may not use any backend that serves the requested model",
+                "permission_error",
+                "backend_not_allowed",
+            ),
+            LocalError::RateLimited(_) => (
+                "rate limit reached for this API key: retry after the time in Retry-After",
+                "requests",
+                "rate_limit_exceeded",
+            ),
+            LocalError::TooManyConcurrent => (
+                "this API key has its maximum of concurrent requests in flight",
+                "requests",
+                "too_many_concurrent_requests",
             ),
             LocalError::NotFound => ("no such route", "invalid_request_error", "not_found"),
             LocalError::MethodNotAllowed => (
@@ -99,6 +155,11 @@ impl LocalError {
                 "upstream_error",
                 "upstream_unavailable",
             ),
+            LocalError::NoHealthyUpstream => (
+                "every backend replica that serves this request is failing its health checks",
+                "upstream_error",
+                "no_healthy_upstream",
+            ),
             LocalError::UpstreamTimeout => (
                 "the backend did not answer in time",
                 "upstream_error",
@@ -128,6 +189,7 @@ pub(crate) fn reason(status: u16) -> &'static str {
         405 => "Method Not Allowed",
         408 => "Request Timeout",
         413 => "Content Too Large",
+        429 => "Too Many Requests",
         431 => "Request Header Fields Too Large",
         502 => "Bad Gateway",
         503 => "Service Unavailable",
@@ -222,6 +284,7 @@ impl LocalError {
             403 => ErrorClass::Permission,
             404 => ErrorClass::NotFound,
             413 => ErrorClass::RequestTooLarge,
+            429 => ErrorClass::RateLimited,
             502 => ErrorClass::UpstreamProtocol,
             503 => ErrorClass::Overloaded,
             504 => ErrorClass::UpstreamTimeout,
@@ -237,6 +300,7 @@ pub(crate) fn write_error_shaped(
     shape: ErrorShape,
     persistence: Persistence,
 ) {
+    let start = out.len();
     match shape {
         ErrorShape::OpenAi => write_error(out, err, persistence),
         ErrorShape::Anthropic => {
@@ -250,6 +314,17 @@ pub(crate) fn write_error_shaped(
                 BodyMode::Full,
             );
         }
+    }
+    if let Some(secs) = err.retry_after() {
+        insert_header(out, start, &format!("retry-after: {secs}\r\n"));
+    }
+}
+
+/// Insert `line` (ending in CRLF) at the end of the response head that starts at `start`.
+fn insert_header(out: &mut Vec<u8>, start: usize, line: &str) {
+    if let Some(end) = memchr::memmem::find(&out[start..], b"\r\n\r\n") {
+        let at = start + end + 2;
+        out.splice(at..at, line.bytes());
     }
 }
 

@@ -16,8 +16,11 @@ use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
+use continuum_core::auth::{AuthTable, Refusal};
 use continuum_core::discovery::DiscoveryEventKind;
+use continuum_core::health::{HealthState, HealthTable};
 use continuum_core::route::Route;
+use continuum_core::snapshot::BackendIdx;
 use continuum_core::upstream::{DispatchError, UpstreamErrorClass};
 
 const ROUTES: usize = Route::ALL.len();
@@ -65,6 +68,9 @@ pub struct ShardMetrics {
     latency_count: [AtomicU64; ROUTES],
     upstream_errors: [AtomicU64; UpstreamErrorClass::ALL.len()],
     upstream_retries: AtomicU64,
+    retries_denied: AtomicU64,
+    /// Requests without a usable API key: missing, invalid.
+    auth_failures: [AtomicU64; 2],
     pins_stripped: AtomicU64,
     connections_accepted: AtomicU64,
     connections_open: AtomicU64,
@@ -86,6 +92,8 @@ impl ShardMetrics {
             latency_count: Default::default(),
             upstream_errors: Default::default(),
             upstream_retries: AtomicU64::new(0),
+            retries_denied: AtomicU64::new(0),
+            auth_failures: Default::default(),
             pins_stripped: AtomicU64::new(0),
             connections_accepted: AtomicU64::new(0),
             connections_open: AtomicU64::new(0),
@@ -123,6 +131,16 @@ impl ShardMetrics {
     /// Record a retry on another replica.
     pub fn upstream_retry(&self) {
         bump(&self.upstream_retries);
+    }
+
+    /// Record a request refused for its API key.
+    pub(crate) fn auth_failed(&self, why: AuthFailure) {
+        bump(&self.auth_failures[why as usize]);
+    }
+
+    /// Record a retry the retry budget refused.
+    pub fn retry_denied(&self) {
+        bump(&self.retries_denied);
     }
 
     /// Record client pin headers removed from one request.
@@ -174,6 +192,101 @@ pub struct ControlStats {
     pub discovery_events: [AtomicU64; DiscoveryEventKind::ALL.len()],
 }
 
+/// Append each backend's health: `continuum_backend_health{backend,state}` (1 for its current
+/// state) and `continuum_upstream_ejections_total{backend}`. Backend names come from the config.
+pub fn render_health(out: &mut String, health: &HealthTable, now_ms: u64) {
+    let _ = writeln!(
+        out,
+        "# HELP continuum_backend_health Backend replica health (1 for the current state).
+         # TYPE continuum_backend_health gauge"
+    );
+    for i in 0..health.len() {
+        let (Some(name), Some(h)) = (health.name(i), health.get(BackendIdx(i as u32))) else {
+            continue;
+        };
+        let now = h.state(now_ms);
+        for state in HealthState::ALL {
+            let _ = writeln!(
+                out,
+                "continuum_backend_health{{backend=\"{name}\",state=\"{}\"}} {}",
+                state.label(),
+                u8::from(state == now)
+            );
+        }
+    }
+    let _ = writeln!(
+        out,
+        "# HELP continuum_upstream_ejections_total Outlier ejections of a backend replica.
+         # TYPE continuum_upstream_ejections_total counter"
+    );
+    for i in 0..health.len() {
+        if let (Some(name), Some(h)) = (health.name(i), health.get(BackendIdx(i as u32))) {
+            let _ = writeln!(
+                out,
+                "continuum_upstream_ejections_total{{backend=\"{name}\"}} {}",
+                h.ejections()
+            );
+        }
+    }
+}
+
+/// Why a request had no usable API key (`continuum_auth_failures_total{reason}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AuthFailure {
+    /// No key sent.
+    Missing = 0,
+    /// A key no configured digest matches.
+    Invalid = 1,
+}
+
+/// Append each client key's counters: `continuum_key_requests_total{key}` (admitted),
+/// `continuum_key_refusals_total{key,reason}` and `continuum_key_inflight{key}`. Key names come
+/// from the config (a closed set).
+pub fn render_keys(out: &mut String, auth: &AuthTable) {
+    let _ = writeln!(
+        out,
+        "# HELP continuum_key_requests_total Requests admitted per client API key.\n\
+         # TYPE continuum_key_requests_total counter"
+    );
+    for k in auth.keys() {
+        let _ = writeln!(
+            out,
+            "continuum_key_requests_total{{key=\"{}\"}} {}",
+            k.config.name,
+            k.state.admitted_total()
+        );
+    }
+    let _ = writeln!(
+        out,
+        "# HELP continuum_key_refusals_total Requests refused per client API key and reason.\n\
+         # TYPE continuum_key_refusals_total counter"
+    );
+    for k in auth.keys() {
+        for why in Refusal::ALL {
+            let _ = writeln!(
+                out,
+                "continuum_key_refusals_total{{key=\"{}\",reason=\"{}\"}} {}",
+                k.config.name,
+                why.label(),
+                k.state.refused_total(why)
+            );
+        }
+    }
+    let _ = writeln!(
+        out,
+        "# HELP continuum_key_inflight Requests in flight per client API key.\n\
+         # TYPE continuum_key_inflight gauge"
+    );
+    for k in auth.keys() {
+        let _ = writeln!(
+            out,
+            "continuum_key_inflight{{key=\"{}\"}} {}",
+            k.config.name,
+            k.state.inflight()
+        );
+    }
+}
+
 /// Render every family in the Prometheus text format.
 pub fn render(shards: &[std::sync::Arc<ShardMetrics>], control: &ControlStats) -> String {
     let mut out = String::with_capacity(4096);
@@ -199,11 +312,33 @@ pub fn render(shards: &[std::sync::Arc<ShardMetrics>], control: &ControlStats) -
         &mut out,
         "continuum_upstream_retries_total",
         "counter",
-        "Attempts retried on another replica after a connect failure.",
+        "Attempts retried on another replica (connect retries and unified fallbacks).",
         shards
             .iter()
             .map(|s| s.upstream_retries.load(Relaxed))
             .sum(),
+    );
+    let _ = writeln!(
+        out,
+        "# HELP continuum_auth_failures_total Requests refused for their API key (auth on).\n\
+         # TYPE continuum_auth_failures_total counter"
+    );
+    for (i, reason) in ["missing", "invalid"].iter().enumerate() {
+        let v: u64 = shards
+            .iter()
+            .map(|s| s.auth_failures[i].load(Relaxed))
+            .sum();
+        let _ = writeln!(
+            out,
+            "continuum_auth_failures_total{{reason=\"{reason}\"}} {v}"
+        );
+    }
+    simple(
+        &mut out,
+        "continuum_upstream_retries_denied_total",
+        "counter",
+        "Retries not made because the retry budget (server.retry_budget) was spent.",
+        shards.iter().map(|s| s.retries_denied.load(Relaxed)).sum(),
     );
     simple(
         &mut out,
