@@ -359,45 +359,26 @@ fn official_clients_see_the_errors_they_expect() {
             .collect();
         run_script(script, &args, Duration::from_secs(60))
     };
-    for line in run("sk-wrong", "m2") {
-        assert_eq!(
-            (
+    for (key, model, want) in [
+        (
+            "sk-wrong",
+            "m2",
+            (401, "AuthenticationError", "authentication_error"),
+        ),
+        (
+            ALPHA,
+            "m1",
+            (403, "PermissionDeniedError", "permission_error"),
+        ),
+        (BETA, "m1", (429, "RateLimitError", "rate_limit_error")),
+    ] {
+        for line in run(key, model) {
+            let got = (
                 line["status"].as_u64(),
                 line["error"].as_str(),
-                line["error_type"].as_str()
-            ),
-            (
-                Some(401),
-                Some("AuthenticationError"),
-                Some("authentication_error")
-            ),
-            "{line}"
-        );
-    }
-    for line in run(ALPHA, "m1") {
-        assert_eq!(
-            (
-                line["status"].as_u64(),
-                line["error"].as_str(),
-                line["error_type"].as_str()
-            ),
-            (
-                Some(403),
-                Some("PermissionDeniedError"),
-                Some("permission_error")
-            ),
-            "{line}"
-        );
-    }
-    for line in run(BETA, "m1") {
-        assert_eq!(
-            (
-                line["status"].as_u64(),
-                line["error"].as_str(),
-                line["error_type"].as_str()
-            ),
-            (Some(429), Some("RateLimitError"), Some("rate_limit_error")),
-            "{line}"
-        );
+                line["error_type"].as_str(),
+            );
+            assert_eq!(got, (Some(want.0), Some(want.1), Some(want.2)), "{line}");
+        }
     }
 }

@@ -11,42 +11,11 @@ mod common;
 
 use std::time::{Duration, Instant};
 
+use common::health::{state, wait_state};
 use common::stub::StubBackend;
 use common::{
     MockBackend, Reply, RouterConfig, RouterProcess, STEP, chat, chat_body, metric_value,
 };
-
-/// The state `continuum_backend_health` reports for `backend`.
-fn state(r: &RouterProcess, backend: &str) -> String {
-    let text = r.metrics();
-    for s in ["healthy", "ejected", "half_open", "unhealthy"] {
-        if metric_value(
-            &text,
-            "continuum_backend_health",
-            &[("backend", backend), ("state", s)],
-        ) == Some(1.0)
-        {
-            return s.to_owned();
-        }
-    }
-    panic!("no health state for {backend} in:\n{text}");
-}
-
-fn wait_state(r: &RouterProcess, backend: &str, want: &[&str], within: Duration) -> Duration {
-    let t0 = Instant::now();
-    loop {
-        let s = state(r, backend);
-        if want.contains(&s.as_str()) {
-            return t0.elapsed();
-        }
-        assert!(
-            t0.elapsed() < within,
-            "{backend} stayed {s} (want {want:?}) for {within:?}; router stderr:\n{}",
-            r.stderr()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
 
 fn counter(r: &RouterProcess, name: &str, labels: &[(&str, &str)]) -> f64 {
     metric_value(&r.metrics(), name, labels).unwrap_or(0.0)

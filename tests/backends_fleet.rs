@@ -13,42 +13,12 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::fleet::{Fleet, FleetSpec};
+use common::health::wait_state;
 use common::pyclient::OpenAiChat;
-use common::{RouterProcess, STEP, metric_value};
+use common::{RouterProcess, STEP};
 
 const AGG: &str = "tiny-agg";
 const INTERVAL: Duration = Duration::from_millis(500);
-
-fn state(r: &RouterProcess, backend: &str) -> String {
-    let text = r.metrics();
-    for s in ["healthy", "ejected", "half_open", "unhealthy"] {
-        if metric_value(
-            &text,
-            "continuum_backend_health",
-            &[("backend", backend), ("state", s)],
-        ) == Some(1.0)
-        {
-            return s.to_owned();
-        }
-    }
-    panic!("no health state for {backend}:\n{text}");
-}
-
-fn wait_state(r: &RouterProcess, backend: &str, want: &[&str]) -> Duration {
-    let t0 = Instant::now();
-    loop {
-        let s = state(r, backend);
-        if want.contains(&s.as_str()) {
-            return t0.elapsed();
-        }
-        assert!(
-            t0.elapsed() < STEP,
-            "{backend} stayed {s}; stderr:\n{}",
-            r.stderr()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
 
 /// Signal a frontend's process group (fleet.py starts each in its own session).
 fn signal_group(pid: u64, sig: libc::c_int) {
@@ -156,10 +126,10 @@ fn a_frozen_frontend_replica_is_ejected_and_readmitted_with_the_official_client(
         assert_eq!(v["ok"], true, "later requests succeed: {v}");
         assert_eq!(v["headers"]["x-backend"], "fe1", "{v}");
     }
-    wait_state(&r, "fe0", &["unhealthy"]);
+    wait_state(&r, "fe0", &["unhealthy"], STEP);
 
     signal_group(frozen_pid, libc::SIGCONT);
-    let back = wait_state(&r, "fe0", &["healthy", "half_open"]);
+    let back = wait_state(&r, "fe0", &["healthy", "half_open"], STEP);
     assert!(
         back <= INTERVAL + Duration::from_millis(1500),
         "back {back:?} after SIGCONT (interval {INTERVAL:?})"

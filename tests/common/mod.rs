@@ -12,6 +12,7 @@
 //! - [`etcd`]: [`etcd::EtcdServer`], a real etcd on loopback (restart, TLS, auth, etcdctl
 //!   helpers) for the discovery tests;
 //! - [`fleet`]: a real Dynamo 1.6.1 fleet (`tests/fleet/`);
+//! - [`health`]: a backend's health state as the router's metrics report it;
 //! - [`stub`]: [`stub::StubBackend`], an OpenAI backend in its own process, to freeze with
 //!   SIGSTOP;
 //! - [`pyclient`]: the official Python API clients (`tests/clients/`) run with the fleet venv;
@@ -30,6 +31,7 @@ pub mod discovery;
 pub mod etcd;
 pub mod filestore;
 pub mod fleet;
+pub mod health;
 pub mod kv;
 pub mod pyclient;
 pub mod router;

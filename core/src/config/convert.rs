@@ -212,6 +212,30 @@ pub(crate) fn valid_backend_name(name: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
 }
 
+/// A required name matching `[A-Za-z0-9._-]{1,64}`, unique among `seen` (a `what` name); the
+/// name as written (empty when missing) whatever the errors.
+pub(crate) fn unique_name(
+    ctx: &mut Ctx<'_>,
+    field: &str,
+    v: Option<&Scalar>,
+    seen: &mut HashSet<String>,
+    what: &str,
+) -> String {
+    match ctx.required_string(field, v) {
+        Some(n) if !valid_backend_name(&n) => {
+            ctx.error(field, &n, "must match [A-Za-z0-9._-]{1,64}");
+            n
+        }
+        Some(n) => {
+            if !seen.insert(n.clone()) {
+                ctx.error(field, &n, format!("duplicate {what} name"));
+            }
+            n
+        }
+        None => String::new(),
+    }
+}
+
 /// `backends`. `server` holds the default upstream timeouts; `shim_replicas` names the backends
 /// the shim config uses (checked with `GET /health` unless their health check is turned off).
 pub(crate) fn backends(
@@ -224,20 +248,13 @@ pub(crate) fn backends(
     let mut names = HashSet::new();
     for (i, b) in u.into_iter().flatten().enumerate() {
         let base = index("backends", i);
-        let name_field = join(&base, "name");
-        let name = match ctx.required_string(&name_field, b.name.as_ref()) {
-            Some(n) if !valid_backend_name(&n) => {
-                ctx.error(&name_field, &n, "must match [A-Za-z0-9._-]{1,64}");
-                n
-            }
-            Some(n) => {
-                if !names.insert(n.clone()) {
-                    ctx.error(&name_field, &n, "duplicate backend name");
-                }
-                n
-            }
-            None => String::new(),
-        };
+        let name = unique_name(
+            ctx,
+            &join(&base, "name"),
+            b.name.as_ref(),
+            &mut names,
+            "backend",
+        );
         let kind_field = join(&base, "type");
         let kind = match &b.kind {
             None => {

@@ -8,7 +8,7 @@
 
 use std::collections::HashSet;
 
-use super::convert::valid_backend_name;
+use super::convert::unique_name;
 use super::user::UserAuth;
 use super::values::{Ctx, MISSING, index, join};
 use super::{ApiKeyConfig, AuthConfig, BackendConfig, BackendName, KeyName, KeyRate};
@@ -46,20 +46,13 @@ pub(crate) fn auth(
     let mut keys = Vec::with_capacity(keys_in.len());
     for (i, k) in keys_in.iter().enumerate() {
         let base = index("auth.keys", i);
-        let name_field = join(&base, "name");
-        let name = match ctx.required_string(&name_field, k.name.as_ref()) {
-            Some(n) if !valid_backend_name(&n) => {
-                ctx.error(&name_field, &n, "must match [A-Za-z0-9._-]{1,64}");
-                n
-            }
-            Some(n) => {
-                if !names.insert(n.clone()) {
-                    ctx.error(&name_field, &n, "duplicate key name");
-                }
-                n
-            }
-            None => String::new(),
-        };
+        let name = unique_name(
+            ctx,
+            &join(&base, "name"),
+            k.name.as_ref(),
+            &mut names,
+            "key",
+        );
         let hash_field = join(&base, "key_hash");
         if k.key_hash.is_none() {
             ctx.error(

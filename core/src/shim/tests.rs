@@ -226,34 +226,18 @@ fn the_strict_answer_table_makes_every_buffered_non_2xx_a_shim_failure() {
             "{status}"
         );
         let out = ShimOutcome::Answered { status, body };
+        let buffered =
+            |fallback, answers| decide_with(out, RequestMode::Buffered, fallback, false, answers);
         assert_eq!(
-            decide_with(
-                out,
-                RequestMode::Buffered,
-                UnifiedFallback::Allowed,
-                false,
-                ShimAnswers::Dynamo16
-            ),
+            buffered(UnifiedFallback::Allowed, ShimAnswers::Dynamo16),
             ShimDecision::Relay
         );
         assert_eq!(
-            decide_with(
-                out,
-                RequestMode::Buffered,
-                UnifiedFallback::Allowed,
-                false,
-                ShimAnswers::Strict
-            ),
+            buffered(UnifiedFallback::Allowed, ShimAnswers::Strict),
             ShimDecision::FallbackUnified
         );
         assert_eq!(
-            decide_with(
-                out,
-                RequestMode::Buffered,
-                UnifiedFallback::Disabled,
-                false,
-                ShimAnswers::Strict
-            ),
+            buffered(UnifiedFallback::Disabled, ShimAnswers::Strict),
             ShimDecision::Fail(ErrorClass::DisaggregatedDecodeFailed)
         );
     }

@@ -310,39 +310,28 @@ fn pinned_loop_decisions_follow_the_table() {
         "{got:?}"
     );
     let pin = br#"{"message":"Invalid request","type":"Bad Request","code":400}"#;
-    assert_eq!(
+    let held400 = |body: &[u8], answers| {
         pinned_step(
             Ok(Answer::Held(400)),
-            pin,
+            body,
             Buffered,
             Allowed,
             true,
-            ShimAnswers::Dynamo16
-        ),
+            answers,
+        )
+    };
+    assert_eq!(
+        held400(pin, ShimAnswers::Dynamo16),
         PinnedStep::Decided(ShimDecision::FallbackUnified)
     );
     let own = br#"{"message":"Validation: messages is required"}"#;
     assert_eq!(
-        pinned_step(
-            Ok(Answer::Held(400)),
-            own,
-            Buffered,
-            Allowed,
-            true,
-            ShimAnswers::Dynamo16
-        ),
+        held400(own, ShimAnswers::Dynamo16),
         PinnedStep::RelayHeld(400)
     );
     // The strict table: the same validation answer is a shim failure, and falls back.
     assert_eq!(
-        pinned_step(
-            Ok(Answer::Held(400)),
-            own,
-            Buffered,
-            Allowed,
-            true,
-            ShimAnswers::Strict
-        ),
+        held400(own, ShimAnswers::Strict),
         PinnedStep::Decided(ShimDecision::FallbackUnified)
     );
 }

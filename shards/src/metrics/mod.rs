@@ -16,7 +16,7 @@ use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
-use continuum_core::auth::{AuthTable, Refusal};
+use continuum_core::auth::{AuthTable, KeyEntry, Refusal};
 use continuum_core::discovery::DiscoveryEventKind;
 use continuum_core::health::{HealthState, HealthTable};
 use continuum_core::route::Route;
@@ -243,19 +243,13 @@ pub(crate) enum AuthFailure {
 /// `continuum_key_refusals_total{key,reason}` and `continuum_key_inflight{key}`. Key names come
 /// from the config (a closed set).
 pub fn render_keys(out: &mut String, auth: &AuthTable) {
-    let _ = writeln!(
+    per_key(
         out,
-        "# HELP continuum_key_requests_total Requests admitted per client API key.\n\
-         # TYPE continuum_key_requests_total counter"
+        auth,
+        ("continuum_key_requests_total", "counter"),
+        "Requests admitted per client API key.",
+        |k| k.state.admitted_total(),
     );
-    for k in auth.keys() {
-        let _ = writeln!(
-            out,
-            "continuum_key_requests_total{{key=\"{}\"}} {}",
-            k.config.name,
-            k.state.admitted_total()
-        );
-    }
     let _ = writeln!(
         out,
         "# HELP continuum_key_refusals_total Requests refused per client API key and reason.\n\
@@ -272,18 +266,26 @@ pub fn render_keys(out: &mut String, auth: &AuthTable) {
             );
         }
     }
-    let _ = writeln!(
+    per_key(
         out,
-        "# HELP continuum_key_inflight Requests in flight per client API key.\n\
-         # TYPE continuum_key_inflight gauge"
+        auth,
+        ("continuum_key_inflight", "gauge"),
+        "Requests in flight per client API key.",
+        |k| u64::from(k.state.inflight()),
     );
+}
+
+/// One family with one series per key: `(name, type)`, its help, its value per key.
+fn per_key(
+    out: &mut String,
+    auth: &AuthTable,
+    (name, kind): (&str, &str),
+    help: &str,
+    value: impl Fn(&KeyEntry) -> u64,
+) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
     for k in auth.keys() {
-        let _ = writeln!(
-            out,
-            "continuum_key_inflight{{key=\"{}\"}} {}",
-            k.config.name,
-            k.state.inflight()
-        );
+        let _ = writeln!(out, "{name}{{key=\"{}\"}} {}", k.config.name, value(k));
     }
 }
 
