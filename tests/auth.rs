@@ -280,6 +280,8 @@ fn the_concurrency_limit_counts_streams_in_flight() {
         &chat_body("m1", "s1", true),
         &[("authorization", &auth)],
     ));
+    // The backend hands its queued streams out in arrival order: s1 must be c1's.
+    a.wait_requests(1, STEP);
     let mut c2 = common::Conn::open(r.addr());
     c2.send_all(&common::chat_bytes(
         &chat_body("m1", "s2", true),
