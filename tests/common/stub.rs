@@ -73,6 +73,22 @@ impl StubBackend {
     /// Freeze it (SIGSTOP): connections are still accepted by the kernel, nothing answers.
     pub fn freeze(&self) {
         self.signal(libc::SIGSTOP);
+        // kill(2) returns before the process has stopped: wait until /proc says it has (`T`).
+        let stat = format!("/proc/{}/stat", self.child.id());
+        let deadline = std::time::Instant::now() + STEP;
+        while std::fs::read_to_string(&stat).ok().and_then(|s| {
+            s.rsplit(')')
+                .next()
+                .map(|r| r.trim_start().starts_with('T'))
+        }) != Some(true)
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "stub {} never stopped",
+                self.name
+            );
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
     }
 
     /// Let it run again (SIGCONT).

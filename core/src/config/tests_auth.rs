@@ -117,3 +117,24 @@ fn shown_keys_mask_their_hashes() {
     assert_eq!(j["auth"]["keys"][0]["name"], "k");
     assert_eq!(j["auth"]["keys"][0]["burst"], 1);
 }
+
+#[test]
+fn the_key_and_allow_list_caps_are_enforced() {
+    let digest = |i: usize| format!("sha256:{i:064x}");
+    let keys: Vec<String> = (0..=super::convert_auth::MAX_KEYS)
+        .map(|i| format!("{{ name: k{i}, key_hash: \"{}\" }}", digest(i)))
+        .collect();
+    rejects(&with_auth(&keys.join(", ")), "auth.keys");
+    let ok_keys = &keys[..super::convert_auth::MAX_KEYS];
+    let (c, _) = ok(&with_auth(&ok_keys.join(", ")));
+    assert_eq!(c.auth.unwrap().keys.len(), super::convert_auth::MAX_KEYS);
+    let models: Vec<String> = (0..=1024).map(|i| format!("m{i}")).collect();
+    rejects(
+        &with_auth(&format!(
+            "{{ name: k, key_hash: \"{}\", allowed_models: [{}] }}",
+            digest(1),
+            models.join(", ")
+        )),
+        "auth.keys[0].allowed_models",
+    );
+}
