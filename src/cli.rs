@@ -137,7 +137,10 @@ pub(crate) fn execute(cmd: Command) -> ExitCode {
                 Err(code) => return code,
             };
             let result = continuum_control::load_config(&text, &ProcessEnv);
-            print!("{}", report::render(&result));
+            match &result {
+                Ok(l) => print!("{}", report::render_lines(&[], &l.warnings)),
+                Err(e) => print!("{}", report::render_lines(&e.errors, &e.warnings)),
+            }
             match result {
                 Ok(_) => {
                     println!("{}: valid", config.display());
@@ -152,8 +155,8 @@ pub(crate) fn execute(cmd: Command) -> ExitCode {
                 Err(code) => return code,
             };
             match continuum_control::load_config(&text, &ProcessEnv) {
-                Ok((c, _)) => {
-                    print!("{}", c.show_masked());
+                Ok(l) => {
+                    print!("{}", l.config.show_masked());
                     ExitCode::SUCCESS
                 }
                 Err(e) => {

@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use continuum_core::config::{Config, NoEnv, report};
+use continuum_core::config::{NoEnv, report};
 use continuum_sim::{SimFleet, SimSpec, WorkerStats};
 
 /// The simulated namespace.
@@ -78,8 +78,8 @@ pub(crate) fn run(port: u16, agg_workers: usize) -> ExitCode {
         return ExitCode::from(1);
     };
     let yaml = config_yaml(port, fleet.root(), shim);
-    let config = match Config::from_yaml(&yaml, &NoEnv) {
-        Ok((c, _)) => c,
+    let loaded = match continuum_control::load_config(&yaml, &NoEnv) {
+        Ok(l) => l,
         Err(e) => {
             eprint!("{}", report::render_lines(&e.errors, &e.warnings));
             return ExitCode::from(1);
@@ -95,7 +95,7 @@ pub(crate) fn run(port: u16, agg_workers: usize) -> ExitCode {
             .spawn(move || show_table(&fleet, &stop))
             .ok();
     };
-    let result = crate::serve::start(config, yaml, None, ready);
+    let result = crate::serve::start(loaded, yaml, None, ready);
     stop.store(true, Ordering::Relaxed);
     if let Some(t) = table {
         let _ = t.join();
@@ -225,6 +225,7 @@ pub(crate) fn render_table(stats: &[WorkerStats], picks_last_second: u64) -> Str
 #[cfg(test)]
 mod tests {
     use super::*;
+    use continuum_core::config::Config;
     use continuum_core::config::dynamo::DiscoverySource;
 
     #[test]

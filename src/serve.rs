@@ -4,7 +4,7 @@ use std::path::Path;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use continuum_control::{ControlParams, ExitReason};
+use continuum_control::{ControlParams, ExitReason, Loaded};
 use continuum_core::config::{Config, ShardCount, report};
 use continuum_core::discovery::FleetView;
 use continuum_core::load::LoadStore;
@@ -22,12 +22,12 @@ pub(crate) fn run_file(path: &Path) -> ExitCode {
         Ok(t) => t,
         Err(code) => return code,
     };
-    let config = match continuum_control::load_config(&text, &ProcessEnv) {
-        Ok((c, warnings)) => {
-            for w in warnings {
+    let loaded = match continuum_control::load_config(&text, &ProcessEnv) {
+        Ok(l) => {
+            for w in &l.warnings {
                 tracing::warn!(%w, "config warning");
             }
-            c
+            l
         }
         Err(e) => {
             eprint!("{}", report::render_lines(&e.errors, &e.warnings));
@@ -35,7 +35,7 @@ pub(crate) fn run_file(path: &Path) -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    match start(config, text, Some(path.to_path_buf()), |_| {}) {
+    match start(loaded, text, Some(path.to_path_buf()), |_| {}) {
         Ok(ExitReason::Drained) => ExitCode::SUCCESS,
         Ok(ExitReason::DrainTimedOut) => ExitCode::SUCCESS,
         Err(msg) => {
@@ -48,7 +48,7 @@ pub(crate) fn run_file(path: &Path) -> ExitCode {
 /// Start shards and control for `config`; `on_ready` sees the listening address. Blocks until
 /// the control thread returns.
 pub(crate) fn start(
-    config: Config,
+    Loaded { config, tls, .. }: Loaded,
     text: String,
     path: Option<std::path::PathBuf>,
     on_ready: impl FnOnce(std::net::SocketAddr),
@@ -69,6 +69,7 @@ pub(crate) fn start(
         1,
         config.clone(),
         addrs,
+        tls,
         Arc::new(FleetView::default()),
         Arc::default(),
         None,

@@ -2,7 +2,8 @@
 //! control thread's runtime, off the request path.
 //!
 //! Each task sends `GET <base path><path>` on a fresh connection every `interval` and counts a
-//! probe as passed when a 2xx status line arrives within `timeout` (connect included). After
+//! probe as passed when a 2xx status line arrives within `timeout` (connect and, for an
+//! `https://` backend, the TLS handshake under the backend's own trust included). After
 //! `unhealthy_threshold` failed probes in a row the replica leaves rotation on every shard
 //! (`ReplicaHealth::set_active(false)`); after `healthy_threshold` passes in a row it comes back.
 //! Passes also end a passive ejection early, which turns the replica half-open (its next
@@ -23,7 +24,8 @@ use std::sync::Arc;
 use continuum_core::config::{BackendConfig, HealthCheck};
 use continuum_core::health::{MAX_STATUS_LINE, ReplicaHealth, probe_status};
 use continuum_core::snapshot::{BackendIdx, RouterSnapshot};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use continuum_core::tls::{TlsId, UpstreamTls};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::task::JoinHandle;
 
@@ -34,6 +36,7 @@ struct ProbeKey {
     addr: SocketAddr,
     target: String,
     host: String,
+    tls: Option<TlsId>,
     check: HealthCheckKey,
 }
 
@@ -62,7 +65,8 @@ impl Drop for HealthChecks {
 impl HealthChecks {
     /// Run exactly the probes `snap` asks for.
     pub(crate) fn reconcile(&mut self, snap: &RouterSnapshot) {
-        let mut wanted: HashMap<ProbeKey, (HealthCheck, Arc<ReplicaHealth>)> = HashMap::new();
+        let mut wanted: HashMap<ProbeKey, (HealthCheck, Arc<ReplicaHealth>, Option<UpstreamTls>)> =
+            HashMap::new();
         for (i, b) in snap.config.backends.iter().enumerate() {
             let idx = BackendIdx(u32::try_from(i).unwrap_or(u32::MAX));
             let Some(health) = snap.health.shared(idx) else {
@@ -70,7 +74,11 @@ impl HealthChecks {
             };
             match (&b.health_check, snap.backend_addr(idx)) {
                 (Some(hc), Some(addr)) if b.enabled => {
-                    wanted.insert(probe_key(b, hc, addr), (hc.clone(), health));
+                    let tls = snap.backend_tls(idx).cloned();
+                    wanted.insert(
+                        probe_key(b, hc, addr, tls.as_ref()),
+                        (hc.clone(), health, tls),
+                    );
                 }
                 _ => {
                     // Unchecked now: an earlier config's verdict must not keep it out.
@@ -87,7 +95,7 @@ impl HealthChecks {
             }
             keep
         });
-        for (key, (hc, health)) in wanted {
+        for (key, (hc, health, tls)) in wanted {
             if self.tasks.contains_key(&key) {
                 continue;
             }
@@ -95,6 +103,7 @@ impl HealthChecks {
                 addr: key.addr,
                 request: probe_request(&key.target, &key.host),
                 name: key.name.clone(),
+                tls,
             };
             self.tasks.insert(key, tokio::spawn(run(probe, hc, health)));
         }
@@ -107,7 +116,12 @@ impl HealthChecks {
     }
 }
 
-fn probe_key(b: &BackendConfig, hc: &HealthCheck, addr: SocketAddr) -> ProbeKey {
+fn probe_key(
+    b: &BackendConfig,
+    hc: &HealthCheck,
+    addr: SocketAddr,
+    tls: Option<&UpstreamTls>,
+) -> ProbeKey {
     let host = if b.url.host.contains(':') {
         format!("[{}]:{}", b.url.host, b.url.port)
     } else {
@@ -118,6 +132,7 @@ fn probe_key(b: &BackendConfig, hc: &HealthCheck, addr: SocketAddr) -> ProbeKey 
         addr,
         target: format!("{}{}", b.url.base_path, hc.path),
         host,
+        tls: tls.map(|t| t.id),
         check: HealthCheckKey {
             interval_ms: hc.interval.as_millis(),
             timeout_ms: hc.timeout.as_millis(),
@@ -140,44 +155,63 @@ struct Probe {
     addr: SocketAddr,
     request: Vec<u8>,
     name: String,
+    tls: Option<UpstreamTls>,
 }
 
 /// Why a probe failed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 enum ProbeFailure {
     Timeout,
     Connect,
+    /// The TLS handshake failed (certificate not trusted, wrong name, no common protocol),
+    /// with rustls' reason.
+    Tls(String),
     Io,
     Malformed,
     Status(u16),
 }
 
 impl Probe {
-    /// One probe: connect, ask, read the status line.
+    /// One probe: connect (and handshake), ask, read the status line.
     async fn once(&self) -> Result<(), ProbeFailure> {
-        let mut s = TcpStream::connect(self.addr)
+        let s = TcpStream::connect(self.addr)
             .await
             .map_err(|_| ProbeFailure::Connect)?;
-        s.write_all(&self.request)
+        match &self.tls {
+            None => ask(s, &self.request).await,
+            Some(t) => {
+                let s = tokio_rustls::TlsConnector::from(t.config.clone())
+                    .connect(t.server_name.clone(), s)
+                    .await
+                    .map_err(|e| ProbeFailure::Tls(e.to_string()))?;
+                ask(s, &self.request).await
+            }
+        }
+    }
+}
+
+/// Send the probe request on `s` and read the status line.
+async fn ask<S: AsyncRead + AsyncWrite + Unpin>(
+    mut s: S,
+    request: &[u8],
+) -> Result<(), ProbeFailure> {
+    s.write_all(request).await.map_err(|_| ProbeFailure::Io)?;
+    let mut buf = vec![0u8; MAX_STATUS_LINE + 2];
+    let mut len = 0;
+    loop {
+        let n = s
+            .read(&mut buf[len..])
             .await
             .map_err(|_| ProbeFailure::Io)?;
-        let mut buf = vec![0u8; MAX_STATUS_LINE + 2];
-        let mut len = 0;
-        loop {
-            let n = s
-                .read(&mut buf[len..])
-                .await
-                .map_err(|_| ProbeFailure::Io)?;
-            if n == 0 {
-                return Err(ProbeFailure::Io);
-            }
-            len += n;
-            match probe_status(&buf[..len]) {
-                Ok(Some(status)) if (200..300).contains(&status) => return Ok(()),
-                Ok(Some(status)) => return Err(ProbeFailure::Status(status)),
-                Ok(None) if len < buf.len() => {}
-                _ => return Err(ProbeFailure::Malformed),
-            }
+        if n == 0 {
+            return Err(ProbeFailure::Io);
+        }
+        len += n;
+        match probe_status(&buf[..len]) {
+            Ok(Some(status)) if (200..300).contains(&status) => return Ok(()),
+            Ok(Some(status)) => return Err(ProbeFailure::Status(status)),
+            Ok(None) if len < buf.len() => {}
+            _ => return Err(ProbeFailure::Malformed),
         }
     }
 }

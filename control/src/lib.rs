@@ -22,7 +22,8 @@ pub mod discovery;
 mod health;
 mod reload;
 mod resolve;
+pub mod tls;
 
-pub use build::{BUILD, load_config};
+pub use build::{BUILD, Loaded, load_config};
 pub use reload::{ControlParams, ControlRunError, ExitReason, Prepared, prepare, spawn};
 pub use resolve::resolve_blocking;

@@ -19,6 +19,7 @@ use continuum_core::discovery::FleetView;
 use continuum_core::load::{LiveSet, LoadStore};
 use continuum_core::snapshot::PublisherAddrs;
 use continuum_core::subscriptions::ConnectPolicy;
+use continuum_core::tls::BackendTlsTable;
 
 /// How often the config file's metadata is checked for a change.
 const FILE_POLL: Duration = Duration::from_secs(1);
@@ -152,6 +153,8 @@ struct State {
     stamp: Option<FileStamp>,
     /// Resolved backend addresses of the running config.
     addrs: Vec<Option<std::net::SocketAddr>>,
+    /// The TLS contexts of the running config's https backends.
+    tls: BackendTlsTable,
     /// The latest fleet view from discovery (empty when off).
     fleet: Arc<FleetView>,
     /// Resolved, policy-checked addresses of the fleet's admitted publishers.
@@ -182,6 +185,7 @@ impl State {
             generation,
             self.params.config.clone(),
             self.addrs.clone(),
+            self.tls.clone(),
             self.fleet.clone(),
             self.publisher_addrs.clone(),
             Some(&previous),
@@ -302,11 +306,15 @@ async fn run(params: ControlParams, signals: Signals) -> Result<ExitReason, Cont
     // config came from, so an edit made while the router was starting is not missed.
     let (updates_tx, mut updates) = tokio::sync::mpsc::unbounded_channel();
     let discovery = Supervisor::new(updates_tx, params.stats.clone());
-    let addrs = params.cell.load().backend_addrs.clone();
+    let (addrs, tls) = {
+        let first = params.cell.load();
+        (first.backend_addrs.clone(), first.backend_tls.clone())
+    };
     let mut st = State {
         params,
         stamp: None,
         addrs,
+        tls,
         fleet: Arc::new(FleetView::default()),
         publisher_addrs: Arc::default(),
         discovery,
@@ -388,12 +396,13 @@ async fn reload(st: &mut State, trigger: Trigger) {
     if trigger == Trigger::FileChanged && text == st.params.config_text {
         return;
     }
-    let config = match crate::build::load_config(&text, &EnvVars) {
-        Ok((c, warnings)) => {
-            for w in warnings {
+    let crate::build::Loaded { config, tls, .. } = match crate::build::load_config(&text, &EnvVars)
+    {
+        Ok(l) => {
+            for w in &l.warnings {
                 tracing::warn!(%w, "config warning");
             }
-            c
+            l
         }
         Err(errors) => {
             stats.reloads_rejected.fetch_add(1, Ordering::Relaxed);
@@ -419,6 +428,7 @@ async fn reload(st: &mut State, trigger: Trigger) {
     st.params.config = config;
     st.params.config_text = text;
     st.addrs = addrs;
+    st.tls = tls;
     st.select_picker();
     if st.reconcile_discovery(false) {
         st.retain_live();
@@ -523,6 +533,7 @@ mod tests {
             1,
             Arc::new(first.clone()),
             Vec::new(),
+            Arc::default(),
             Arc::new(FleetView::default()),
             Arc::default(),
             None,

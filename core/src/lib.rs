@@ -33,5 +33,6 @@ pub mod route;
 pub mod shim;
 pub mod snapshot;
 pub mod subscriptions;
+pub mod tls;
 pub mod upstream;
 pub mod zmtp;

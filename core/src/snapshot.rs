@@ -22,6 +22,7 @@ use crate::discovery::{FleetView, PublisherId};
 use crate::health::HealthTable;
 use crate::shim::ShimRoutes;
 use crate::subscriptions::Refusal;
+use crate::tls::{BackendTlsTable, UpstreamTls};
 
 pub use crate::config::BackendIdx;
 
@@ -63,6 +64,9 @@ pub struct RouterSnapshot {
     /// Resolved socket address of each backend, indexed like `config.backends`; `None` for a
     /// backend whose name did not resolve (it is then left out of every route).
     pub backend_addrs: Vec<Option<SocketAddr>>,
+    /// The TLS context of each `https://` backend, indexed like `config.backends`. An
+    /// `https://` backend without one is left out of every route, like an unresolved one.
+    pub backend_tls: BackendTlsTable,
     /// The discovered Dynamo fleet (empty when discovery is off or has not seeded yet).
     pub fleet: Arc<FleetView>,
     /// Where each subscribed publisher may be connected: resolved once by the control thread and
@@ -84,16 +88,29 @@ pub type PublisherAddrs = HashMap<PublisherId, Result<SocketAddr, Refusal>>;
 
 impl RouterSnapshot {
     /// Build the snapshot for `config` with the given generation. `backend_addrs` holds the
-    /// resolved address of each backend (same order as `config.backends`); resolution is I/O
-    /// and happens in the control thread before this call.
+    /// resolved address of each backend (same order as `config.backends`) and `backend_tls`
+    /// the TLS context of each `https://` one; resolution and reading trust anchors are I/O
+    /// and happen in the control thread before this call.
     pub fn build(
         generation: u64,
         config: Arc<Config>,
         backend_addrs: Vec<Option<SocketAddr>>,
+        backend_tls: BackendTlsTable,
         fleet: Arc<FleetView>,
         publisher_addrs: Arc<PublisherAddrs>,
         previous: Option<&RouterSnapshot>,
     ) -> Self {
+        // An https backend that has no TLS context cannot be reached: route it like an
+        // unresolved one.
+        let backend_addrs: Vec<Option<SocketAddr>> = backend_addrs
+            .into_iter()
+            .enumerate()
+            .map(|(i, a)| {
+                let https = config.backends.get(i).is_some_and(|b| b.tls.is_some());
+                let has_tls = backend_tls.get(i).is_some_and(Option::is_some);
+                a.filter(|_| !https || has_tls)
+            })
+            .collect();
         let mut per_model: HashMap<String, Vec<(BackendIdx, u32)>> = HashMap::new();
         let mut model_ids = Vec::new();
         for (i, b) in config.backends.iter().enumerate() {
@@ -140,6 +157,7 @@ impl RouterSnapshot {
             models,
             model_ids,
             backend_addrs,
+            backend_tls,
             fleet,
             publisher_addrs,
         }
@@ -148,6 +166,11 @@ impl RouterSnapshot {
     /// The resolved address of the backend at `idx`.
     pub fn backend_addr(&self, idx: BackendIdx) -> Option<SocketAddr> {
         self.backend_addrs.get(idx.0 as usize).copied().flatten()
+    }
+
+    /// The TLS context of the `https://` backend at `idx`.
+    pub fn backend_tls(&self, idx: BackendIdx) -> Option<&UpstreamTls> {
+        self.backend_tls.get(idx.0 as usize)?.as_ref()
     }
 
     /// The backend config at `idx`.

@@ -20,6 +20,9 @@
 pub enum ErrorKind {
     /// TCP connect refused, unreachable or timed out.
     Connect,
+    /// The TLS handshake with an `https://` backend failed (untrusted or mismatched
+    /// certificate, no common protocol): nothing was sent.
+    Tls,
     /// No response (head or next body bytes) within the upstream response timeout.
     Timeout,
     /// The connection was reset or closed mid-exchange.
@@ -61,6 +64,13 @@ impl DispatchError {
     /// Connecting failed; nothing was sent (retryable on another replica).
     pub const CONNECT: DispatchError = DispatchError {
         kind: ErrorKind::Connect,
+        phase: Phase::Connect,
+        retryable: true,
+    };
+
+    /// The TLS handshake failed; nothing was sent (retryable on another replica).
+    pub const TLS: DispatchError = DispatchError {
+        kind: ErrorKind::Tls,
         phase: Phase::Connect,
         retryable: true,
     };
@@ -108,6 +118,7 @@ impl DispatchError {
     pub fn class(self) -> Option<UpstreamErrorClass> {
         match self.kind {
             ErrorKind::Connect => Some(UpstreamErrorClass::Connect),
+            ErrorKind::Tls => Some(UpstreamErrorClass::Tls),
             ErrorKind::Timeout => Some(UpstreamErrorClass::Timeout),
             ErrorKind::Reset | ErrorKind::Closed => Some(UpstreamErrorClass::Reset),
             ErrorKind::Protocol => Some(UpstreamErrorClass::Protocol),
@@ -127,15 +138,18 @@ pub enum UpstreamErrorClass {
     Reset,
     /// Unparseable or oversized response framing.
     Protocol,
+    /// TLS handshake failed.
+    Tls,
 }
 
 impl UpstreamErrorClass {
     /// Every class, in discriminant order.
-    pub const ALL: [UpstreamErrorClass; 4] = [
+    pub const ALL: [UpstreamErrorClass; 5] = [
         UpstreamErrorClass::Connect,
         UpstreamErrorClass::Timeout,
         UpstreamErrorClass::Reset,
         UpstreamErrorClass::Protocol,
+        UpstreamErrorClass::Tls,
     ];
 
     /// The `class` label.
@@ -145,6 +159,7 @@ impl UpstreamErrorClass {
             UpstreamErrorClass::Timeout => "timeout",
             UpstreamErrorClass::Reset => "reset",
             UpstreamErrorClass::Protocol => "protocol",
+            UpstreamErrorClass::Tls => "tls",
         }
     }
 }

@@ -134,6 +134,7 @@ fn snapshot(shim: SocketAddr) -> RouterSnapshot {
         1,
         Arc::new(config),
         vec![Some(shim)],
+        Arc::default(),
         fleet,
         Arc::default(),
         None,

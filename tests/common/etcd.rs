@@ -16,6 +16,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use super::config::TempDir;
+use super::pki::TestCa;
 
 /// The etcd server binary (Debian `etcd-server`; `tests/run.sh` installs it).
 pub const ETCD_BIN: &str = "/usr/bin/etcd";
@@ -448,63 +449,23 @@ fn tail(text: &str, n: usize) -> String {
 /// Generates a CA, a server certificate for `127.0.0.1` / `localhost` and a client
 /// certificate, and writes them as PEM files into `dir`.
 fn write_test_pki(dir: &Path) -> TlsFiles {
-    use rcgen::{
-        BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair,
-        KeyUsagePurpose,
-    };
-    let mut ca = CertificateParams::new(Vec::<String>::new()).expect("CA params");
-    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca.distinguished_name
-        .push(DnType::CommonName, "continuum e2e test CA");
-    ca.key_usages = vec![
-        KeyUsagePurpose::KeyCertSign,
-        KeyUsagePurpose::CrlSign,
-        KeyUsagePurpose::DigitalSignature,
-    ];
-    let ca_key = KeyPair::generate().expect("CA key");
-    let ca_cert = ca.self_signed(&ca_key).expect("self-sign CA");
-
-    let mut server = CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()])
-        .expect("server params");
-    server
-        .distinguished_name
-        .push(DnType::CommonName, "etcd e2e server");
-    server.key_usages = vec![
-        KeyUsagePurpose::DigitalSignature,
-        KeyUsagePurpose::KeyEncipherment,
-    ];
+    use rcgen::ExtendedKeyUsagePurpose::{ClientAuth, ServerAuth};
+    let ca = TestCa::new(dir, "ca", "continuum e2e test CA");
     // etcd's own gRPC gateway dials the server with the server certificate, so it also needs
     // client auth.
-    server.extended_key_usages = vec![
-        ExtendedKeyUsagePurpose::ServerAuth,
-        ExtendedKeyUsagePurpose::ClientAuth,
-    ];
-    let server_key = KeyPair::generate().expect("server key");
-    let server_cert = server
-        .signed_by(&server_key, &ca_cert, &ca_key)
-        .expect("sign server cert");
-
-    let mut client = CertificateParams::new(Vec::<String>::new()).expect("client params");
-    client
-        .distinguished_name
-        .push(DnType::CommonName, "continuum-router e2e");
-    client.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-    client.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
-    let client_key = KeyPair::generate().expect("client key");
-    let client_cert = client
-        .signed_by(&client_key, &ca_cert, &ca_key)
-        .expect("sign client cert");
-
-    let write = |name: &str, pem: String| {
-        let p = dir.join(name);
-        std::fs::write(&p, pem).unwrap_or_else(|e| panic!("write {}: {e}", p.display()));
-        p
-    };
+    let server = ca.issue(
+        dir,
+        "server",
+        "etcd e2e server",
+        &["127.0.0.1", "localhost"],
+        &[ServerAuth, ClientAuth],
+    );
+    let client = ca.issue(dir, "client", "continuum-router e2e", &[], &[ClientAuth]);
     TlsFiles {
-        ca_cert: write("ca.pem", ca_cert.pem()),
-        server_cert: write("server.pem", server_cert.pem()),
-        server_key: write("server-key.pem", server_key.serialize_pem()),
-        client_cert: write("client.pem", client_cert.pem()),
-        client_key: write("client-key.pem", client_key.serialize_pem()),
+        ca_cert: ca.pem,
+        server_cert: server.cert,
+        server_key: server.key,
+        client_cert: client.cert,
+        client_key: client.key,
     }
 }

@@ -13,8 +13,9 @@
 //!   helpers) for the discovery tests;
 //! - [`fleet`]: a real Dynamo 1.6.1 fleet (`tests/fleet/`);
 //! - [`health`]: a backend's health state as the router's metrics report it;
-//! - [`stub`]: [`stub::StubBackend`], an OpenAI backend in its own process, to freeze with
-//!   SIGSTOP;
+//! - [`pki`]: a test CA (rcgen) and the certificates it issues, as PEM files;
+//! - [`stub`]: [`stub::StubBackend`], an OpenAI backend in its own process (HTTP or HTTPS), to
+//!   freeze with SIGSTOP;
 //! - [`pyclient`]: the official Python API clients (`tests/clients/`) run with the fleet venv;
 //! - [`kv`]: the KV index as the admin view and metrics show it, and `kv-events` messages built
 //!   with the router's encoders (the `dynamo-kv` tests).
@@ -33,6 +34,7 @@ pub mod filestore;
 pub mod fleet;
 pub mod health;
 pub mod kv;
+pub mod pki;
 pub mod pyclient;
 pub mod router;
 pub mod shim;

@@ -6,6 +6,7 @@
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::channel;
 
@@ -21,14 +22,27 @@ pub struct StubBackend {
     child: Child,
     addr: SocketAddr,
     name: String,
+    scheme: &'static str,
 }
 
 impl StubBackend {
     /// Start a stub named `name` (the content of its completions); waits until it listens.
     pub fn start(name: &str) -> StubBackend {
-        let mut child = Command::new(venv_python())
-            .arg(STUB)
-            .arg(name)
+        Self::spawn(name, None)
+    }
+
+    /// Start a stub serving HTTPS with the PEM certificate chain and key at these paths.
+    pub fn start_tls(name: &str, cert: &Path, key: &Path) -> StubBackend {
+        Self::spawn(name, Some((cert, key)))
+    }
+
+    fn spawn(name: &str, tls: Option<(&Path, &Path)>) -> StubBackend {
+        let mut cmd = Command::new(venv_python());
+        cmd.arg(STUB).arg(name);
+        if let Some((cert, key)) = tls {
+            cmd.arg("--tls").arg(cert).arg(key);
+        }
+        let mut child = cmd
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -51,12 +65,18 @@ impl StubBackend {
             child,
             addr: SocketAddr::from(([127, 0, 0, 1], port)),
             name: name.into(),
+            scheme: if tls.is_some() { "https" } else { "http" },
         }
     }
 
-    /// `http://127.0.0.1:<port>`.
+    /// `http://127.0.0.1:<port>` (`https://` for a TLS stub).
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        format!("{}://{}", self.scheme, self.addr)
+    }
+
+    /// Its address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
     }
 
     /// Its name.

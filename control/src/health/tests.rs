@@ -125,6 +125,7 @@ fn snapshot(addr: SocketAddr, previous: Option<&RouterSnapshot>, check: bool) ->
         1,
         Arc::new(config),
         vec![Some(addr), Some(SocketAddr::from(([127, 0, 0, 1], 9)))],
+        Arc::default(),
         Arc::new(FleetView::default()),
         Arc::default(),
         previous,

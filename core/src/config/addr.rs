@@ -6,8 +6,8 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
-use super::BackendUrl;
 use super::dynamo::{EtcdEndpoint, EtcdScheme};
+use super::{BackendUrl, UrlScheme};
 
 /// `host` and optional `port` of an authority (`host[:port]`, `[v6][:port]`).
 struct Authority {
@@ -78,22 +78,34 @@ fn valid_hostname(host: &str) -> bool {
         })
 }
 
+/// A name a TLS certificate can be checked against: a DNS name or an IP literal (IPv6
+/// without brackets).
+pub(crate) fn valid_server_name(name: &str) -> bool {
+    name.parse::<IpAddr>().is_ok() || valid_hostname(name)
+}
+
 /// Split `scheme://rest`.
 fn split_scheme(s: &str) -> Option<(&str, &str)> {
     let (scheme, rest) = s.split_once("://")?;
     Some((scheme, rest))
 }
 
-/// A backend URL: `http://host[:port][/base]`.
+/// A backend URL: `http[s]://host[:port][/base]`.
 pub(crate) fn parse_backend_url(s: &str) -> Result<BackendUrl, String> {
     let Some((scheme, rest)) = split_scheme(s) else {
-        return Err("must be an absolute http:// URL (e.g. http://127.0.0.1:8000)".to_owned());
+        return Err(
+            "must be an absolute http:// or https:// URL (e.g. http://127.0.0.1:8000)".to_owned(),
+        );
     };
-    match scheme.to_ascii_lowercase().as_str() {
-        "http" => {}
-        "https" => return Err("https upstreams are not supported yet".to_owned()),
-        other => return Err(format!("unsupported scheme \"{other}\"; use http://")),
-    }
+    let scheme = match scheme.to_ascii_lowercase().as_str() {
+        "http" => UrlScheme::Http,
+        "https" => UrlScheme::Https,
+        other => {
+            return Err(format!(
+                "unsupported scheme \"{other}\"; use http:// or https://"
+            ));
+        }
+    };
     if rest.contains('?') {
         return Err("must not contain a query string".to_owned());
     }
@@ -112,8 +124,12 @@ pub(crate) fn parse_backend_url(s: &str) -> Result<BackendUrl, String> {
         return Err("path must not contain whitespace or control characters".to_owned());
     }
     Ok(BackendUrl {
+        scheme,
         host: a.host,
-        port: a.port.unwrap_or(80),
+        port: a.port.unwrap_or(match scheme {
+            UrlScheme::Http => 80,
+            UrlScheme::Https => 443,
+        }),
         base_path: path.trim_end_matches('/').to_owned(),
     })
 }

@@ -17,7 +17,7 @@ use super::values::{Ctx, MISSING, index, join};
 use super::{
     AdminConfig, BackendConfig, BackendKind, BackendName, BackendRole, BackendUrl,
     DisaggregatedServing, ResponsesApi, RetryBudgetConfig, ServerConfig, ShardCount,
-    UpstreamTimeouts, convert_upstream,
+    UpstreamTimeouts, UrlScheme, convert_upstream,
 };
 
 /// Highest CPU index accepted in `cpu_affinity` / `control_cpu` (exclusive).
@@ -333,6 +333,7 @@ pub(crate) fn backends(
             shim_replicas.contains(name.as_str()),
         );
         let outlier = convert_upstream::outlier(ctx, &base, b.outlier.as_ref());
+        let tls = convert_upstream::backend_tls(ctx, &base, &url, b.tls.as_ref());
         out.push(BackendConfig {
             name: BackendName(name),
             kind,
@@ -346,6 +347,7 @@ pub(crate) fn backends(
             timeouts,
             health_check,
             outlier,
+            tls,
         });
     }
     out
@@ -353,6 +355,7 @@ pub(crate) fn backends(
 
 fn placeholder_url() -> BackendUrl {
     BackendUrl {
+        scheme: UrlScheme::Http,
         host: String::new(),
         port: 80,
         base_path: String::new(),

@@ -1,20 +1,27 @@
 //! Conversion of what makes backends trustworthy: the upstream timeouts (server defaults and
-//! per-backend overrides), the active health check, passive outlier ejection and the retry
-//! budget.
+//! per-backend overrides), the active health check, passive outlier ejection, the retry
+//! budget and how an `https://` backend is verified (`tls`).
 //!
 //! Invariants: every value is range-checked with its dotted path and the conversion goes on
 //! with the default; a health check's timeout must be shorter than its interval (a probe never
 //! overlaps the next); a section written with `enabled: false` is off, and then none of its
-//! other keys may be written (they would do nothing).
+//! other keys may be written (they would do nothing); a `tls` block needs an `https://` url
+//! (on `http://` it would do nothing), and every `https://` backend gets one (system roots,
+//! the URL's host) when none is written.
 
 use std::time::Duration;
 
+use super::addr::valid_server_name;
 use super::scalar::Scalar;
 use super::user::{
-    UserBackendTimeouts, UserHealthCheck, UserOutlier, UserRetryBudget, UserTimeouts,
+    UserBackendTimeouts, UserBackendTls, UserHealthCheck, UserOutlier, UserRetryBudget,
+    UserTimeouts,
 };
 use super::values::{Ctx, join};
-use super::{HealthCheck, OutlierPolicy, RetryBudgetConfig, UpstreamTimeouts};
+use super::{
+    BackendTls, BackendUrl, HealthCheck, OutlierPolicy, RetryBudgetConfig, TlsRoots,
+    UpstreamTimeouts, UrlScheme,
+};
 
 /// Longest upstream timeout or deadline accepted.
 const MAX_UPSTREAM: Duration = Duration::from_secs(24 * 3600);
@@ -341,4 +348,48 @@ pub(crate) fn retry_budget(ctx: &mut Ctx<'_>, u: Option<&UserRetryBudget>) -> Re
             100_000,
         ) as u32,
     }
+}
+
+/// `backends[i].tls`: `Some` exactly for an `https://` url.
+pub(crate) fn backend_tls(
+    ctx: &mut Ctx<'_>,
+    base: &str,
+    url: &BackendUrl,
+    u: Option<&UserBackendTls>,
+) -> Option<BackendTls> {
+    let base = join(base, "tls");
+    if url.scheme == UrlScheme::Http {
+        if u.is_some() {
+            ctx.error(
+                &base,
+                "{...}",
+                "a tls block needs an https:// url (over http:// it would not be used)",
+            );
+        }
+        return None;
+    }
+    let roots = match u.and_then(|t| t.ca_cert.as_ref()) {
+        None => TlsRoots::System,
+        Some(v) => match ctx.path(&join(&base, "ca_cert"), Some(v)) {
+            Some(p) => TlsRoots::CaFile(p),
+            None => TlsRoots::System,
+        },
+    };
+    let field = join(&base, "server_name");
+    let server_name = match u.and_then(|t| t.server_name.as_ref()) {
+        None => url.host.clone(),
+        Some(v) => match ctx.string(&field, Some(v)) {
+            Some(n) if valid_server_name(&n) => n,
+            Some(n) => {
+                ctx.error(
+                    &field,
+                    &n,
+                    "must be a DNS name or an IP address the certificate is issued for",
+                );
+                url.host.clone()
+            }
+            None => url.host.clone(),
+        },
+    };
+    Some(BackendTls { roots, server_name })
 }

@@ -47,6 +47,7 @@ pub mod user_dynamo;
 mod validate;
 mod values;
 
+use std::fmt;
 use std::net::SocketAddr;
 use std::num::NonZeroUsize;
 use std::time::Duration;
@@ -320,15 +321,75 @@ pub enum BackendRole {
     Decode,
 }
 
-/// A backend's base URL: `http://host:port[/base]`.
+/// A backend's base URL: `http[s]://host[:port][/base]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BackendUrl {
+    /// `http` or `https` (then [`BackendConfig::tls`] says how the server is verified).
+    pub scheme: UrlScheme,
     /// Host name or IP literal (IPv6 without brackets).
     pub host: String,
-    /// TCP port (default 80).
+    /// TCP port (default 80 for http, 443 for https).
     pub port: u16,
     /// Path prefix without a trailing `/`, empty for none (e.g. `/proxy`).
     pub base_path: String,
+}
+
+impl fmt::Display for BackendUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let scheme = self.scheme.as_str();
+        if self.host.contains(':') {
+            write!(
+                f,
+                "{scheme}://[{}]:{}{}",
+                self.host, self.port, self.base_path
+            )
+        } else {
+            write!(
+                f,
+                "{scheme}://{}:{}{}",
+                self.host, self.port, self.base_path
+            )
+        }
+    }
+}
+
+/// A backend URL's scheme.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UrlScheme {
+    /// Plain HTTP/1.1 over TCP.
+    Http,
+    /// HTTP/1.1 over TLS (rustls with the ring provider, ALPN `http/1.1`).
+    Https,
+}
+
+impl UrlScheme {
+    /// The scheme as written in a URL.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            UrlScheme::Http => "http",
+            UrlScheme::Https => "https",
+        }
+    }
+}
+
+/// `backends[].tls`: how an `https://` backend's certificate is verified.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BackendTls {
+    /// The trust anchors the server's chain must end in.
+    pub roots: TlsRoots,
+    /// The name the certificate must be valid for and the SNI sent: `tls.server_name`, else the
+    /// URL's host (a DNS name or an IP literal).
+    pub server_name: String,
+}
+
+/// Where an upstream's trust anchors come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TlsRoots {
+    /// The system's root certificates (the OpenSSL locations: `SSL_CERT_FILE`, `SSL_CERT_DIR`,
+    /// `/etc/ssl/certs`), loaded when the config is.
+    System,
+    /// Only the PEM certificates in this file (`tls.ca_cert`), read when the config is loaded.
+    CaFile(String),
 }
 
 /// One `backends[]` entry.
@@ -359,6 +420,8 @@ pub struct BackendConfig {
     pub health_check: Option<HealthCheck>,
     /// Passive outlier ejection; `None` when turned off.
     pub outlier: Option<OutlierPolicy>,
+    /// How the server is verified: `Some` exactly when the URL is `https://`.
+    pub tls: Option<BackendTls>,
 }
 
 /// `backends[].responses_api`: whether the backend serves `POST /v1/responses` itself.

@@ -16,7 +16,7 @@ use super::dynamo::{
     KubernetesConfig, KvConfig, LoadConfig, ShimConfig,
 };
 use super::values::{MASK, fmt_duration};
-use super::{BackendConfig, BackendRole, Config, ShardCount, TokenHash};
+use super::{BackendConfig, BackendRole, Config, ShardCount, TlsRoots, TokenHash};
 
 /// The effective config as YAML.
 pub(crate) fn to_yaml(c: &Config) -> String {
@@ -83,15 +83,10 @@ fn masked_hash(_: &TokenHash) -> Value {
 }
 
 fn backend(b: &BackendConfig) -> Value {
-    let host = if b.url.host.contains(':') {
-        format!("[{}]", b.url.host)
-    } else {
-        b.url.host.clone()
-    };
     json!({
         "name": b.name.0,
         "type": "openai",
-        "url": format!("http://{host}:{}{}", b.url.port, b.url.base_path),
+        "url": b.url.to_string(),
         "role": match b.role {
             BackendRole::Unified => "unified",
             BackendRole::Prefill => "prefill",
@@ -127,6 +122,10 @@ fn backend(b: &BackendConfig) -> Value {
                 "max_ejection_percent": o.max_ejection_percent,
             }),
         },
+        "tls": b.tls.as_ref().map(|t| match &t.roots {
+            TlsRoots::System => json!({ "server_name": t.server_name }),
+            TlsRoots::CaFile(p) => json!({ "ca_cert": p, "server_name": t.server_name }),
+        }),
     })
 }
 

@@ -243,10 +243,13 @@ fn backends_are_validated() {
         "backends[0].type",
     );
     let e = err_field(
-        &base("{ name: a, type: openai, url: \"https://a:1\" }"),
+        &base("{ name: a, type: openai, url: \"gopher://a:1\" }"),
         "backends[0].url",
     );
-    assert_eq!(e.errors[0].reason, "https upstreams are not supported yet");
+    assert_eq!(
+        e.errors[0].reason,
+        "unsupported scheme \"gopher\"; use http:// or https://"
+    );
     for url in [
         "http://u:p@a:1",
         "http://a:1/?x=1",
@@ -376,7 +379,7 @@ fn every_error_is_collected_in_one_pass() {
 server: { shards: 0, timeouts: { drain: 3 }, limits: { max_headers: 2 } }
 admin: { token_hash: "nope" }
 backends:
-  - { name: a, type: openai, url: "https://a:1", weight: 0 }
+  - { name: a, type: openai, url: "ftp://a:1", weight: 0 }
 dynamo:
   enabled: maybe
   load: { max_staleness: 1ms, transport: carrier-pigeon }

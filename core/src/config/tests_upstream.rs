@@ -1,12 +1,14 @@
-//! Tests of the upstream timeouts, health checks, outlier ejection and the retry budget: their
-//! defaults, per-backend overrides, the shim replicas' default health check, every refusal, and
-//! the `config show` round trip.
+//! Tests of the upstream timeouts, health checks, outlier ejection, the retry budget and
+//! `https://` backends' `tls`: their defaults, per-backend overrides, the shim replicas' default
+//! health check, every refusal, and the `config show` round trip.
 
 use std::time::Duration;
 
 use super::tests_basic::{err, ok};
 use super::tests_cfg_a::rejects;
-use super::{Config, HealthCheck, NoEnv, OutlierPolicy, UpstreamTimeouts};
+use super::{
+    BackendTls, Config, HealthCheck, NoEnv, OutlierPolicy, TlsRoots, UpstreamTimeouts, UrlScheme,
+};
 
 const ONE: &str =
     "backends: [ { name: a, type: openai, url: \"http://127.0.0.1:9000\", models: [m] } ]\n";
@@ -210,12 +212,18 @@ fn the_retry_budget_is_range_checked() {
 #[test]
 fn shown_config_parses_back_to_the_same_backends_and_server() {
     let (c, _) = ok(&format!(
-        "server: {{ timeouts: {{ request_deadline: 1h }}, retry_budget: {{ ratio: 0.25 }} }}\n{}",
+        "server: {{ timeouts: {{ request_deadline: 1h }}, retry_budget: {{ ratio: 0.25 }} }}\n{}\
+         \x20 - {{ name: s, type: openai, url: \"https://[::1]:8443/v\", models: [m], \
+         tls: {{ ca_cert: /etc/ca.pem, server_name: api.test }} }}\n\
+         \x20 - {{ name: t, type: openai, url: \"https://api.example\", models: [m] }}\n",
         backend(
             "timeouts: { upstream_idle: 7s }, health_check: { path: /ping, interval: 3s }, \
              outlier: { enabled: false }"
         )
+        .replace("backends: [", "backends:\n  - ")
+        .replace(" } ]\n", " }\n")
     ));
+    assert_eq!(c.backends.len(), 3);
     let shown = c.show_masked();
     let back = match Config::from_yaml(&shown, &NoEnv) {
         Ok((b, _)) => b,
@@ -223,4 +231,61 @@ fn shown_config_parses_back_to_the_same_backends_and_server() {
     };
     assert_eq!(back.backends, c.backends);
     assert_eq!(back.server, c.server);
+}
+
+#[test]
+fn https_backends_verify_with_the_system_roots_and_their_host_unless_told_otherwise() {
+    let (c, _) = ok("backends:\n\
+         \x20 - { name: a, type: openai, url: \"https://api.example/v1\", models: [m] }\n\
+         \x20 - { name: b, type: openai, url: \"HTTPS://10.1.2.3:8443\", models: [m], \
+         tls: { ca_cert: /etc/router/ca.pem, server_name: llm.internal } }\n\
+         \x20 - { name: c, type: openai, url: \"http://10.1.2.4\", models: [m] }\n");
+    let (a, b, p) = (&c.backends[0], &c.backends[1], &c.backends[2]);
+    assert_eq!((a.url.scheme, a.url.port), (UrlScheme::Https, 443));
+    assert_eq!(a.url.base_path, "/v1");
+    assert_eq!(
+        a.tls,
+        Some(BackendTls {
+            roots: TlsRoots::System,
+            server_name: "api.example".into()
+        })
+    );
+    assert_eq!(b.url.port, 8443);
+    assert_eq!(
+        b.tls,
+        Some(BackendTls {
+            roots: TlsRoots::CaFile("/etc/router/ca.pem".into()),
+            server_name: "llm.internal".into()
+        })
+    );
+    assert_eq!(
+        (p.url.scheme, p.url.port, &p.tls),
+        (UrlScheme::Http, 80, &None)
+    );
+    assert_eq!(a.url.to_string(), "https://api.example:443/v1");
+}
+
+#[test]
+fn a_tls_block_that_could_not_be_used_is_refused() {
+    let e = rejects(&backend("tls: { ca_cert: /ca.pem }"), "backends[0].tls");
+    let reason = &e.errors[0].reason;
+    assert!(reason.contains("needs an https:// url"), "{reason}");
+    let https = |tls: &str| {
+        format!(
+            "backends: [ {{ name: a, type: openai, url: \"https://a.test\", models: [m], \
+             tls: {tls} }} ]\n"
+        )
+    };
+    for (tls, field) in [
+        (
+            "{ server_name: \"not a name\" }",
+            "backends[0].tls.server_name",
+        ),
+        ("{ server_name: \"\" }", "backends[0].tls.server_name"),
+        ("{ server_name: 5 }", "backends[0].tls.server_name"),
+        ("{ ca_cert: \"  \" }", "backends[0].tls.ca_cert"),
+        ("{ ca_cert: [a] }", "backends[0].tls.ca_cert"),
+    ] {
+        rejects(&https(tls), field);
+    }
 }

@@ -166,6 +166,16 @@ pub struct UserOutlier {
     pub max_ejection_percent: Option<Scalar>,
 }
 
+/// `backends[].tls`.
+#[derive(Debug, Default, Deserialize)]
+pub struct UserBackendTls {
+    /// `ca_cert`: a PEM file of the only trusted roots (default: the system roots).
+    pub ca_cert: Option<Scalar>,
+    /// `server_name`: the name the certificate is checked for and sent as SNI (default: the
+    /// URL's host).
+    pub server_name: Option<Scalar>,
+}
+
 /// `admin`.
 #[derive(Debug, Default, Deserialize)]
 pub struct UserAdmin {
@@ -201,6 +211,8 @@ pub struct UserBackend {
     pub health_check: Option<UserHealthCheck>,
     /// `outlier`.
     pub outlier: Option<UserOutlier>,
+    /// `tls` (only with an `https://` url).
+    pub tls: Option<UserBackendTls>,
 }
 
 /// `disaggregated_serving`.

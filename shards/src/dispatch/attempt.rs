@@ -20,9 +20,9 @@ use continuum_core::headers::{self, RequestHeaderFate};
 use continuum_core::health::FailureEffect;
 use continuum_core::snapshot::{BackendIdx, ModelRoute, RouterSnapshot};
 use continuum_core::upstream::{DispatchError, ErrorKind, Phase};
-use monoio::net::TcpStream;
 
 use super::choose::{self, Chosen, NoReplica, Tried, choose, verdict};
+use super::conn::{self, PoolKey, UpConn};
 use super::exchange::{Answer, Attempt, Body, Exchange, FailureHandling};
 use super::upstream::Timing;
 use super::{Dispatcher, Ingress, convert, relay};
@@ -155,24 +155,19 @@ impl Dispatcher {
             Err(outcome) => return Ok(Answer::Done(outcome)),
         };
         let timeouts = &backend.timeouts;
-        let pooled = self.pool.borrow_mut().checkout(addr, clock::instant());
+        let tls = snap.backend_tls(idx);
+        let key = PoolKey::new(addr, tls);
+        let pooled = self.pool.borrow_mut().checkout(key, clock::instant());
         for slot in [pooled, None] {
             let reused = slot.is_some();
             let mut up = match slot {
                 Some(s) => s,
-                None => match monoio::time::timeout(
-                    connect_timeout(timeouts, ex.started),
-                    TcpStream::connect_addr(addr),
-                )
-                .await
+                None => match conn::connect(addr, tls, connect_timeout(timeouts, ex.started)).await
                 {
-                    Ok(Ok(s)) => {
-                        let _ = s.set_nodelay(true);
-                        s
-                    }
-                    _ => {
-                        self.metrics.dispatch_failed(DispatchError::CONNECT);
-                        return Err(DispatchError::CONNECT);
+                    Ok(s) => s,
+                    Err(e) => {
+                        self.metrics.dispatch_failed(e);
+                        return Err(e);
                     }
                 },
             };
@@ -186,7 +181,7 @@ impl Dispatcher {
             match result {
                 Ok((answer, reusable)) => {
                     if reusable {
-                        self.pool.borrow_mut().checkin(addr, up, clock::instant());
+                        self.pool.borrow_mut().checkin(key, up, clock::instant());
                     }
                     return Ok(answer);
                 }
@@ -248,7 +243,7 @@ pub(super) fn retry_on_fresh_connection(e: DispatchError) -> bool {
 /// Write the request head and body to `up`.
 async fn write_request(
     ex: &mut Exchange<'_>,
-    up: &mut TcpStream,
+    up: &mut UpConn,
     url: &BackendUrl,
     body: Body,
     attempt: &Attempt<'_>,

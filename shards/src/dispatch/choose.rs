@@ -152,6 +152,7 @@ pub(super) fn verdict(result: &Result<Answer, DispatchError>) -> Verdict {
         Err(e) => match e.kind {
             ErrorKind::ClientGone => Verdict::Unknown,
             ErrorKind::Connect
+            | ErrorKind::Tls
             | ErrorKind::Timeout
             | ErrorKind::Reset
             | ErrorKind::Closed

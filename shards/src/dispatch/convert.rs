@@ -22,6 +22,7 @@
 
 use std::io::Write as _;
 
+use super::conn::UpConn;
 use continuum_core::config::{BackendConfig, ResponsesApi};
 use continuum_core::ingress::IngressError;
 use continuum_core::ingress::anthropic_req::anthropic_to_chat;
@@ -29,7 +30,6 @@ use continuum_core::ingress::anthropic_stream::AnthropicStream;
 use continuum_core::ingress::errors::{ClassifiedError, ErrorClass};
 use continuum_core::ingress::responses::responses_to_chat;
 use continuum_core::ingress::responses_stream::ResponsesStream;
-use monoio::net::TcpStream;
 
 use continuum_core::upstream::{DispatchError, ErrorKind};
 
@@ -190,7 +190,7 @@ pub(super) fn upstream_error(status: u16, body: &[u8]) -> ClassifiedError {
 /// Relay a 2xx chat answer converted for the client.
 pub(super) async fn relay_converted(
     ex: &mut Exchange<'_>,
-    up: &mut TcpStream,
+    up: &mut UpConn,
     parsed: &ParsedHead,
     timing: &Timing,
     backend: &BackendConfig,
@@ -306,7 +306,7 @@ fn emit(out: &mut Vec<u8>, bytes: &[u8], chunked: bool) {
 
 async fn buffered(
     ex: &mut Exchange<'_>,
-    up: &mut TcpStream,
+    up: &mut UpConn,
     parsed: &ParsedHead,
     timing: &Timing,
     backend: &BackendConfig,

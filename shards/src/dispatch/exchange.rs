@@ -15,6 +15,7 @@
 //! - [`Body::Prepared`] and [`Body::Alt`] name bytes this exchange wrote into its buffers;
 //!   [`Body::Client`] is the request body as the client sent it.
 
+use super::conn::UpConn;
 use continuum_core::auth::KeyEntry;
 use continuum_core::headers::{PinHeaders, RoutingHeaders};
 use continuum_core::http1::request::HeaderSpan;
@@ -23,7 +24,6 @@ use continuum_core::ingress::anthropic_req::AnthropicContext;
 use continuum_core::ingress::anthropic_resp::chat_to_anthropic;
 use continuum_core::ingress::errors::ClassifiedError;
 use continuum_core::ingress::responses::{ResponsesContext, chat_to_responses};
-use monoio::net::TcpStream;
 
 use super::{CHAT_PATH, Ingress};
 use crate::http::respond::{ErrorShape, LocalError};
@@ -131,7 +131,7 @@ impl<'a> Exchange<'a> {
     /// Write `body` (already known to be large) to `up`, without copying it.
     pub(crate) async fn write_body_to(
         &mut self,
-        up: &mut TcpStream,
+        up: &mut UpConn,
         body: Body,
     ) -> std::io::Result<()> {
         let buf = match body {

@@ -25,6 +25,7 @@
 
 mod attempt;
 mod choose;
+mod conn;
 mod convert;
 mod exchange;
 pub(crate) mod keys;

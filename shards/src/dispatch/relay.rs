@@ -10,9 +10,9 @@
 
 use std::io::Write as _;
 
+use super::conn::UpConn;
 use continuum_core::config::BackendConfig;
 use continuum_core::headers;
-use monoio::net::TcpStream;
 
 use continuum_core::http1::request::Method;
 use continuum_core::upstream::{DispatchError, ErrorKind, Phase};
@@ -34,7 +34,7 @@ const MAX_HELD_BODY: usize = 256 * 1024;
 pub(super) async fn relay(
     timing: &Timing,
     ex: &mut Exchange<'_>,
-    up: &mut TcpStream,
+    up: &mut UpConn,
     backend: &BackendConfig,
     attempt: &Attempt<'_>,
     reused: bool,

@@ -218,12 +218,10 @@ pub(super) fn pinned_step(
                 d => PinnedStep::Decided(d),
             }
         }
-        Err(e) if e.kind == ErrorKind::Connect => PinnedStep::Decided(decide(
-            ShimOutcome::ConnectFailed,
-            mode,
-            fallback,
-            replica_left,
-        )),
+        // Nothing was sent: a refused connect or a failed TLS handshake.
+        Err(e) if matches!(e.kind, ErrorKind::Connect | ErrorKind::Tls) => PinnedStep::Decided(
+            decide(ShimOutcome::ConnectFailed, mode, fallback, replica_left),
+        ),
         Err(e) if e.answerable() => {
             PinnedStep::Decided(decide(ShimOutcome::TransportFailed, mode, fallback, false))
         }

@@ -12,6 +12,7 @@
 use std::io::Write as _;
 use std::time::{Duration, Instant};
 
+use super::conn::UpConn;
 use continuum_core::config::{BackendConfig, UpstreamTimeouts};
 use continuum_core::headers;
 use continuum_core::http1::chunked::ChunkedDecoder;
@@ -19,7 +20,6 @@ use continuum_core::http1::request::HeaderSpan;
 use continuum_core::upstream::{DispatchError, ErrorKind, Phase};
 use monoio::buf::IoBufMut;
 use monoio::io::AsyncReadRent;
-use monoio::net::TcpStream;
 
 use super::exchange::{Attempt, Exchange};
 use crate::clock;
@@ -92,7 +92,7 @@ pub(super) struct ParsedHead {
 /// whether `up` can be pooled.
 pub(super) async fn hold(
     ex: &mut Exchange<'_>,
-    up: &mut TcpStream,
+    up: &mut UpConn,
     parsed: &ParsedHead,
     timing: &Timing,
     cap: usize,
@@ -244,7 +244,7 @@ impl BodyState {
 /// disconnects by the connection's reader task, not here.)
 pub(super) async fn read_upstream(
     ex: &mut Exchange<'_>,
-    up: &mut TcpStream,
+    up: &mut UpConn,
     timeout: Duration,
 ) -> Result<std::io::Result<usize>, DispatchError> {
     let buf = std::mem::take(&mut ex.bufs.ubuf);

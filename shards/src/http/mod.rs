@@ -131,7 +131,10 @@ impl Request {
     }
 
     /// Write the body to `up` from where it lies, without copying it.
-    pub(crate) async fn write_body_to(&mut self, up: &mut TcpStream) -> std::io::Result<()> {
+    pub(crate) async fn write_body_to<W: AsyncWriteRent>(
+        &mut self,
+        up: &mut W,
+    ) -> std::io::Result<()> {
         match &self.body {
             BodyRef::None => Ok(()),
             BodyRef::InPlace(r) => write_lent(up, &mut self.rbuf, r.clone()).await,
