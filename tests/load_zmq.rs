@@ -2,7 +2,8 @@
 //! own bounded ZMTP client subscribes to a REAL libzmq PUB socket (pyzmq) on the shard the
 //! publisher's hash names, and the captured Dynamo 1.6.1 frames land in the load store: the
 //! worker gauge follows them, a replay is counted `duplicate`, and the admin view lists the
-//! subscription (ADMIN-04) without its address.
+//! subscription (ADMIN-04) without its address. A publisher named by host name is looked up off
+//! the control loop and subscribed at the address found.
 #![allow(clippy::disallowed_methods)] // end-to-end tests time real processes and sockets
 #![cfg(feature = "dynamo")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -373,4 +374,36 @@ fn samples_go_stale_by_receipt_time() {
         (l["fresh"] == false && l["kv_used_blocks"] == 3).then_some(l)
     });
     assert!(stale["age_ms"].as_u64().unwrap() >= 1000, "{stale}");
+}
+
+#[test]
+fn a_publisher_named_by_host_is_looked_up_in_the_background_and_rechecked_without_a_lookup() {
+    let etcd = EtcdServer::start();
+    let mut publisher = ZmqPublisher::start();
+    // The record names the publisher by host name: the control thread looks it up off its loop.
+    let by_name = publisher.endpoint().replace("127.0.0.1", "localhost");
+    assert_ne!(by_name, publisher.endpoint());
+    seed(&etcd, &by_name);
+    let r = router(&etcd);
+    assert_eq!(
+        publisher
+            .wait_subscribed(Duration::from_secs(15))
+            .as_deref(),
+        Some("kv_metrics"),
+        "no subscription to the looked-up address; stderr:\n{}",
+        r.stderr()
+    );
+    wait("connected", &r, || {
+        (subscription_state(&r).as_deref() == Some("connected")).then_some(())
+    });
+    // The policy is checked again from the address found: leaving the allow list and coming
+    // back need no new lookup, and the subscription follows each time.
+    r.write_config(&config(&etcd, "    direct_allow_cidrs: [\"10.0.0.0/8\"]\n"));
+    wait("pending outside the allow list", &r, || {
+        (subscription_state(&r).as_deref() == Some("pending")).then_some(())
+    });
+    r.write_config(&config(&etcd, LOOPBACK_ONLY));
+    wait("connected again", &r, || {
+        (subscription_state(&r).as_deref() == Some("connected")).then_some(())
+    });
 }

@@ -14,7 +14,7 @@ use tokio::signal::unix::{SignalKind, signal};
 
 use crate::discovery::{self, NotRunnable, Supervisor};
 use crate::health::HealthChecks;
-use crate::resolve::{PublisherCache, resolve_blocking, resolve_publishers};
+use crate::resolve::{Looked, Publishers, resolve_blocking};
 use continuum_core::discovery::FleetView;
 use continuum_core::load::{LiveSet, LoadStore};
 use continuum_core::snapshot::PublisherAddrs;
@@ -162,17 +162,9 @@ struct State {
     discovery: Supervisor,
     /// The active health checks of the running snapshot's backends.
     health: HealthChecks,
-    /// The publishers' lookups, with the endpoints they were made for.
-    publishers: PublisherCache,
-    /// When to retry the publisher lookups that failed.
-    resolve_retry: Option<tokio::time::Instant>,
-    /// The delay before the next retry.
-    retry_delay: Duration,
+    /// The publishers' addresses and their lookups (in the background).
+    publishers: Publishers,
 }
-
-/// The first and the longest delay before failed publisher lookups are retried.
-const RESOLVE_RETRY_MIN: Duration = Duration::from_secs(1);
-const RESOLVE_RETRY_MAX: Duration = Duration::from_secs(30);
 
 impl State {
     /// Build and publish the next snapshot from the running config, addresses and fleet; then
@@ -215,27 +207,16 @@ impl State {
         tracing::debug!(?report, "load store live set updated");
     }
 
-    /// Resolve the fleet's publishers (new ones only, unless `policy_changed`), CFG-20.
-    async fn resolve_publishers(&mut self, policy_changed: bool) {
+    /// The fleet's publishers' addresses from what is known now (CFG-20); host names not
+    /// looked up yet follow when their lookups end. Returns whether the addresses changed.
+    fn refresh_publishers(&mut self) -> bool {
         let policy = ConnectPolicy::new(self.params.config.dynamo.load.direct_allow_cidrs.clone());
-        let empty = PublisherCache::default();
-        let previous = if policy_changed {
-            &empty
-        } else {
-            &self.publishers
-        };
-        let next = resolve_publishers(&self.fleet, &policy, previous).await;
-        self.publisher_addrs = Arc::new(next.addrs.clone());
-        // Failed lookups are retried with a doubling delay (1 s .. 30 s) until all resolve.
-        self.resolve_retry = if next.unresolved() == 0 {
-            self.retry_delay = RESOLVE_RETRY_MIN;
-            None
-        } else {
-            let at = tokio::time::Instant::now() + self.retry_delay;
-            self.retry_delay = (self.retry_delay * 2).min(RESOLVE_RETRY_MAX);
-            Some(at)
-        };
-        self.publishers = next;
+        let next = self.publishers.refresh(&self.fleet, &policy);
+        if next == *self.publisher_addrs {
+            return false;
+        }
+        self.publisher_addrs = Arc::new(next);
+        true
     }
 
     /// Start, stop or restart discovery for the running config. Returns whether the fleet was
@@ -305,6 +286,7 @@ async fn run(params: ControlParams, signals: Signals) -> Result<ExitReason, Cont
     // No baseline stamp: the first poll compares the file's text with the text the running
     // config came from, so an edit made while the router was starting is not missed.
     let (updates_tx, mut updates) = tokio::sync::mpsc::unbounded_channel();
+    let (looked_tx, mut looked) = tokio::sync::mpsc::unbounded_channel::<Looked>();
     let discovery = Supervisor::new(updates_tx, params.stats.clone());
     let (addrs, tls) = {
         let first = params.cell.load();
@@ -319,9 +301,7 @@ async fn run(params: ControlParams, signals: Signals) -> Result<ExitReason, Cont
         publisher_addrs: Arc::default(),
         discovery,
         health: HealthChecks::default(),
-        publishers: PublisherCache::default(),
-        resolve_retry: None,
-        retry_delay: RESOLVE_RETRY_MIN,
+        publishers: Publishers::new(looked_tx),
     };
     st.health.reconcile(&st.params.cell.load());
     st.reconcile_discovery(true);
@@ -346,17 +326,21 @@ async fn run(params: ControlParams, signals: Signals) -> Result<ExitReason, Cont
                 if st.discovery.epoch() == Some(update.epoch) && !Arc::ptr_eq(&update.fleet, &st.fleet) {
                     st.fleet = update.fleet;
                     st.retain_live();
-                    st.resolve_publishers(false).await;
+                    st.refresh_publishers();
                     let generation = st.publish();
                     tracing::debug!(generation, workers = st.fleet.workers.len(), "fleet view published");
                 }
             }
-            _ = sleep_until_opt(st.resolve_retry) => {
-                let before = st.publisher_addrs.clone();
-                st.resolve_publishers(false).await;
-                if *st.publisher_addrs != *before {
+            Some(round) = looked.recv() => {
+                if st.publishers.absorb(round) && st.refresh_publishers() {
                     let generation = st.publish();
-                    tracing::info!(generation, "publisher lookups retried: new addresses published");
+                    tracing::debug!(generation, unresolved = st.publishers.unresolved(), "publisher lookups done: addresses published");
+                }
+            }
+            _ = sleep_until_opt(st.publishers.retry_at()) => {
+                st.publishers.retry_failed();
+                if st.refresh_publishers() {
+                    st.publish();
                 }
             }
             _ = term.recv() => return Ok(drain(st, "SIGTERM").await),
@@ -423,8 +407,6 @@ async fn reload(st: &mut State, trigger: Trigger) {
         Ok(a) => a,
         Err(_) => vec![None; config.backends.len()],
     };
-    let policy_changed =
-        st.params.config.dynamo.load.direct_allow_cidrs != config.dynamo.load.direct_allow_cidrs;
     st.params.config = config;
     st.params.config_text = text;
     st.addrs = addrs;
@@ -440,9 +422,9 @@ async fn reload(st: &mut State, trigger: Trigger) {
     {
         tracing::warn!(error = %e, "load.max_staleness not applied");
     }
-    // RELOAD-03: a new connect policy re-checks every publisher; the shards restart exactly the
-    // subscriptions whose decision changed.
-    st.resolve_publishers(policy_changed).await;
+    // RELOAD-03: a new connect policy re-checks every publisher (from the addresses already
+    // found: no lookup); the shards restart exactly the subscriptions whose decision changed.
+    st.refresh_publishers();
     let generation = st.publish();
     st.params
         .stats
