@@ -19,6 +19,8 @@ pub mod ids;
 pub mod join;
 pub mod keys;
 pub mod mixed;
+pub mod pod_hash;
+pub mod pods;
 pub mod records;
 pub mod reducer;
 pub mod sources;
