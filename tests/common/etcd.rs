@@ -420,17 +420,8 @@ fn run_bounded(mut cmd: Command, within: Duration) -> Result<String, String> {
         .stderr(err)
         .spawn()
         .map_err(|e| format!("cannot spawn etcdctl: {e}"))?;
-    let deadline = Instant::now() + within;
-    let status = loop {
-        if let Ok(Some(s)) = child.try_wait() {
-            break s;
-        }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            return Err(format!("etcdctl did not exit within {within:?}"));
-        }
-        std::thread::sleep(Duration::from_millis(5));
+    let Some(status) = super::wait_bounded(&mut child, within) else {
+        return Err(format!("etcdctl did not exit within {within:?}"));
     };
     let stdout = std::fs::read_to_string(&out_path).unwrap_or_default();
     if status.success() {

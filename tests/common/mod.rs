@@ -17,6 +17,7 @@
 //! - [`stub`]: [`stub::StubBackend`], an OpenAI backend in its own process (HTTP or HTTPS), to
 //!   freeze with SIGSTOP;
 //! - [`pyclient`]: the official Python API clients (`tests/clients/`) run with the fleet venv;
+//! - [`kube`]: [`kube::FakeApiServer`], a fake Kubernetes API server (`tests/k8s/`) and kubectl;
 //! - [`kv`]: the KV index as the admin view and metrics show it, and `kv-events` messages built
 //!   with the router's encoders (the `dynamo-kv` tests).
 //!
@@ -33,6 +34,7 @@ pub mod etcd;
 pub mod filestore;
 pub mod fleet;
 pub mod health;
+pub mod kube;
 pub mod kv;
 pub mod pki;
 pub mod pyclient;
@@ -51,6 +53,26 @@ pub use router::{RouterProcess, metric_value, run_cli};
 
 /// A generous bound for one step of a test (a response, an event, a reload).
 pub const STEP: Duration = Duration::from_secs(10);
+
+/// Wait for `child` at most `within`, polling; a child that outlives it is killed and reaped,
+/// and `None` is returned.
+pub fn wait_bounded(
+    child: &mut std::process::Child,
+    within: Duration,
+) -> Option<std::process::ExitStatus> {
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        if let Ok(Some(s)) = child.try_wait() {
+            return Some(s);
+        }
+        if std::time::Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
 
 /// A loopback port that was free a moment ago (bound to port 0, then released).
 pub fn free_port() -> u16 {

@@ -351,20 +351,11 @@ pub fn run_cli(args: &[&str]) -> CliOutput {
         .stderr(File::create(&err_path).expect("stderr file"))
         .spawn()
         .unwrap_or_else(|e| panic!("cannot spawn {}: {e}", router_bin()));
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let status = loop {
-        if let Ok(Some(s)) = child.try_wait() {
-            break s;
-        }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!(
-                "`continuum-router {}` did not exit within 30s",
-                args.join(" ")
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
+    let Some(status) = super::wait_bounded(&mut child, Duration::from_secs(30)) else {
+        panic!(
+            "`continuum-router {}` did not exit within 30s",
+            args.join(" ")
+        );
     };
     CliOutput {
         code: status.code(),
