@@ -16,6 +16,10 @@
 pub mod etcd;
 #[cfg(feature = "dynamo")]
 pub mod file;
+#[cfg(feature = "dynamo")]
+pub mod kube_client;
+#[cfg(feature = "dynamo")]
+pub mod kube_pods;
 pub mod plan;
 pub mod session;
 
@@ -200,10 +204,15 @@ async fn run_watcher(
     stats: Arc<ControlStats>,
     mut stop: watch::Receiver<bool>,
 ) {
+    #[cfg(feature = "dynamo")]
+    if let DiscoveryPlan::KubernetesPods(cfg) = &plan {
+        return run_pods_watcher(cfg, epoch, &updates, &stats, &mut stop).await;
+    }
     // The file source has no backoff setting of its own: it uses the documented default.
     let b = match &plan {
         DiscoveryPlan::Etcd(cfg) => cfg.watch_reconnect_backoff,
         DiscoveryPlan::File(_) => Backoff::default(),
+        DiscoveryPlan::KubernetesPods(cfg) => cfg.watch_reconnect_backoff,
     };
     let mut backoff = DoublingBackoff::new(b.initial, b.max, b.max);
     let mut seen = session::lock(&reducer).counts();
@@ -254,6 +263,93 @@ async fn run_session(
         DiscoveryPlan::File(cfg) => {
             let mut source = file::FileSource::new(cfg.clone());
             until_stopped(&mut source, reducer, publish, stats, stop).await
+        }
+        // Run by `run_pods_watcher`, never here.
+        DiscoveryPlan::KubernetesPods(_) => {
+            let _ = stop.changed().await;
+            None
+        }
+    }
+}
+
+/// What a pods session reports goes to the control loop and the metrics.
+#[cfg(feature = "dynamo")]
+struct PodsSink<'a> {
+    epoch: u64,
+    updates: &'a mpsc::UnboundedSender<FleetUpdate>,
+    stats: &'a ControlStats,
+    last: Option<Arc<FleetView>>,
+}
+
+#[cfg(feature = "dynamo")]
+impl kube_pods::PodSink for PodsSink<'_> {
+    fn publish(&mut self, view: Arc<FleetView>) {
+        if self.last.as_deref() == Some(&*view) {
+            return;
+        }
+        self.last = Some(view.clone());
+        let _ = self.updates.send(FleetUpdate {
+            epoch: self.epoch,
+            fleet: view,
+        });
+    }
+
+    fn connected(&mut self, up: bool) {
+        self.stats
+            .discovery_connected
+            .store(u64::from(up), Ordering::Relaxed);
+    }
+
+    fn count(&mut self, kind: DiscoveryEventKind, n: u64) {
+        if n > 0 {
+            self.stats.discovery_events[kind_index(kind)].fetch_add(n, Ordering::Relaxed);
+        }
+    }
+}
+
+/// The `kubernetes_pods` watcher: sessions with the shared backoff, reset by a session that
+/// lasted `min(backoff.max, watch_timeout)` (DISC-K8S-POD-19); a watch that ended on time keeps
+/// `connected` at 1 while the next list runs.
+#[cfg(feature = "dynamo")]
+async fn run_pods_watcher(
+    cfg: &continuum_core::config::dynamo::KubernetesConfig,
+    epoch: u64,
+    updates: &mpsc::UnboundedSender<FleetUpdate>,
+    stats: &ControlStats,
+    stop: &mut watch::Receiver<bool>,
+) {
+    let b = cfg.watch_reconnect_backoff;
+    let mut backoff = DoublingBackoff::new(b.initial, b.max, b.max.min(cfg.watch_timeout));
+    let mut state = kube_pods::PodsState::default();
+    let mut sink = PodsSink {
+        epoch,
+        updates,
+        stats,
+        last: None,
+    };
+    loop {
+        let report = tokio::select! {
+            r = kube_pods::run_session(cfg, &mut state, &mut sink) => r,
+            _ = stop.changed() => return,
+        };
+        let delay = backoff.session_ended(report.healthy_for);
+        if report.end != session::SessionEnd::WatchEnded {
+            // Whatever the session got to, it is over (a normal end keeps `connected`).
+            stats.discovery_connected.store(0, Ordering::Relaxed);
+        }
+        if report.end == session::SessionEnd::WatchEnded {
+            tracing::debug!(healthy_for = ?report.healthy_for, retry_in = ?delay, "Pod watch ended on time; listing again");
+        } else {
+            tracing::warn!(
+                end = %report.end,
+                healthy_for = ?report.healthy_for,
+                retry_in = ?delay,
+                "Kubernetes Pod discovery session ended; full re-list after backoff"
+            );
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(delay) => {}
+            _ = stop.changed() => return,
         }
     }
 }

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use continuum_core::config::Config;
-use continuum_core::config::dynamo::{DiscoverySource, EtcdConfig};
+use continuum_core::config::dynamo::{DiscoverySource, EtcdConfig, KubernetesConfig};
 
 /// The discovery a config asks for.
 #[derive(Debug, Clone, PartialEq)]
@@ -14,6 +14,8 @@ pub enum DiscoveryPlan {
     Etcd(EtcdConfig),
     /// Watch Dynamo's file store.
     File(FilePlan),
+    /// List and watch the fleet's Pods through the Kubernetes API (DISC-K8S-POD).
+    KubernetesPods(KubernetesConfig),
 }
 
 /// `dynamo.discovery.file` with its root resolved (the config requires it for this source).
@@ -59,6 +61,15 @@ pub fn plan_for(config: &Config) -> Result<Option<DiscoveryPlan>, NotRunnable> {
                 ttl: f.ttl,
                 namespaces: f.namespaces.clone(),
             })))
+        }
+        DiscoverySource::KubernetesPods => {
+            let k = &d.discovery.kubernetes;
+            if k.namespace.is_none() {
+                return Err(NotRunnable::MissingSetting(
+                    "dynamo.discovery.kubernetes.namespace",
+                ));
+            }
+            Ok(Some(DiscoveryPlan::KubernetesPods(k.clone())))
         }
         other => Err(NotRunnable::SourceUnsupported(other)),
     }
@@ -124,12 +135,30 @@ pub fn classify(old: Option<&DiscoveryPlan>, new: Option<&DiscoveryPlan>) -> Tra
         (None, Some(_)) => Transition::Restart(RestartReason::Enabled, Registry::Reset),
         (Some(DiscoveryPlan::Etcd(a)), Some(DiscoveryPlan::Etcd(b))) => classify_etcd(a, b),
         (Some(DiscoveryPlan::File(a)), Some(DiscoveryPlan::File(b))) => classify_file(a, b),
-        // etcd <-> file: the records come from elsewhere; start over (RELOAD-13).
-        (Some(DiscoveryPlan::Etcd(_)), Some(DiscoveryPlan::File(_)))
-        | (Some(DiscoveryPlan::File(_)), Some(DiscoveryPlan::Etcd(_))) => {
-            Transition::Restart(RestartReason::Source, Registry::Reset)
+        (Some(DiscoveryPlan::KubernetesPods(a)), Some(DiscoveryPlan::KubernetesPods(b))) => {
+            classify_pods(a, b)
         }
+        // Another source: the records come from elsewhere; start over (RELOAD-13).
+        (Some(_), Some(_)) => Transition::Restart(RestartReason::Source, Registry::Reset),
     }
+}
+
+/// Another Kubernetes namespace is another fleet; anything else (Dynamo namespaces, models,
+/// timers) is re-read by the next list while the current view keeps serving.
+fn classify_pods(a: &KubernetesConfig, b: &KubernetesConfig) -> Transition {
+    if a == b {
+        return Transition::Keep;
+    }
+    if a.namespace != b.namespace {
+        return Transition::Restart(RestartReason::Namespace, Registry::Reset);
+    }
+    if a.dynamo_namespaces != b.dynamo_namespaces {
+        return namespaces_changed(&a.dynamo_namespaces, &b.dynamo_namespaces);
+    }
+    if a.watch_reconnect_backoff != b.watch_reconnect_backoff {
+        return Transition::Restart(RestartReason::Backoff, Registry::KeepUntilResync);
+    }
+    Transition::Restart(RestartReason::Connection, Registry::KeepUntilResync)
 }
 
 /// A namespace-list change: prune when some namespace stays (RELOAD-07), else start over.
@@ -353,6 +382,42 @@ mod tests {
         assert_eq!(
             classify(Some(&a), Some(&b)),
             Transition::Restart(RestartReason::Backoff, Registry::KeepUntilResync)
+        );
+    }
+
+    fn pods(namespace: &str, dynamo: &[&str]) -> DiscoveryPlan {
+        DiscoveryPlan::KubernetesPods(KubernetesConfig {
+            namespace: Some(namespace.into()),
+            dynamo_namespaces: dynamo.iter().map(|s| (*s).to_string()).collect(),
+            model: Some("m".into()),
+            ..KubernetesConfig::default()
+        })
+    }
+
+    #[test]
+    fn pod_source_reloads_reset_only_for_another_kubernetes_namespace() {
+        let a = pods("dynamo", &["x", "y"]);
+        assert_eq!(classify(Some(&a), Some(&a.clone())), Transition::Keep);
+        assert_eq!(
+            classify(Some(&a), Some(&pods("other", &["x", "y"]))),
+            Transition::Restart(RestartReason::Namespace, Registry::Reset)
+        );
+        assert_eq!(
+            classify(Some(&a), Some(&pods("dynamo", &["x"]))),
+            Transition::Restart(RestartReason::Namespaces, Registry::KeepUntilResync)
+        );
+        let DiscoveryPlan::KubernetesPods(mut remodelled) = a.clone() else {
+            unreachable!()
+        };
+        remodelled.model = Some("other-model".into());
+        assert_eq!(
+            classify(Some(&a), Some(&DiscoveryPlan::KubernetesPods(remodelled))),
+            Transition::Restart(RestartReason::Connection, Registry::KeepUntilResync)
+        );
+        // Another source entirely starts over.
+        assert_eq!(
+            classify(Some(&a), Some(&etcd(&["x"]))),
+            Transition::Restart(RestartReason::Source, Registry::Reset)
         );
     }
 }

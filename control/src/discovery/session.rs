@@ -48,6 +48,9 @@ pub enum SessionEnd {
     Disconnected(String),
     /// The supervisor asked the session to stop.
     Stopped,
+    /// The server ended a Kubernetes watch when its `timeoutSeconds` was up: the normal cycle
+    /// (DISC-K8S-POD-19), not a disconnection.
+    WatchEnded,
 }
 
 impl std::fmt::Display for SessionEnd {
@@ -55,10 +58,13 @@ impl std::fmt::Display for SessionEnd {
         match self {
             SessionEnd::SeedFailed(e) => write!(f, "seed failed: {e}"),
             SessionEnd::SeedTimeout => write!(f, "seed timed out after {SEED_TIMEOUT:?}"),
-            SessionEnd::Compacted => f.write_str("watch revision compacted"),
+            SessionEnd::Compacted => {
+                f.write_str("watch revision compacted (resourceVersion expired)")
+            }
             SessionEnd::Cancelled(r) => write!(f, "watch cancelled: {r}"),
             SessionEnd::Disconnected(e) => write!(f, "disconnected: {e}"),
             SessionEnd::Stopped => f.write_str("stopped"),
+            SessionEnd::WatchEnded => f.write_str("the watch ended on time"),
         }
     }
 }

@@ -28,7 +28,10 @@ impl Build {
 
     /// The discovery sources this build implements.
     pub fn supports_source(self, source: DiscoverySource) -> bool {
-        matches!(source, DiscoverySource::Etcd | DiscoverySource::File)
+        matches!(
+            source,
+            DiscoverySource::Etcd | DiscoverySource::File | DiscoverySource::KubernetesPods
+        )
     }
 }
 
@@ -49,7 +52,7 @@ impl Config {
                 field: "dynamo.discovery.source".into(),
                 value: d.discovery.source.as_str().into(),
                 reason:
-                    "this discovery source is not implemented in this build (etcd and file are)"
+                    "this discovery source is not implemented in this build (etcd, file and kubernetes_pods are)"
                         .into(),
             });
         }
@@ -113,5 +116,25 @@ mod tests {
         });
         assert_eq!(errs.len(), 1, "{errs:?}");
         assert_eq!(errs[0].field, "dynamo.kv.enabled");
+    }
+
+    #[test]
+    fn the_metadata_source_is_refused_until_it_is_built_and_the_pod_source_is_not() {
+        let kube = |source: &str, extra: &str| {
+            config(&format!(
+                "backends:\n  - {{ name: fe, type: openai, url: \"http://127.0.0.1:9\" }}\n\
+                 dynamo:\n  enabled: true\n  discovery:\n    source: {source}\n    kubernetes:\n      \
+                 namespace: dynamo\n      dynamo_namespace: ns\n{extra}  shim:\n    backends: [fe]\n"
+            ))
+        };
+        let pods = kube("kubernetes_pods", "      model: m\n");
+        assert!(pods.check_build(Build::FULL).is_empty());
+        let meta = kube("kubernetes", "");
+        let errs = meta.check_build(Build::FULL);
+        assert_eq!(errs.len(), 1, "{errs:?}");
+        assert_eq!(
+            (errs[0].field.as_str(), errs[0].value.as_str()),
+            ("dynamo.discovery.source", "kubernetes")
+        );
     }
 }

@@ -14,13 +14,14 @@ use super::addr::{RawEndpoint, parse_etcd_endpoint};
 use super::convert_namespace::{check_namespace, namespace_list};
 use super::dynamo::{
     Backoff, DEFAULT_NAMESPACE, DiscoveryConfig, DiscoverySource, DynamoConfig, EtcdAuth,
-    EtcdConfig, EtcdScheme, EtcdTls, KubeModel, KubernetesConfig, Secret,
+    EtcdConfig, EtcdScheme, EtcdTls, KUBE_WATCH_IDLE_TIMEOUT, KUBE_WATCH_TIMEOUT, KubeModel,
+    KubernetesConfig, Secret,
 };
 use super::scalar::Scalar;
 use super::user_dynamo::{
     UserBackoff, UserDiscovery, UserDynamo, UserEtcd, UserEtcdAuth, UserKubernetes,
 };
-use super::values::{Ctx, MISSING, index, join};
+use super::values::{Ctx, MISSING, fmt_duration, index, join};
 
 /// Most etcd endpoints (CFG-05).
 const MAX_ENDPOINTS: usize = 16;
@@ -457,13 +458,58 @@ fn kubernetes(
         }
     }
     let watch_reconnect_backoff = backoff(ctx, BASE, u.watch_reconnect_backoff.as_ref());
+    let (watch_timeout, watch_idle_timeout) = kube_watch_timeouts(ctx, u);
     KubernetesConfig {
         namespace,
         dynamo_namespaces,
         model,
         models,
         watch_reconnect_backoff,
+        watch_timeout,
+        watch_idle_timeout,
     }
+}
+
+/// `kubernetes.watch_timeout` (whole seconds, 1 s ..= 1 h) and `watch_idle_timeout` (longer
+/// than it, at most 2 h): DISC-K8S-POD-17.
+fn kube_watch_timeouts(ctx: &mut Ctx<'_>, u: &UserKubernetes) -> (Duration, Duration) {
+    const BASE: &str = "dynamo.discovery.kubernetes";
+    let tf = join(BASE, "watch_timeout");
+    let mut timeout = ctx.duration(
+        &tf,
+        u.watch_timeout.as_ref(),
+        KUBE_WATCH_TIMEOUT,
+        Duration::from_secs(1),
+        Duration::from_secs(3600),
+    );
+    if timeout.subsec_nanos() != 0 {
+        ctx.error(
+            &tf,
+            fmt_duration(timeout),
+            "must be whole seconds (it is sent as timeoutSeconds)",
+        );
+        timeout = KUBE_WATCH_TIMEOUT;
+    }
+    let idf = join(BASE, "watch_idle_timeout");
+    let idle = ctx.duration(
+        &idf,
+        u.watch_idle_timeout.as_ref(),
+        KUBE_WATCH_IDLE_TIMEOUT.max(timeout + Duration::from_secs(30)),
+        Duration::from_secs(2),
+        Duration::from_secs(7200),
+    );
+    if idle <= timeout {
+        ctx.error(
+            &idf,
+            fmt_duration(idle),
+            format!(
+                "must be longer than watch_timeout ({}): a watch that ends on time must never \
+                 count as stalled",
+                fmt_duration(timeout)
+            ),
+        );
+    }
+    (timeout, idle)
 }
 
 /// `kubernetes.models[]` (CFG-25, CFG-26, Q-41).

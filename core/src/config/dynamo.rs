@@ -268,7 +268,7 @@ pub struct KubeModel {
 }
 
 /// `discovery.kubernetes`.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KubernetesConfig {
     /// Kubernetes namespace of the fleet (DNS-1123 label); required by the Kubernetes sources.
     pub namespace: Option<String>,
@@ -281,6 +281,31 @@ pub struct KubernetesConfig {
     pub models: Vec<KubeModel>,
     /// Reconnect backoff.
     pub watch_reconnect_backoff: Backoff,
+    /// How long each watch lasts: the `timeoutSeconds` the API server is asked to end it after
+    /// (DISC-K8S-POD-17; default 290 s, whole seconds).
+    pub watch_timeout: Duration,
+    /// The longest wait for the next event of a watch before it counts as stalled
+    /// (DISC-K8S-POD-17; default 320 s, longer than `watch_timeout`).
+    pub watch_idle_timeout: Duration,
+}
+
+/// The documented default of `kubernetes.watch_timeout` (DISC-K8S-POD-17).
+pub const KUBE_WATCH_TIMEOUT: Duration = Duration::from_secs(290);
+/// The documented default of `kubernetes.watch_idle_timeout` (DISC-K8S-POD-17).
+pub const KUBE_WATCH_IDLE_TIMEOUT: Duration = Duration::from_secs(320);
+
+impl Default for KubernetesConfig {
+    fn default() -> Self {
+        Self {
+            namespace: None,
+            dynamo_namespaces: Vec::new(),
+            model: None,
+            models: Vec::new(),
+            watch_reconnect_backoff: Backoff::default(),
+            watch_timeout: KUBE_WATCH_TIMEOUT,
+            watch_idle_timeout: KUBE_WATCH_IDLE_TIMEOUT,
+        }
+    }
 }
 
 /// `load.transport`.

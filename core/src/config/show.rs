@@ -215,6 +215,11 @@ fn kubernetes(k: &KubernetesConfig) -> Value {
         "watch_reconnect_backoff".into(),
         backoff(&k.watch_reconnect_backoff),
     );
+    m.insert("watch_timeout".into(), json!(fmt_duration(k.watch_timeout)));
+    m.insert(
+        "watch_idle_timeout".into(),
+        json!(fmt_duration(k.watch_idle_timeout)),
+    );
     Value::Object(m)
 }
 

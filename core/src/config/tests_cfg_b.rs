@@ -459,3 +459,41 @@ fn q36_shim_answer_table_is_chosen_explicitly() {
         "dynamo.shim.answers",
     );
 }
+
+#[test]
+fn kube_watch_timeouts_default_to_the_spec_and_must_leave_room_for_a_timely_end() {
+    let body = "namespace: dynamo, dynamo_namespace: a, model: m";
+    let shim = "backends: [fe-a]";
+    let c = &ok(&kube("kubernetes_pods", body, shim)).0;
+    let k = &c.dynamo.discovery.kubernetes;
+    assert_eq!(
+        (k.watch_timeout, k.watch_idle_timeout),
+        (Duration::from_secs(290), Duration::from_secs(320))
+    );
+    let c = &ok(&kube(
+        "kubernetes_pods",
+        &format!("{body}, watch_timeout: 3s, watch_idle_timeout: 5s"),
+        shim,
+    ))
+    .0;
+    let k = &c.dynamo.discovery.kubernetes;
+    assert_eq!(
+        (k.watch_timeout, k.watch_idle_timeout),
+        (Duration::from_secs(3), Duration::from_secs(5))
+    );
+    for (extra, field) in [
+        ("watch_timeout: 1500ms", "watch_timeout"),
+        ("watch_timeout: 0s", "watch_timeout"),
+        ("watch_timeout: 2h", "watch_timeout"),
+        (
+            "watch_timeout: 60s, watch_idle_timeout: 60s",
+            "watch_idle_timeout",
+        ),
+        ("watch_idle_timeout: 100s", "watch_idle_timeout"),
+    ] {
+        rejects(
+            &kube("kubernetes_pods", &format!("{body}, {extra}"), shim),
+            &format!("dynamo.discovery.kubernetes.{field}"),
+        );
+    }
+}

@@ -114,6 +114,10 @@ pub struct UserKubernetes {
     pub models: Option<Vec<UserKubeModel>>,
     /// `watch_reconnect_backoff`.
     pub watch_reconnect_backoff: Option<UserBackoff>,
+    /// `watch_timeout`: the `timeoutSeconds` asked of the API server (whole seconds).
+    pub watch_timeout: Option<Scalar>,
+    /// `watch_idle_timeout`: the longest wait for the next watch event.
+    pub watch_idle_timeout: Option<Scalar>,
 }
 
 /// `dynamo.discovery.kubernetes.models[]`.

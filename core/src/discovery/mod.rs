@@ -18,6 +18,7 @@ mod held;
 pub mod ids;
 pub mod join;
 pub mod keys;
+pub mod kube_wire;
 pub mod mixed;
 pub mod pod_hash;
 pub mod pods;
