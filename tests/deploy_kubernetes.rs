@@ -1,0 +1,143 @@
+//! The Kubernetes manifests (`deploy/kubernetes/`) as `kubectl kustomize` renders them: the
+//! Roles grant only get, list and watch (DISC-RO-08, DISC-K8S-POD-21), bound to the router's
+//! own ServiceAccount, whose token only the discovery overlay mounts; the egress policy lets the
+//! router reach the API server (DISC-K8S-POD-22); and the router config each one ships passes
+//! the router's own `config validate`.
+#![allow(clippy::disallowed_methods)] // end-to-end tests time real processes
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::kube::kubectl_bin;
+use common::{TempDir, run_cli, wait_bounded};
+use serde_yaml_ng::Value;
+
+const DEPLOY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/kubernetes");
+
+/// The documents `kubectl kustomize deploy/kubernetes/<dir>` renders.
+fn render(dir: &str) -> Vec<Value> {
+    let tmp = TempDir::new("kustomize");
+    let out = tmp.path().join("out.yaml");
+    let err = tmp.path().join("err");
+    let mut child = Command::new(kubectl_bin())
+        .args(["kustomize", &format!("{DEPLOY}/{dir}")])
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&out).unwrap())
+        .stderr(std::fs::File::create(&err).unwrap())
+        .spawn()
+        .expect("spawn kubectl");
+    let status = wait_bounded(&mut child, Duration::from_secs(30)).expect("kubectl kustomize");
+    assert!(
+        status.success(),
+        "kubectl kustomize {dir}: {}",
+        std::fs::read_to_string(&err).unwrap_or_default()
+    );
+    let text = std::fs::read_to_string(&out).unwrap();
+    // kustomize separates documents with a `---` line.
+    text.split("\n---\n")
+        .filter(|d| !d.trim().is_empty())
+        .map(|d| serde_yaml_ng::from_str(d).unwrap_or_else(|e| panic!("{e}: {d}")))
+        .collect()
+}
+
+fn of_kind<'a>(docs: &'a [Value], kind: &str) -> Vec<&'a Value> {
+    docs.iter()
+        .filter(|d| d["kind"].as_str() == Some(kind))
+        .collect()
+}
+
+#[cfg(feature = "dynamo")]
+fn strs(v: &Value) -> Vec<&str> {
+    v.as_sequence()
+        .map(|s| s.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default()
+}
+
+/// The router config a rendering ships, checked by `continuum-router config validate`.
+fn validate_shipped_config(docs: &[Value]) -> String {
+    let cms = of_kind(docs, "ConfigMap");
+    assert_eq!(cms.len(), 1);
+    let yaml = cms[0]["data"]["router.yaml"].as_str().expect("router.yaml");
+    let dir = TempDir::new("shipped-config");
+    let path = dir.write("router.yaml", yaml);
+    let out = run_cli(&["config", "validate", "--config", &path.to_string_lossy()]);
+    assert_eq!(out.code, Some(0), "{}{}", out.stdout, out.stderr);
+    yaml.to_owned()
+}
+
+#[test]
+fn the_base_mounts_no_token_and_grants_nothing() {
+    let docs = render("base");
+    assert!(of_kind(&docs, "Role").is_empty() && of_kind(&docs, "RoleBinding").is_empty());
+    let sa = of_kind(&docs, "ServiceAccount");
+    assert_eq!(sa[0]["automountServiceAccountToken"].as_bool(), Some(false));
+    let dep = of_kind(&docs, "Deployment")[0];
+    let pod = &dep["spec"]["template"]["spec"];
+    assert_eq!(pod["serviceAccountName"].as_str(), Some("continuum-router"));
+    assert_eq!(pod["automountServiceAccountToken"].as_bool(), Some(false));
+    // The Service and the Deployment select the same Pods.
+    let svc = of_kind(&docs, "Service")[0];
+    assert_eq!(
+        svc["spec"]["selector"], dep["spec"]["selector"]["matchLabels"],
+        "selectors differ"
+    );
+    assert_eq!(
+        dep["spec"]["template"]["metadata"]["labels"],
+        dep["spec"]["selector"]["matchLabels"]
+    );
+    validate_shipped_config(&docs);
+}
+
+#[cfg(feature = "dynamo")]
+#[test]
+fn the_pod_discovery_overlay_grants_only_read_verbs_on_pods_to_the_routers_own_account() {
+    let docs = render("overlays/dynamo-pod-discovery");
+    let roles = of_kind(&docs, "Role");
+    assert_eq!(roles.len(), 1);
+    let role = roles[0];
+    assert_eq!(
+        role["metadata"]["name"].as_str(),
+        Some("continuum-router-dynamo-pod-reader")
+    );
+    let rules = role["rules"].as_sequence().unwrap();
+    assert_eq!(rules.len(), 1);
+    assert_eq!(strs(&rules[0]["apiGroups"]), vec![""]);
+    assert_eq!(strs(&rules[0]["resources"]), vec!["pods"]);
+    assert_eq!(strs(&rules[0]["verbs"]), vec!["get", "list", "watch"]);
+    assert!(
+        of_kind(&docs, "ClusterRole").is_empty() && of_kind(&docs, "ClusterRoleBinding").is_empty()
+    );
+    // Bound to the router's own ServiceAccount, in the fleet namespace, which mounts the token.
+    let ns = role["metadata"]["namespace"].as_str().unwrap();
+    let binding = of_kind(&docs, "RoleBinding")[0];
+    assert_eq!(binding["roleRef"]["name"], role["metadata"]["name"]);
+    assert_eq!(binding["roleRef"]["kind"].as_str(), Some("Role"));
+    let subjects = binding["subjects"].as_sequence().unwrap();
+    assert_eq!(subjects.len(), 1);
+    assert_eq!(subjects[0]["name"].as_str(), Some("continuum-router"));
+    assert_eq!(subjects[0]["namespace"].as_str(), Some(ns));
+    let sa = of_kind(&docs, "ServiceAccount")[0];
+    assert_eq!(sa["automountServiceAccountToken"].as_bool(), Some(true));
+    let pod = &of_kind(&docs, "Deployment")[0]["spec"]["template"]["spec"];
+    assert_eq!(pod["automountServiceAccountToken"].as_bool(), Some(true));
+    assert_eq!(pod["serviceAccountName"].as_str(), Some("continuum-router"));
+    // Egress to the API server on 443 and 6443.
+    let np = of_kind(&docs, "NetworkPolicy")[0];
+    assert_eq!(strs(&np["spec"]["policyTypes"]), vec!["Egress"]);
+    let ports: Vec<i64> = np["spec"]["egress"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .flat_map(|r| r["ports"].as_sequence().cloned().unwrap_or_default())
+        .filter(|p| p["protocol"].as_str() == Some("TCP"))
+        .filter_map(|p| p["port"].as_i64())
+        .collect();
+    assert!(ports.contains(&443) && ports.contains(&6443), "{ports:?}");
+    // The shipped config reads the Pods of that namespace.
+    let yaml = validate_shipped_config(&docs);
+    assert!(yaml.contains("source: kubernetes_pods"), "{yaml}");
+    assert!(yaml.contains(&format!("namespace: {ns}")), "{yaml}");
+}
