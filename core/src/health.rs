@@ -425,8 +425,9 @@ pub fn probe_status(buf: &[u8]) -> Result<Option<u16>, ProbeError> {
         .or_else(|| line.strip_prefix(b"HTTP/1.0 "))
         .ok_or(ProbeError::Malformed)?;
     match rest {
-        [a, b, c, tail @ ..]
-            if [a, b, c].iter().all(|d| d.is_ascii_digit())
+        // Three digits, the first not 0 (status codes are 100..=999).
+        [a @ b'1'..=b'9', b, c, tail @ ..]
+            if [b, c].iter().all(|d| d.is_ascii_digit())
                 && (tail.is_empty() || tail[0] == b' ') =>
         {
             Ok(Some(

@@ -268,6 +268,9 @@ fn probe_status_reads_only_a_complete_http1_status_line() {
         b"HTTP/1.1 2x0 OK\r\n",
         b"SSH-2.0-OpenSSH\r\n",
         b"HTTP/1.1 \r\n",
+        // Found by the `health_probe` fuzz target: a status code must be 100..=999.
+        b"HTTP/1.0 006 Service\r\n",
+        b"HTTP/1.1 099\r\n",
     ] {
         assert_eq!(probe_status(bad), Err(ProbeError::Malformed), "{bad:?}");
     }
