@@ -2,8 +2,9 @@
 //!
 //! The control thread reads each `https://` backend's trust anchors (its `tls.ca_cert` file or
 //! the system roots) when it loads a config, builds one rustls client config per distinct
-//! (anchors, server name) and publishes them in the snapshot next to the backend addresses
-//! ([`crate::snapshot::RouterSnapshot::backend_tls`]). Nothing here reads files or sockets.
+//! (anchors, server name) and publishes them in the router snapshot next to the backend
+//! addresses (its `backend_tls` table, which names this module's types; this module names no
+//! other). Nothing here reads files or sockets.
 //!
 //! Invariants:
 //! - a context exists for a backend exactly when its URL is `https://` and its anchors loaded;

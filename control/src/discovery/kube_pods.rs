@@ -50,6 +50,7 @@ pub struct PodsState {
     table: PodTable,
     duplicates: BTreeSet<String>,
     refused: BTreeSet<String>,
+    unmapped: BTreeSet<String>,
     over_cap_logged: bool,
 }
 
@@ -71,9 +72,12 @@ impl PodsState {
             sink.count(DiscoveryEventKind::Refused, new_refused.len() as u64);
         }
         self.refused = refused;
-        for name in &w.unmapped {
+        // One debug line when a Pod becomes a ready worker no model maps (DISC-K8S-POD-10).
+        let unmapped: BTreeSet<String> = w.unmapped.iter().cloned().collect();
+        for name in unmapped.difference(&self.unmapped) {
             tracing::debug!(pod = %name, "worker Pod of a component no model is configured for: held, not published");
         }
+        self.unmapped = unmapped;
         Arc::new(FleetView {
             workers: w.workers,
             publishers: Vec::new(),
