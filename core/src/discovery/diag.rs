@@ -66,7 +66,8 @@ impl DiscoveryEventKind {
         }
     }
 
-    const fn index(self) -> usize {
+    /// The kind's position in [`DiscoveryEventKind::ALL`] (a counter array index).
+    pub const fn index(self) -> usize {
         match self {
             DiscoveryEventKind::Duplicate => 0,
             DiscoveryEventKind::Malformed => 1,

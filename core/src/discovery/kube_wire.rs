@@ -10,7 +10,9 @@
 //! calling ([`MAX_PAGE_BYTES`], [`MAX_EVENT_BYTES`]); a resourceVersion or continue token longer
 //! than [`MAX_TOKEN`] is refused rather than echoed back to the server.
 
+use serde::Deserialize;
 use serde_json::Value;
+use serde_json::value::RawValue;
 
 /// Largest list page read (500 Pods of ~20 KiB each fit many times over).
 pub const MAX_PAGE_BYTES: usize = 64 * 1024 * 1024;
@@ -33,16 +35,20 @@ pub enum WireError {
     TokenTooLong,
 }
 
-/// One page of a list.
+/// One page of a list; its objects parsed (`Value`) or kept as the server's text
+/// ([`RawObject`], for sources that pass parts of an object on byte for byte).
 #[derive(Debug, Clone, PartialEq)]
-pub struct ListPage {
+pub struct ListPage<T = Value> {
     /// The list's resourceVersion (watch from here after the last page).
     pub resource_version: String,
     /// The token for the next page; `None` on the last one.
     pub continue_token: Option<String>,
     /// The objects.
-    pub items: Vec<Value>,
+    pub items: Vec<T>,
 }
+
+/// An object as the server's JSON text (always a JSON object).
+pub type RawObject = Box<RawValue>;
 
 /// A `Status` object: what an error answer or an `ERROR` watch event says.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -62,15 +68,15 @@ impl ApiStatus {
     }
 }
 
-/// One watch event.
+/// One watch event (its object parsed, or as text: see [`ListPage`]).
 #[derive(Debug, Clone, PartialEq)]
-pub enum WatchEvent {
+pub enum WatchEvent<T = Value> {
     /// An object appeared.
-    Added(Value),
+    Added(T),
     /// An object changed.
-    Modified(Value),
+    Modified(T),
     /// An object went away (its last state).
-    Deleted(Value),
+    Deleted(T),
     /// The server's progress mark.
     Bookmark {
         /// The resourceVersion reached.
@@ -144,7 +150,12 @@ pub fn parse_watch_line(line: &[u8]) -> Result<WatchEvent, WireError> {
         Some(o @ Value::Object(_)) => o,
         _ => return Err(WireError::Shape("watch event", "no object".into())),
     };
-    match kind.as_str() {
+    typed_event(&kind, object)
+}
+
+/// The event of `kind` carrying `object`.
+fn typed_event(kind: &str, object: Value) -> Result<WatchEvent, WireError> {
+    match kind {
         "ADDED" => Ok(WatchEvent::Added(object)),
         "MODIFIED" => Ok(WatchEvent::Modified(object)),
         "DELETED" => Ok(WatchEvent::Deleted(object)),
@@ -161,6 +172,75 @@ pub fn parse_watch_line(line: &[u8]) -> Result<WatchEvent, WireError> {
             reason: String::new(),
             message: "an ERROR event without a Status".into(),
         }))),
+        _ => Err(WireError::UnknownType(kind.chars().take(64).collect())),
+    }
+}
+
+/// The list metadata and the items as text.
+#[derive(Deserialize)]
+struct RawList {
+    #[serde(default)]
+    metadata: Option<Value>,
+    #[serde(default)]
+    items: Option<Vec<RawObject>>,
+}
+
+/// Parse one list page, keeping every item as the server's text ([`RawObject`]); an item that
+/// is not a JSON object refuses the page, as [`parse_list_page`] would not.
+pub fn parse_list_page_raw(bytes: &[u8]) -> Result<ListPage<RawObject>, WireError> {
+    let list: RawList =
+        serde_json::from_slice(bytes).map_err(|e| WireError::Shape("list", e.to_string()))?;
+    let meta = list.metadata.as_ref();
+    let resource_version = token(meta.and_then(|m| m.get("resourceVersion")))?.unwrap_or_default();
+    let continue_token = token(meta.and_then(|m| m.get("continue")))?;
+    let items = list.items.unwrap_or_default();
+    if items.iter().any(|i| !i.get().starts_with('{')) {
+        return Err(WireError::Shape("list", "an item is not an object".into()));
+    }
+    Ok(ListPage {
+        resource_version,
+        continue_token,
+        items,
+    })
+}
+
+#[derive(Deserialize)]
+struct RawLine {
+    #[serde(rename = "type", default)]
+    kind: Option<Value>,
+    #[serde(default)]
+    object: Option<RawObject>,
+}
+
+/// Parse one watch line, keeping an added, modified or deleted object as the server's text.
+pub fn parse_watch_line_raw(line: &[u8]) -> Result<WatchEvent<RawObject>, WireError> {
+    let raw: RawLine =
+        serde_json::from_slice(line).map_err(|e| WireError::Shape("watch event", e.to_string()))?;
+    let Some(Value::String(kind)) = raw.kind else {
+        return Err(WireError::Shape("watch event", "no type".into()));
+    };
+    let object = match raw.object {
+        Some(o) if o.get().starts_with('{') => o,
+        _ => return Err(WireError::Shape("watch event", "no object".into())),
+    };
+    match kind.as_str() {
+        "ADDED" => Ok(WatchEvent::Added(object)),
+        "MODIFIED" => Ok(WatchEvent::Modified(object)),
+        "DELETED" => Ok(WatchEvent::Deleted(object)),
+        "BOOKMARK" | "ERROR" => {
+            // Small objects: read them as the parsed form does.
+            let v: Value = serde_json::from_str(object.get())
+                .map_err(|e| WireError::Shape("watch event", e.to_string()))?;
+            Ok(match typed_event(&kind, v)? {
+                WatchEvent::Bookmark { resource_version } => {
+                    WatchEvent::Bookmark { resource_version }
+                }
+                WatchEvent::Error(s) => WatchEvent::Error(s),
+                WatchEvent::Added(_) | WatchEvent::Modified(_) | WatchEvent::Deleted(_) => {
+                    return Err(WireError::UnknownType(kind));
+                }
+            })
+        }
         _ => Err(WireError::UnknownType(kind.chars().take(64).collect())),
     }
 }

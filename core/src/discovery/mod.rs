@@ -19,6 +19,7 @@ pub mod ids;
 pub mod join;
 pub mod keys;
 pub mod kube_wire;
+pub mod meta;
 pub mod mixed;
 pub mod pod_hash;
 pub mod pods;

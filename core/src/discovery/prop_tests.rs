@@ -8,31 +8,7 @@ use std::sync::Arc;
 
 use super::fleet::FleetView;
 use super::reducer::Reducer;
-use super::test_support::{Kv, card, card_json, channel, del, endpoint, put, source};
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.0 = x;
-        x
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-
-    fn shuffle<T>(&mut self, v: &mut [T]) {
-        for i in (1..v.len()).rev() {
-            let j = self.below(i as u64 + 1) as usize;
-            v.swap(i, j);
-        }
-    }
-}
+use super::test_support::{Kv, Rng, card, card_json, channel, del, endpoint, put, source};
 
 const NAMESPACES: [&str; 2] = ["ns", "ns.two"];
 const COMPONENTS: [&str; 3] = ["prefill", "decode", "backend"];

@@ -10,6 +10,36 @@ use super::reducer::{KvEvent, Reducer};
 
 pub(crate) const T0: UnixMillis = UnixMillis(1_790_136_662_000);
 
+/// A small deterministic generator (xorshift64) for property and differential tests: every
+/// case is reproducible from its seed, and the crate needs no extra dependency.
+pub(crate) struct Rng(pub(crate) u64);
+
+impl Rng {
+    pub(crate) fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.0 = x;
+        x
+    }
+
+    pub(crate) fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+
+    pub(crate) fn shuffle<T>(&mut self, v: &mut [T]) {
+        for i in (1..v.len()).rev() {
+            let j = self.below(i as u64 + 1) as usize;
+            v.swap(i, j);
+        }
+    }
+
+    pub(crate) fn pick<'a, T>(&mut self, v: &'a [T]) -> &'a T {
+        &v[self.below(v.len() as u64) as usize]
+    }
+}
+
 /// A key/value pair.
 pub(crate) type Kv = (String, String);
 
