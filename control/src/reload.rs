@@ -230,13 +230,6 @@ impl State {
                 );
                 None
             }
-            Err(NotRunnable::SourceUnsupported(src)) => {
-                tracing::warn!(
-                    source = src.as_str(),
-                    "this discovery source is not supported by this build: discovery is disabled"
-                );
-                None
-            }
             Err(NotRunnable::MissingSetting(field)) => {
                 tracing::warn!(field, "discovery needs this setting: discovery is disabled");
                 None

@@ -130,6 +130,27 @@ pub async fn list_page(
     limit: u32,
     continue_token: Option<&str>,
 ) -> Result<ListPage, KubeError> {
+    let bytes = list_bytes(
+        client,
+        path,
+        label_selector,
+        limit,
+        continue_token,
+        MAX_PAGE_BYTES,
+    )
+    .await?;
+    Ok(kube_wire::parse_list_page(&bytes)?)
+}
+
+/// One list page of `path` as the server's text, at most `cap` bytes.
+pub async fn list_bytes(
+    client: &kube::Client,
+    path: &str,
+    label_selector: Option<&str>,
+    limit: u32,
+    continue_token: Option<&str>,
+    cap: usize,
+) -> Result<Vec<u8>, KubeError> {
     let mut lp = kube::api::ListParams::default().limit(limit);
     if let Some(s) = label_selector {
         lp = lp.labels(s);
@@ -141,8 +162,7 @@ pub async fn list_page(
         .list(&lp)
         .map_err(|e| KubeError::Transport(e.to_string()))?;
     let body = get(client, req).await?;
-    let bytes = read_all(body, MAX_PAGE_BYTES).await?;
-    Ok(kube_wire::parse_list_page(&bytes)?)
+    read_all(body, cap).await
 }
 
 /// An open watch: its events, one line at a time.
@@ -188,12 +208,19 @@ impl Watch {
     /// The next event; `None` when the server ended the watch (its `timeoutSeconds`, or any
     /// clean end). A body cut short (no final chunk) is an `Err`.
     pub async fn next(&mut self) -> Option<Result<WatchEvent, KubeError>> {
+        let line = self.next_line().await?;
+        Some(line.and_then(|l| kube_wire::parse_watch_line(&l).map_err(KubeError::from)))
+    }
+
+    /// The next non-blank line of the stream, unparsed (`None` and errors as [`Watch::next`]).
+    /// Cancel-safe: a line is taken from the buffer only when it is returned.
+    pub async fn next_line(&mut self) -> Option<Result<Vec<u8>, KubeError>> {
         loop {
             if let Some(line) = self.take_line() {
                 if line.iter().all(u8::is_ascii_whitespace) {
                     continue;
                 }
-                return Some(kube_wire::parse_watch_line(&line).map_err(KubeError::from));
+                return Some(Ok(line));
             }
             if self.buf.len() > MAX_EVENT_BYTES {
                 return Some(Err(KubeError::TooLarge(MAX_EVENT_BYTES)));
@@ -203,8 +230,7 @@ impl Watch {
                     return if self.buf.iter().all(u8::is_ascii_whitespace) {
                         None
                     } else {
-                        let rest = std::mem::take(&mut self.buf);
-                        Some(kube_wire::parse_watch_line(&rest).map_err(KubeError::from))
+                        Some(Ok(std::mem::take(&mut self.buf)))
                     };
                 }
                 Some(Err(e)) => return Some(Err(KubeError::Transport(e.to_string()))),

@@ -1,8 +1,10 @@
 //! Dynamo discovery on the control thread: a supervisor that runs at most one watcher task,
 //! restarts it as reloads require, and feeds every new fleet view to the control loop.
 //!
-//! The watcher task owns a session loop (`session.rs`) over a source (`etcd.rs`, or the Dynamo
-//! file store in `file.rs`), with the doubling backoff of DISC-ETCD-05/06 between sessions. It never publishes a snapshot itself:
+//! The watcher task owns a session loop (`session.rs`) over a source (`etcd.rs`, the Dynamo
+//! file store in `file.rs`, or the Kubernetes metadata source in `kube_meta.rs`), with the
+//! doubling backoff of DISC-ETCD-05/06 between sessions; the Pod source (`kube_pods.rs`) has a
+//! loop of its own, as it feeds no reducer. It never publishes a snapshot itself:
 //! it sends [`FleetUpdate`]s tagged with its epoch, and the control loop, the one writer of the
 //! snapshot cell, ignores updates from a replaced watcher.
 //!
@@ -18,6 +20,8 @@ pub mod etcd;
 pub mod file;
 #[cfg(feature = "dynamo")]
 pub mod kube_client;
+#[cfg(feature = "dynamo")]
+pub mod kube_meta;
 #[cfg(feature = "dynamo")]
 pub mod kube_pods;
 pub mod plan;
@@ -205,33 +209,34 @@ async fn run_watcher(
     mut stop: watch::Receiver<bool>,
 ) {
     #[cfg(feature = "dynamo")]
-    if let DiscoveryPlan::KubernetesPods(cfg) = &plan {
-        return run_pods_watcher(cfg, epoch, &updates, &stats, &mut stop).await;
+    match &plan {
+        DiscoveryPlan::KubernetesPods(cfg) => {
+            return run_pods_watcher(cfg, epoch, &updates, &stats, &mut stop).await;
+        }
+        DiscoveryPlan::KubernetesMetadata(cfg) => {
+            let mut views = ViewSender::new(epoch, &updates, &stats, &reducer);
+            return run_meta_watcher(cfg, &reducer, &mut views, &stats, &mut stop).await;
+        }
+        DiscoveryPlan::Etcd(_) | DiscoveryPlan::File(_) => {}
     }
     // The file source has no backoff setting of its own: it uses the documented default.
     let b = match &plan {
         DiscoveryPlan::Etcd(cfg) => cfg.watch_reconnect_backoff,
         DiscoveryPlan::File(_) => Backoff::default(),
-        DiscoveryPlan::KubernetesPods(cfg) => cfg.watch_reconnect_backoff,
+        DiscoveryPlan::KubernetesPods(cfg) | DiscoveryPlan::KubernetesMetadata(cfg) => {
+            cfg.watch_reconnect_backoff
+        }
     };
     let mut backoff = DoublingBackoff::new(b.initial, b.max, b.max);
-    let mut seen = session::lock(&reducer).counts();
-    let mut last: Option<Arc<FleetView>> = None;
+    let mut views = ViewSender::new(epoch, &updates, &stats, &reducer);
     loop {
         let outcome = {
-            let mut publish = |view: Arc<FleetView>| {
-                report(&reducer, &mut seen, &stats);
-                if last.as_ref().is_some_and(|l| Arc::ptr_eq(l, &view)) {
-                    return;
-                }
-                last = Some(view.clone());
-                let _ = updates.send(FleetUpdate { epoch, fleet: view });
-            };
+            let mut publish = |view: Arc<FleetView>| views.send(view);
             run_session(&plan, &reducer, &mut publish, &stats, &mut stop).await
         };
         stats.discovery_connected.store(0, Ordering::Relaxed);
         let Some(report_) = outcome else { return };
-        report(&reducer, &mut seen, &stats);
+        views.report();
         let delay = backoff.session_ended(report_.healthy_for);
         tracing::warn!(
             end = %report_.end,
@@ -239,6 +244,101 @@ async fn run_watcher(
             retry_in = ?delay,
             "dynamo discovery session ended; full resync after backoff"
         );
+        tokio::select! {
+            _ = tokio::time::sleep(delay) => {}
+            _ = stop.changed() => return,
+        }
+    }
+}
+
+/// Sends a watcher's views to the control loop, each once, after reporting the reducer's
+/// diagnostics.
+struct ViewSender<'a> {
+    epoch: u64,
+    updates: &'a mpsc::UnboundedSender<FleetUpdate>,
+    stats: &'a ControlStats,
+    reducer: &'a Mutex<Reducer>,
+    seen: EventCounts,
+    last: Option<Arc<FleetView>>,
+}
+
+impl<'a> ViewSender<'a> {
+    fn new(
+        epoch: u64,
+        updates: &'a mpsc::UnboundedSender<FleetUpdate>,
+        stats: &'a ControlStats,
+        reducer: &'a Mutex<Reducer>,
+    ) -> Self {
+        Self {
+            epoch,
+            updates,
+            stats,
+            reducer,
+            seen: session::lock(reducer).counts(),
+            last: None,
+        }
+    }
+
+    fn report(&mut self) {
+        report(self.reducer, &mut self.seen, self.stats);
+    }
+
+    fn send(&mut self, view: Arc<FleetView>) {
+        self.report();
+        if self.last.as_ref().is_some_and(|l| Arc::ptr_eq(l, &view)) {
+            return;
+        }
+        self.last = Some(view.clone());
+        let _ = self.updates.send(FleetUpdate {
+            epoch: self.epoch,
+            fleet: view,
+        });
+    }
+}
+
+/// The `kubernetes` (metadata) watcher: sessions of one [`kube_meta::MetaSource`] through the
+/// etcd session driver, with the Pod source's backoff rule (a session that lasted
+/// `min(backoff.max, watch_timeout)` from its connect resets it, DISC-K8S-POD-19 via -26) and
+/// `connected` kept at 1 through a watch the server ended on time.
+#[cfg(feature = "dynamo")]
+async fn run_meta_watcher(
+    cfg: &continuum_core::config::dynamo::KubernetesConfig,
+    reducer: &Mutex<Reducer>,
+    views: &mut ViewSender<'_>,
+    stats: &Arc<ControlStats>,
+    stop: &mut watch::Receiver<bool>,
+) {
+    let b = cfg.watch_reconnect_backoff;
+    let mut backoff = DoublingBackoff::new(b.initial, b.max, b.max.min(cfg.watch_timeout));
+    let mut source = kube_meta::MetaSource::new(cfg.clone(), stats.clone());
+    loop {
+        let started = crate::clock::instant();
+        let report_ = {
+            let publish = |view: Arc<FleetView>| views.send(view);
+            // Only "up" is passed on: how a session ended decides "down" below.
+            let connected = |up: bool| {
+                if up {
+                    stats.discovery_connected.store(1, Ordering::Relaxed);
+                }
+            };
+            tokio::select! {
+                r = session::drive_session(&mut source, reducer, publish, connected) => r,
+                _ = stop.changed() => return,
+            }
+        };
+        views.report();
+        let delay = backoff.session_ended(started.elapsed());
+        if report_.end == session::SessionEnd::WatchEnded {
+            tracing::debug!(retry_in = ?delay, "metadata watch ended on time; listing both again");
+        } else {
+            stats.discovery_connected.store(0, Ordering::Relaxed);
+            tracing::warn!(
+                end = %report_.end,
+                healthy_for = ?report_.healthy_for,
+                retry_in = ?delay,
+                "Kubernetes metadata discovery session ended; full re-list of both after backoff"
+            );
+        }
         tokio::select! {
             _ = tokio::time::sleep(delay) => {}
             _ = stop.changed() => return,
@@ -264,8 +364,8 @@ async fn run_session(
             let mut source = file::FileSource::new(cfg.clone());
             until_stopped(&mut source, reducer, publish, stats, stop).await
         }
-        // Run by `run_pods_watcher`, never here.
-        DiscoveryPlan::KubernetesPods(_) => {
+        // Run by their own watchers, never here.
+        DiscoveryPlan::KubernetesPods(_) | DiscoveryPlan::KubernetesMetadata(_) => {
             let _ = stop.changed().await;
             None
         }

@@ -16,6 +16,8 @@ pub enum DiscoveryPlan {
     File(FilePlan),
     /// List and watch the fleet's Pods through the Kubernetes API (DISC-K8S-POD).
     KubernetesPods(KubernetesConfig),
+    /// List and watch `DynamoWorkerMetadata` resources and EndpointSlices (DISC-K8S-META).
+    KubernetesMetadata(KubernetesConfig),
 }
 
 /// `dynamo.discovery.file` with its root resolved (the config requires it for this source).
@@ -34,8 +36,6 @@ pub struct FilePlan {
 pub enum NotRunnable {
     /// The binary was built without the `dynamo` feature (CFG-04).
     FeatureMissing,
-    /// The configured source is not implemented in this build.
-    SourceUnsupported(DiscoverySource),
     /// A setting the source needs is absent (validation rejects this; kept typed, not assumed).
     MissingSetting(&'static str),
 }
@@ -71,7 +71,15 @@ pub fn plan_for(config: &Config) -> Result<Option<DiscoveryPlan>, NotRunnable> {
             }
             Ok(Some(DiscoveryPlan::KubernetesPods(k.clone())))
         }
-        other => Err(NotRunnable::SourceUnsupported(other)),
+        DiscoverySource::Kubernetes => {
+            let k = &d.discovery.kubernetes;
+            if k.namespace.is_none() {
+                return Err(NotRunnable::MissingSetting(
+                    "dynamo.discovery.kubernetes.namespace",
+                ));
+            }
+            Ok(Some(DiscoveryPlan::KubernetesMetadata(k.clone())))
+        }
     }
 }
 
@@ -138,6 +146,10 @@ pub fn classify(old: Option<&DiscoveryPlan>, new: Option<&DiscoveryPlan>) -> Tra
         (Some(DiscoveryPlan::KubernetesPods(a)), Some(DiscoveryPlan::KubernetesPods(b))) => {
             classify_pods(a, b)
         }
+        (
+            Some(DiscoveryPlan::KubernetesMetadata(a)),
+            Some(DiscoveryPlan::KubernetesMetadata(b)),
+        ) => classify_metadata(a, b),
         // Another source: the records come from elsewhere; start over (RELOAD-13).
         (Some(_), Some(_)) => Transition::Restart(RestartReason::Source, Registry::Reset),
     }
@@ -159,6 +171,17 @@ fn classify_pods(a: &KubernetesConfig, b: &KubernetesConfig) -> Transition {
         return Transition::Restart(RestartReason::Backoff, Registry::KeepUntilResync);
     }
     Transition::Restart(RestartReason::Connection, Registry::KeepUntilResync)
+}
+
+/// As for Pods (DISC-K8S-META-26), except that `model` and `models` mean nothing to this source
+/// (the cards name the models): a change of only those keeps the watcher (RELOAD-15).
+fn classify_metadata(a: &KubernetesConfig, b: &KubernetesConfig) -> Transition {
+    let unmodelled = |c: &KubernetesConfig| KubernetesConfig {
+        model: None,
+        models: Vec::new(),
+        ..c.clone()
+    };
+    classify_pods(&unmodelled(a), &unmodelled(b))
 }
 
 /// A namespace-list change: prune when some namespace stays (RELOAD-07), else start over.
@@ -417,6 +440,57 @@ mod tests {
         // Another source entirely starts over.
         assert_eq!(
             classify(Some(&a), Some(&etcd(&["x"]))),
+            Transition::Restart(RestartReason::Source, Registry::Reset)
+        );
+    }
+
+    fn metadata(namespace: &str, dynamo: &[&str]) -> DiscoveryPlan {
+        let DiscoveryPlan::KubernetesPods(k) = pods(namespace, dynamo) else {
+            unreachable!()
+        };
+        DiscoveryPlan::KubernetesMetadata(k)
+    }
+
+    #[test]
+    fn metadata_source_reloads_follow_the_pod_rules_but_ignore_models() {
+        let a = metadata("dynamo", &["x", "y"]);
+        assert_eq!(classify(Some(&a), Some(&a.clone())), Transition::Keep);
+        assert_eq!(
+            classify(Some(&a), Some(&metadata("other", &["x", "y"]))),
+            Transition::Restart(RestartReason::Namespace, Registry::Reset)
+        );
+        assert_eq!(
+            classify(Some(&a), Some(&metadata("dynamo", &["x"]))),
+            Transition::Restart(RestartReason::Namespaces, Registry::KeepUntilResync)
+        );
+        assert_eq!(
+            classify(Some(&a), Some(&metadata("dynamo", &["z"]))),
+            Transition::Restart(RestartReason::Namespace, Registry::Reset)
+        );
+        // RELOAD-15: only model / models changed: the watcher and the registry stay.
+        let DiscoveryPlan::KubernetesMetadata(mut remodelled) = a.clone() else {
+            unreachable!()
+        };
+        remodelled.model = Some("other-model".into());
+        remodelled.models = vec![];
+        assert_eq!(
+            classify(
+                Some(&a),
+                Some(&DiscoveryPlan::KubernetesMetadata(remodelled.clone()))
+            ),
+            Transition::Keep
+        );
+        remodelled.watch_timeout = Duration::from_secs(10);
+        assert_eq!(
+            classify(
+                Some(&a),
+                Some(&DiscoveryPlan::KubernetesMetadata(remodelled))
+            ),
+            Transition::Restart(RestartReason::Connection, Registry::KeepUntilResync)
+        );
+        // RELOAD-13: from or to another source.
+        assert_eq!(
+            classify(Some(&a), Some(&pods("dynamo", &["x", "y"]))),
             Transition::Restart(RestartReason::Source, Registry::Reset)
         );
     }

@@ -1,19 +1,18 @@
 //! What this binary was built with, and the refusal of configs that need more (BUILD-01..03).
 //!
 //! A config that validates must do what it says: `dynamo.enabled` in a build without the `dynamo`
-//! feature, `dynamo.kv.enabled` without `dynamo-kv`, or a discovery source this build does not
-//! implement, is an error of `config validate`, of startup and of every reload — never a log line
-//! and a silently disabled feature.
+//! feature or `dynamo.kv.enabled` without `dynamo-kv` is an error of `config validate`, of
+//! startup and of every reload — never a log line and a silently disabled feature. (Every
+//! discovery source is implemented in a `dynamo` build.)
 //!
 //! Invariant: [`Config::check_build`] only reads the config; it never changes what validated.
 
-use super::dynamo::DiscoverySource;
 use super::{Config, FieldError};
 
 /// The optional features compiled into the running binary.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Build {
-    /// Cargo feature `dynamo`: discovery (etcd, file store) and load ingest.
+    /// Cargo feature `dynamo`: discovery (etcd, file store, Kubernetes) and load ingest.
     pub dynamo: bool,
     /// Cargo feature `dynamo-kv`: kv-events ingest and the KV index (KV-IDX-01).
     pub dynamo_kv: bool,
@@ -25,14 +24,6 @@ impl Build {
         dynamo: true,
         dynamo_kv: true,
     };
-
-    /// The discovery sources this build implements.
-    pub fn supports_source(self, source: DiscoverySource) -> bool {
-        matches!(
-            source,
-            DiscoverySource::Etcd | DiscoverySource::File | DiscoverySource::KubernetesPods
-        )
-    }
 }
 
 impl Config {
@@ -45,15 +36,6 @@ impl Config {
                 field: "dynamo.enabled".into(),
                 value: "true".into(),
                 reason: "this binary was built without the `dynamo` feature".into(),
-            });
-        }
-        if d.enabled && build.dynamo && !build.supports_source(d.discovery.source) {
-            errors.push(FieldError {
-                field: "dynamo.discovery.source".into(),
-                value: d.discovery.source.as_str().into(),
-                reason:
-                    "this discovery source is not implemented in this build (etcd, file and kubernetes_pods are)"
-                        .into(),
             });
         }
         if d.kv.enabled && !build.dynamo_kv {
@@ -119,7 +101,7 @@ mod tests {
     }
 
     #[test]
-    fn the_metadata_source_is_refused_until_it_is_built_and_the_pod_source_is_not() {
+    fn both_kubernetes_sources_fit_a_dynamo_build() {
         let kube = |source: &str, extra: &str| {
             config(&format!(
                 "backends:\n  - {{ name: fe, type: openai, url: \"http://127.0.0.1:9\" }}\n\
@@ -127,14 +109,17 @@ mod tests {
                  namespace: dynamo\n      dynamo_namespace: ns\n{extra}  shim:\n    backends: [fe]\n"
             ))
         };
-        let pods = kube("kubernetes_pods", "      model: m\n");
-        assert!(pods.check_build(Build::FULL).is_empty());
-        let meta = kube("kubernetes", "");
-        let errs = meta.check_build(Build::FULL);
-        assert_eq!(errs.len(), 1, "{errs:?}");
-        assert_eq!(
-            (errs[0].field.as_str(), errs[0].value.as_str()),
-            ("dynamo.discovery.source", "kubernetes")
-        );
+        for c in [
+            kube("kubernetes_pods", "      model: m\n"),
+            kube("kubernetes", ""),
+        ] {
+            assert!(c.check_build(Build::FULL).is_empty());
+            let errs = c.check_build(Build {
+                dynamo: false,
+                dynamo_kv: false,
+            });
+            assert_eq!(errs.len(), 1, "{errs:?}");
+            assert_eq!(errs[0].field, "dynamo.enabled");
+        }
     }
 }

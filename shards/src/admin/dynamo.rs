@@ -46,7 +46,8 @@ pub(crate) fn workers_json(snap: &RouterSnapshot, control: &ControlStats, load: 
             d.discovery.kubernetes.dynamo_namespaces.clone(),
         ),
     };
-    // The file source carries the same records as etcd: capacity and load signals included.
+    // The file store and the metadata source carry the records etcd does: capacity and load
+    // signals included (DISC-K8S-META-08); Pods carry none.
     let signals = source != DiscoverySource::KubernetesPods;
     let enabled = d.enabled;
     let fleet = &snap.fleet;
