@@ -14,16 +14,8 @@ mod common;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use common::kube::{FakeApiServer, operator_pod};
+use common::kube::{FakeApiServer, operator_pod, pinned_ids, pod_id, wait_workers, worker_ids};
 use common::{MockBackend, RouterConfig, RouterProcess, STEP, chat, chat_body, metric_value};
-
-/// Dynamo's id of a Pod (DISC-HASH-01), computed here the way upstream does.
-fn pod_id(name: &str) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    name.hash(&mut h);
-    h.finish() & 0x001F_FFFF_FFFF_FFFF
-}
 
 const NS: &str = "dynamo";
 const DYN_NS: &str = "solar";
@@ -46,36 +38,6 @@ fn router(api: &FakeApiServer, shim: &MockBackend, kube_extra: &str) -> RouterPr
         api.kubeconfig().to_string_lossy().into_owned(),
     )];
     RouterProcess::start(&cfg)
-}
-
-/// The decimal worker ids the admin view lists.
-fn worker_ids(r: &RouterProcess) -> BTreeSet<u64> {
-    let v = r.get("/admin/dynamo/workers").json();
-    v["workers"]
-        .as_array()
-        .map(|ws| {
-            ws.iter()
-                .filter_map(|w| w["worker_id"].as_str()?.parse().ok())
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-fn wait_workers(r: &RouterProcess, want: &[&str], within: Duration) -> Duration {
-    let want: BTreeSet<u64> = want.iter().map(|n| pod_id(n)).collect();
-    let t0 = Instant::now();
-    loop {
-        let got = worker_ids(r);
-        if got == want {
-            return t0.elapsed();
-        }
-        assert!(
-            t0.elapsed() < within,
-            "workers {got:?}, want {want:?} within {within:?}; stderr:\n{}",
-            r.stderr()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 fn metric(r: &RouterProcess, name: &str, labels: &[(&str, &str)]) -> f64 {
@@ -149,20 +111,13 @@ fn requests_are_pinned_to_the_pods_found_with_their_decimal_ids() {
     let shim = MockBackend::start("shim");
     let r = router(&api, &shim, "");
     wait_workers(&r, &["solar-worker-a", "solar-worker-b"], STEP);
-    let mut seen = BTreeSet::new();
-    for i in 0..4 {
-        let resp = chat(r.addr(), &chat_body(MODEL, &format!("hi {i}"), false), &[]);
-        assert_eq!(resp.status, 200, "{}", resp.text());
-        let req = shim.wait_requests(i + 1, STEP).pop().unwrap();
-        let pin: u64 = req
-            .header("x-dynamo-worker-instance-id")
-            .expect("pinned")
-            .parse()
-            .expect("decimal");
-        // No data-parallel rank is known for Pods (DISC-K8S-POD-07).
-        assert_eq!(req.header("x-dynamo-dp-rank"), None);
-        seen.insert(pin);
-    }
+    let seen: BTreeSet<u64> = pinned_ids(&r, &shim, MODEL, 4).into_iter().collect();
+    // No data-parallel rank is known for Pods (DISC-K8S-POD-07).
+    assert!(
+        shim.wait_requests(4, STEP)
+            .iter()
+            .all(|req| req.header("x-dynamo-dp-rank").is_none())
+    );
     let want: BTreeSet<u64> = ["solar-worker-a", "solar-worker-b"]
         .iter()
         .map(|n| pod_id(n))

@@ -12,6 +12,7 @@
 //! kubectl is `$CONTINUUM_KUBECTL`, else `kubectl` on the PATH (`tests/run.sh` installs the
 //! Debian `kubernetes-client` when there is none). Every wait is bounded by a deadline.
 
+use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -26,7 +27,8 @@ use super::client::{request_bytes, roundtrip};
 use super::config::TempDir;
 use super::fleet::venv_dir;
 use super::pki::TestCa;
-use super::router::CliOutput;
+use super::router::{CliOutput, RouterProcess};
+use super::{MockBackend, STEP, chat, chat_body};
 
 /// The fake API server's script.
 pub const FAKE_APISERVER: &str =
@@ -742,4 +744,62 @@ pub fn curl_as(
     };
     let read = |p| std::fs::read_to_string(p).unwrap_or_default();
     (status.code(), read(&out_path), read(&err_path))
+}
+
+// ---- the router's view of a Kubernetes-discovered fleet -----------------------------------
+
+/// Dynamo's id of a Pod (DISC-HASH-01), computed here the way upstream does (`std`'s
+/// `DefaultHasher` over the name, low 53 bits).
+pub fn pod_id(name: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    name.hash(&mut h);
+    h.finish() & 0x001F_FFFF_FFFF_FFFF
+}
+
+/// The decimal worker ids `GET /admin/dynamo/workers` lists.
+pub fn worker_ids(r: &RouterProcess) -> BTreeSet<u64> {
+    let v = r.get("/admin/dynamo/workers").json();
+    v["workers"]
+        .as_array()
+        .map(|ws| {
+            ws.iter()
+                .filter_map(|w| w["worker_id"].as_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Waits until the router lists exactly the workers of these Pods; returns how long it took.
+pub fn wait_workers(r: &RouterProcess, pods: &[&str], within: Duration) -> Duration {
+    let want: BTreeSet<u64> = pods.iter().map(|n| pod_id(n)).collect();
+    let t0 = Instant::now();
+    loop {
+        let got = worker_ids(r);
+        if got == want {
+            return t0.elapsed();
+        }
+        assert!(
+            t0.elapsed() < within,
+            "workers {got:?}, want {want:?} within {within:?}; stderr:\n{}",
+            r.stderr()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Sends `n` chat requests for `model` through the router, each answered 200 by `shim`, and
+/// returns the decimal `x-dynamo-worker-instance-id` each reached the shim with.
+pub fn pinned_ids(r: &RouterProcess, shim: &MockBackend, model: &str, n: usize) -> Vec<u64> {
+    (0..n)
+        .map(|i| {
+            let resp = chat(r.addr(), &chat_body(model, &format!("hi {i}"), false), &[]);
+            assert_eq!(resp.status, 200, "{}", resp.text());
+            let req = shim.wait_requests(i + 1, STEP).pop().unwrap();
+            req.header("x-dynamo-worker-instance-id")
+                .expect("pinned")
+                .parse()
+                .expect("decimal")
+        })
+        .collect()
 }
