@@ -107,37 +107,127 @@ fn the_pod_discovery_overlay_grants_only_read_verbs_on_pods_to_the_routers_own_a
     assert_eq!(strs(&rules[0]["apiGroups"]), vec![""]);
     assert_eq!(strs(&rules[0]["resources"]), vec!["pods"]);
     assert_eq!(strs(&rules[0]["verbs"]), vec!["get", "list", "watch"]);
+    let ns = check_binding_token_and_egress(&docs, role);
+    // The shipped config reads the Pods of that namespace.
+    let yaml = validate_shipped_config(&docs);
+    assert!(yaml.contains("source: kubernetes_pods"), "{yaml}");
+    assert!(yaml.contains(&format!("namespace: {ns}")), "{yaml}");
+}
+
+/// What both discovery overlays share: no cluster-wide grant; the Role bound to the router's own
+/// ServiceAccount, in the fleet namespace, which mounts the token; egress to the API server on
+/// 443 and 6443. Returns the namespace.
+#[cfg(feature = "dynamo")]
+fn check_binding_token_and_egress(docs: &[Value], role: &Value) -> String {
     assert!(
-        of_kind(&docs, "ClusterRole").is_empty() && of_kind(&docs, "ClusterRoleBinding").is_empty()
+        of_kind(docs, "ClusterRole").is_empty() && of_kind(docs, "ClusterRoleBinding").is_empty()
     );
     // Bound to the router's own ServiceAccount, in the fleet namespace, which mounts the token.
     let ns = role["metadata"]["namespace"].as_str().unwrap();
-    let binding = of_kind(&docs, "RoleBinding")[0];
+    let binding = of_kind(docs, "RoleBinding")[0];
     assert_eq!(binding["roleRef"]["name"], role["metadata"]["name"]);
     assert_eq!(binding["roleRef"]["kind"].as_str(), Some("Role"));
     let subjects = binding["subjects"].as_sequence().unwrap();
     assert_eq!(subjects.len(), 1);
     assert_eq!(subjects[0]["name"].as_str(), Some("continuum-router"));
     assert_eq!(subjects[0]["namespace"].as_str(), Some(ns));
-    let sa = of_kind(&docs, "ServiceAccount")[0];
+    let sa = of_kind(docs, "ServiceAccount")[0];
     assert_eq!(sa["automountServiceAccountToken"].as_bool(), Some(true));
-    let pod = &of_kind(&docs, "Deployment")[0]["spec"]["template"]["spec"];
+    let pod = &of_kind(docs, "Deployment")[0]["spec"]["template"]["spec"];
     assert_eq!(pod["automountServiceAccountToken"].as_bool(), Some(true));
     assert_eq!(pod["serviceAccountName"].as_str(), Some("continuum-router"));
     // Egress to the API server on 443 and 6443.
-    let np = of_kind(&docs, "NetworkPolicy")[0];
+    let np = of_kind(docs, "NetworkPolicy")[0];
     assert_eq!(strs(&np["spec"]["policyTypes"]), vec!["Egress"]);
-    let ports: Vec<i64> = np["spec"]["egress"]
+    let ports: Vec<i64> = tcp_egress(docs).into_iter().map(|(_, p, _)| p).collect();
+    assert!(ports.contains(&443) && ports.contains(&6443), "{ports:?}");
+    ns.to_owned()
+}
+
+/// Every TCP egress rule as (pod selector labels, port, endPort).
+#[cfg(feature = "dynamo")]
+fn tcp_egress(docs: &[Value]) -> Vec<(Value, i64, Option<i64>)> {
+    let np = of_kind(docs, "NetworkPolicy")[0];
+    np["spec"]["egress"]
         .as_sequence()
         .unwrap()
         .iter()
-        .flat_map(|r| r["ports"].as_sequence().cloned().unwrap_or_default())
-        .filter(|p| p["protocol"].as_str() == Some("TCP"))
-        .filter_map(|p| p["port"].as_i64())
+        .flat_map(|r| {
+            let to = r["to"][0]["podSelector"]["matchLabels"].clone();
+            r["ports"]
+                .as_sequence()
+                .cloned()
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|p| p["protocol"].as_str() == Some("TCP"))
+                .filter_map(move |p| Some((to.clone(), p["port"].as_i64()?, p["endPort"].as_i64())))
+        })
+        .collect()
+}
+
+#[cfg(feature = "dynamo")]
+#[test]
+fn the_metadata_discovery_overlay_grants_only_read_verbs_on_its_three_resources() {
+    let docs = render("overlays/dynamo-metadata-discovery");
+    let roles = of_kind(&docs, "Role");
+    assert_eq!(roles.len(), 1);
+    let role = roles[0];
+    assert_eq!(
+        role["metadata"]["name"].as_str(),
+        Some("continuum-router-dynamo-pod-reader")
+    );
+    let rules: Vec<(Vec<&str>, Vec<&str>, Vec<&str>)> = role["rules"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                strs(&r["apiGroups"]),
+                strs(&r["resources"]),
+                strs(&r["verbs"]),
+            )
+        })
         .collect();
-    assert!(ports.contains(&443) && ports.contains(&6443), "{ports:?}");
-    // The shipped config reads the Pods of that namespace.
+    let read = vec!["get", "list", "watch"];
+    assert_eq!(
+        rules,
+        vec![
+            (vec![""], vec!["pods"], read.clone()),
+            (
+                vec!["nvidia.com"],
+                vec!["dynamoworkermetadatas"],
+                read.clone()
+            ),
+            (vec!["discovery.k8s.io"], vec!["endpointslices"], read),
+        ]
+    );
+    let ns = check_binding_token_and_egress(&docs, role);
+    // DNS, the frontends, and the workers' publishers on the unprivileged range, to the
+    // operator's worker Pods only.
+    let np = of_kind(&docs, "NetworkPolicy")[0];
+    let udp53 = np["spec"]["egress"].as_sequence().unwrap().iter().any(|r| {
+        r["ports"].as_sequence().is_some_and(|ps| {
+            ps.iter()
+                .any(|p| p["protocol"].as_str() == Some("UDP") && p["port"].as_i64() == Some(53))
+        })
+    });
+    assert!(udp53, "DNS over UDP");
+    let tcp = tcp_egress(&docs);
+    assert!(tcp.iter().any(|(_, p, _)| *p == 53), "{tcp:?}");
+    assert!(
+        tcp.iter().any(|(to, p, _)| *p == 8000
+            && to["nvidia.com/dynamo-component-type"].as_str() == Some("frontend")),
+        "{tcp:?}"
+    );
+    assert!(
+        tcp.iter().any(|(to, p, end)| *p == 1024
+            && *end == Some(65535)
+            && to["nvidia.com/dynamo-discovery-backend"].as_str() == Some("kubernetes")),
+        "{tcp:?}"
+    );
+    // The shipped config reads the metadata of that namespace, and names no model.
     let yaml = validate_shipped_config(&docs);
-    assert!(yaml.contains("source: kubernetes_pods"), "{yaml}");
+    assert!(yaml.contains("source: kubernetes\n"), "{yaml}");
     assert!(yaml.contains(&format!("namespace: {ns}")), "{yaml}");
+    assert!(!yaml.contains("model:"), "{yaml}");
 }
