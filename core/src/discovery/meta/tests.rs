@@ -553,3 +553,32 @@ fn a_relist_replaces_everything_and_drops_what_vanished() {
     // b's endpoint and card, and the channel of publisher 7 that b supplies too.
     assert_eq!((j.resources(), j.keys(), state.len()), (1, 3, 3));
 }
+
+#[test]
+fn a_card_over_1_mib_keeps_its_typed_fields_and_drops_the_rest() {
+    use crate::discovery::ids::UnixMillis;
+    use crate::discovery::reducer::{KvEvent, Reducer};
+    let mut d = data("w-0", 7, "big-model");
+    let hex = format!("{:x}", id("w-0"));
+    let card = &mut d["model_cards"][format!("{NS}/backend/generate/{hex}")]["card_json"];
+    card["chat_template"] = json!("x".repeat(2 * 1024 * 1024));
+    let mut j = MetaJoin::new();
+    let state = j.replace_all(
+        vec![read(&cr("w-0", "u", "1", d))],
+        vec![slice("s", &["w-0"])],
+    );
+    let mut r = Reducer::new();
+    r.begin_resync();
+    for (k, v) in &state {
+        r.apply(KvEvent::Put { key: k, value: v }, UnixMillis(1));
+    }
+    r.end_resync();
+    let view = r.materialize();
+    assert_eq!(view.workers.len(), 1);
+    let w = &view.workers[0];
+    // DISC-K8S-META-07: classified like an etcd card: typed fields kept, the opaque card not.
+    assert_eq!(
+        (w.model.as_deref(), w.block_size, w.card.is_none()),
+        (Some("big-model"), Some(64), true)
+    );
+}
