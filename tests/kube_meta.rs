@@ -400,7 +400,7 @@ fn stalled_watches_are_detected_and_both_are_listed_again() {
 }
 
 #[test]
-fn a_token_without_a_verb_fails_clearly_and_keeps_the_last_view() {
+fn a_token_without_a_verb_fails_clearly_keeps_the_last_view_and_relists_after() {
     let (api, _shim, r) = one_worker(FAST_CYCLE);
     api.allow_verbs(&["get", "list"]);
     wait_for("a Forbidden in the log", STEP, || {
@@ -412,9 +412,21 @@ fn a_token_without_a_verb_fails_clearly_and_keeps_the_last_view() {
     });
     let resp = chat(r.addr(), &chat_body(MODEL, "still", false), &[]);
     assert_eq!(resp.status, 200, "{}", resp.text());
-    // The verb back: the router recovers on its own.
+    // While the router cannot watch, worker 0 goes and worker 1 comes.
+    api.delete(CRS, NS, "solar-worker-0");
+    put_worker(&api, "solar-worker-1", 0x12);
+    put_slice(&api, "s", &[("solar-worker-1", true)]);
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(
+        worker_ids(&r),
+        [pod_id("solar-worker-0")].into(),
+        "still the last view"
+    );
+    // The verb back: the router recovers on its own, and its re-list drops what vanished in the
+    // gap and adds what came.
     api.allow_verbs(&["get", "list", "watch"]);
     wait_for("connected again", Duration::from_secs(10), || {
         metric(&r, "continuum_dynamo_discovery_connected", &[]) == 1.0
     });
+    wait_workers(&r, &["solar-worker-1"], STEP);
 }
