@@ -1,8 +1,9 @@
 //! The Kubernetes manifests (`deploy/kubernetes/`) as `kubectl kustomize` renders them: the
 //! Roles grant only get, list and watch (DISC-RO-08, DISC-K8S-POD-21), bound to the router's
-//! own ServiceAccount, whose token only the discovery overlay mounts; the egress policy lets the
-//! router reach the API server (DISC-K8S-POD-22); and the router config each one ships passes
-//! the router's own `config validate`.
+//! own ServiceAccount, whose token only the discovery overlays mount; the egress policy lets the
+//! router reach the API server (DISC-K8S-POD-22) and, for `source: kubernetes`, the workers'
+//! publishers (DISC-K8S-META-24); and the router config each one ships passes the router's own
+//! `config validate`.
 #![allow(clippy::disallowed_methods)] // end-to-end tests time real processes
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -56,8 +57,9 @@ fn strs(v: &Value) -> Vec<&str> {
         .unwrap_or_default()
 }
 
-/// The router config a rendering ships, checked by `continuum-router config validate`.
-fn validate_shipped_config(docs: &[Value]) -> String {
+/// The router config a rendering ships, checked by `continuum-router config validate`, and what
+/// the validator printed (its warnings).
+fn validate_shipped_config(docs: &[Value]) -> (String, String) {
     let cms = of_kind(docs, "ConfigMap");
     assert_eq!(cms.len(), 1);
     let yaml = cms[0]["data"]["router.yaml"].as_str().expect("router.yaml");
@@ -65,7 +67,7 @@ fn validate_shipped_config(docs: &[Value]) -> String {
     let path = dir.write("router.yaml", yaml);
     let out = run_cli(&["config", "validate", "--config", &path.to_string_lossy()]);
     assert_eq!(out.code, Some(0), "{}{}", out.stdout, out.stderr);
-    yaml.to_owned()
+    (yaml.to_owned(), out.stdout + &out.stderr)
 }
 
 #[test]
@@ -109,7 +111,7 @@ fn the_pod_discovery_overlay_grants_only_read_verbs_on_pods_to_the_routers_own_a
     assert_eq!(strs(&rules[0]["verbs"]), vec!["get", "list", "watch"]);
     let ns = check_binding_token_and_egress(&docs, role);
     // The shipped config reads the Pods of that namespace.
-    let yaml = validate_shipped_config(&docs);
+    let (yaml, _) = validate_shipped_config(&docs);
     assert!(yaml.contains("source: kubernetes_pods"), "{yaml}");
     assert!(yaml.contains(&format!("namespace: {ns}")), "{yaml}");
 }
@@ -139,14 +141,14 @@ fn check_binding_token_and_egress(docs: &[Value], role: &Value) -> String {
     // Egress to the API server on 443 and 6443.
     let np = of_kind(docs, "NetworkPolicy")[0];
     assert_eq!(strs(&np["spec"]["policyTypes"]), vec!["Egress"]);
-    let ports: Vec<i64> = tcp_egress(docs).into_iter().map(|(_, p, _)| p).collect();
+    let ports: Vec<i64> = egress(docs, "TCP").into_iter().map(|(_, p, _)| p).collect();
     assert!(ports.contains(&443) && ports.contains(&6443), "{ports:?}");
     ns.to_owned()
 }
 
-/// Every TCP egress rule as (pod selector labels, port, endPort).
+/// Every egress port of `protocol` as (pod selector labels, port, endPort).
 #[cfg(feature = "dynamo")]
-fn tcp_egress(docs: &[Value]) -> Vec<(Value, i64, Option<i64>)> {
+fn egress(docs: &[Value], protocol: &str) -> Vec<(Value, i64, Option<i64>)> {
     let np = of_kind(docs, "NetworkPolicy")[0];
     np["spec"]["egress"]
         .as_sequence()
@@ -159,7 +161,7 @@ fn tcp_egress(docs: &[Value]) -> Vec<(Value, i64, Option<i64>)> {
                 .cloned()
                 .unwrap_or_default()
                 .into_iter()
-                .filter(|p| p["protocol"].as_str() == Some("TCP"))
+                .filter(|p| p["protocol"].as_str() == Some(protocol))
                 .filter_map(move |p| Some((to.clone(), p["port"].as_i64()?, p["endPort"].as_i64())))
         })
         .collect()
@@ -204,15 +206,9 @@ fn the_metadata_discovery_overlay_grants_only_read_verbs_on_its_three_resources(
     let ns = check_binding_token_and_egress(&docs, role);
     // DNS, the frontends, and the workers' publishers on the unprivileged range, to the
     // operator's worker Pods only.
-    let np = of_kind(&docs, "NetworkPolicy")[0];
-    let udp53 = np["spec"]["egress"].as_sequence().unwrap().iter().any(|r| {
-        r["ports"].as_sequence().is_some_and(|ps| {
-            ps.iter()
-                .any(|p| p["protocol"].as_str() == Some("UDP") && p["port"].as_i64() == Some(53))
-        })
-    });
-    assert!(udp53, "DNS over UDP");
-    let tcp = tcp_egress(&docs);
+    let udp = egress(&docs, "UDP");
+    assert!(udp.iter().any(|(_, p, _)| *p == 53), "{udp:?}");
+    let tcp = egress(&docs, "TCP");
     assert!(tcp.iter().any(|(_, p, _)| *p == 53), "{tcp:?}");
     assert!(
         tcp.iter().any(|(to, p, _)| *p == 8000
@@ -225,9 +221,27 @@ fn the_metadata_discovery_overlay_grants_only_read_verbs_on_its_three_resources(
             && to["nvidia.com/dynamo-discovery-backend"].as_str() == Some("kubernetes")),
         "{tcp:?}"
     );
-    // The shipped config reads the metadata of that namespace, and names no model.
-    let yaml = validate_shipped_config(&docs);
-    assert!(yaml.contains("source: kubernetes\n"), "{yaml}");
-    assert!(yaml.contains(&format!("namespace: {ns}")), "{yaml}");
-    assert!(!yaml.contains("model:"), "{yaml}");
+    // No port range reaches anything but the worker Pods.
+    let ranges: Vec<_> = tcp.iter().filter(|(_, _, end)| end.is_some()).collect();
+    assert!(
+        ranges.iter().all(
+            |(to, ..)| to["nvidia.com/dynamo-discovery-backend"].as_str() == Some("kubernetes")
+        ),
+        "{ranges:?}"
+    );
+    // The shipped config reads the metadata of that namespace and names no model (this source
+    // ignores `model` / `models` with a warning): it validates without any warning.
+    let (yaml, report) = validate_shipped_config(&docs);
+    assert!(!report.contains("warning"), "{report}");
+    let config: Value = serde_yaml_ng::from_str(&yaml).unwrap();
+    let discovery = &config["dynamo"]["discovery"];
+    assert_eq!(discovery["source"].as_str(), Some("kubernetes"), "{yaml}");
+    let kube = &discovery["kubernetes"];
+    assert_eq!(kube["namespace"].as_str(), Some(ns.as_str()), "{yaml}");
+    assert!(kube["dynamo_namespace"].is_string(), "{yaml}");
+    assert!(kube["watch_reconnect_backoff"].is_mapping(), "{yaml}");
+    assert!(
+        kube.get("model").is_none() && kube.get("models").is_none(),
+        "{yaml}"
+    );
 }
