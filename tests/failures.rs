@@ -22,7 +22,13 @@ enum Script {
     OneEvent,
     /// Never answer.
     Silent,
+    /// Read the request head, then stop reading for `STUCK_FOR` (a backend that does not take
+    /// the request body).
+    Stuck,
 }
+
+/// How long a [`Script::Stuck`] backend stops reading.
+const STUCK_FOR: Duration = Duration::from_secs(3);
 
 /// A one-connection raw backend that reports (on the returned channel) how long after its
 /// scripted action the router closed the upstream connection, or `None` if it never did within
@@ -42,6 +48,9 @@ fn raw_backend(script: Script) -> (SocketAddr, mpsc::Receiver<Option<Duration>>)
                 return;
             }
             got.extend_from_slice(&buf[..n]);
+        }
+        if let Script::Stuck = script {
+            std::thread::sleep(STUCK_FOR);
         }
         if let Script::OneEvent = script {
             let ev = b"data: {\"n\":1}\n\n";
@@ -129,6 +138,50 @@ fn silent_backend_times_out_with_504() {
         closed.recv_timeout(STEP).unwrap().is_some(),
         "timed-out upstream left open"
     );
+}
+
+/// A backend that reads the request head and then nothing: the router's write of a body far
+/// larger than loopback socket buffers hold blocks, and must be bounded by the first-byte
+/// timeout too; on either I/O driver.
+fn stuck_backend_times_out_with_504(driver: Option<&str>) {
+    let (backend, closed) = raw_backend(Script::Stuck);
+    let mut cfg = RouterConfig::default().backend("raw", &format!("http://{backend}"), &["m1"]);
+    cfg.upstream_first_byte = "300ms".into();
+    cfg.max_body_bytes = 64 << 20;
+    if let Some(d) = driver {
+        cfg.env.push(("CONTINUUM_DRIVER".into(), d.into()));
+    }
+    let r = RouterProcess::start(&cfg);
+    let big = "x".repeat(48 << 20);
+    let mut conn = Conn::open(r.addr());
+    let started = Instant::now();
+    conn.send_all(&chat_bytes(&chat_body("m1", &big, false), &[]));
+    let resp = conn.response();
+    let took = started.elapsed();
+    let v = resp.assert_json_error(504);
+    assert_eq!(v["code"], "upstream_timeout", "{v}");
+    assert!(
+        took < STUCK_FOR,
+        "the write was not bounded: answered after {took:?}"
+    );
+    assert!(
+        closed.recv_timeout(STUCK_FOR + STEP).unwrap().is_some(),
+        "the stuck upstream was left open"
+    );
+    // The client's connection is still good for the next request (its buffers came back).
+    conn.send_all(&chat_bytes(&chat_body("m1", "next", false), &[]));
+    let next = conn.response();
+    assert!(next.status == 502 || next.status == 504, "{}", next.text());
+}
+
+#[test]
+fn a_backend_that_does_not_take_the_request_times_out_with_504() {
+    stuck_backend_times_out_with_504(None);
+}
+
+#[test]
+fn a_backend_that_does_not_take_the_request_times_out_with_504_on_epoll() {
+    stuck_backend_times_out_with_504(Some("epoll"));
 }
 
 fn raw_config(extra_server: &str, bind: SocketAddr) -> String {

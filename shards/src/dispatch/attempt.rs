@@ -171,12 +171,22 @@ impl Dispatcher {
                     }
                 },
             };
-            let result = match write_request(ex, &mut up, &backend.url, body, attempt).await {
+            let result = match send_request(
+                ex,
+                &mut up,
+                &backend.url,
+                body,
+                attempt,
+                timeouts,
+                reused,
+            )
+            .await
+            {
                 Ok(()) => {
                     let timing = Timing::new(timeouts, ex.started, clock::instant());
                     relay::relay(&timing, ex, &mut up, backend, attempt, reused).await
                 }
-                Err(_) => Err(DispatchError::closed(Phase::Request, reused)),
+                Err(e) => Err(e),
             };
             match result {
                 Ok((answer, reusable)) => {
@@ -241,6 +251,46 @@ pub(super) fn retry_on_fresh_connection(e: DispatchError) -> bool {
 }
 
 /// Write the request head and body to `up`.
+/// Write the request within the first-byte timeout (and the request's deadline): a backend that
+/// does not take the request in that time is a timeout in [`Phase::Request`], not an exchange
+/// that waits for it forever. The write is not cancelled on time-out but cut short under it
+/// ([`conn::SocketAbort`]), so every buffer it borrowed (the client's body among them) comes
+/// back intact.
+async fn send_request(
+    ex: &mut Exchange<'_>,
+    up: &mut UpConn,
+    url: &BackendUrl,
+    body: Body,
+    attempt: &Attempt<'_>,
+    timeouts: &UpstreamTimeouts,
+    reused: bool,
+) -> Result<(), DispatchError> {
+    let limit = write_timeout(timeouts, ex.started);
+    let abort = up.abort_handle();
+    let write = write_request(ex, up, url, body, attempt);
+    let mut write = std::pin::pin!(write);
+    match monoio::time::timeout(limit, write.as_mut()).await {
+        Ok(Ok(())) => Ok(()),
+        // A pooled connection the backend had closed: retryable on a fresh one.
+        Ok(Err(_)) => Err(DispatchError::closed(Phase::Request, reused)),
+        Err(_) => {
+            abort.abort();
+            let _ = write.await;
+            Err(DispatchError::new(ErrorKind::Timeout, Phase::Request))
+        }
+    }
+}
+
+/// How long the request may take to write: the first-byte timeout, within the deadline.
+fn write_timeout(t: &UpstreamTimeouts, started: std::time::Instant) -> std::time::Duration {
+    match t.deadline {
+        None => t.first_byte,
+        Some(d) => t
+            .first_byte
+            .min((started + d).saturating_duration_since(clock::instant())),
+    }
+}
+
 async fn write_request(
     ex: &mut Exchange<'_>,
     up: &mut UpConn,

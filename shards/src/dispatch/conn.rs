@@ -11,9 +11,13 @@
 //!   connections by address *and* [`TlsId`], so a plain connection is never handed to an
 //!   `https://` backend, nor one verified under a rotated CA;
 //! - a TLS read returns 0 only after the server's `close_notify`; a TCP close without it is an
-//!   error (a truncated body is never taken for a complete one).
+//!   error (a truncated body is never taken for a complete one);
+//! - an operation that must be cut short is never cancelled (its owned buffer would go with it):
+//!   [`SocketAbort::abort`] shuts the socket down under it, so it completes with an error and
+//!   gives its buffer back.
 
 use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, RawFd};
 use std::time::Duration;
 
 use continuum_core::tls::{TlsId, UpstreamTls};
@@ -29,8 +33,35 @@ use monoio_rustls::{ClientTlsStream, TlsConnector};
 pub(crate) enum UpConn {
     /// `http://`.
     Plain(TcpStream),
-    /// `https://` (boxed: the TLS state is large and the plain case is the common one).
-    Tls(Box<ClientTlsStream<TcpStream>>),
+    /// `https://` (boxed: the TLS state is large and the plain case is the common one), with
+    /// the descriptor of its TCP socket (the TLS stream does not lend it).
+    Tls(Box<ClientTlsStream<TcpStream>>, RawFd),
+}
+
+impl UpConn {
+    /// A handle that can shut this connection's socket down while an operation on it is in
+    /// flight. Valid as long as the connection is.
+    pub(crate) fn abort_handle(&self) -> SocketAbort {
+        SocketAbort(match self {
+            UpConn::Plain(s) => s.as_raw_fd(),
+            UpConn::Tls(_, fd) => *fd,
+        })
+    }
+}
+
+/// See [`UpConn::abort_handle`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SocketAbort(RawFd);
+
+impl SocketAbort {
+    /// Shut the socket down both ways: a pending read or write on it completes with an error
+    /// (or end of stream) and returns its buffer. The connection must not be reused after.
+    pub(crate) fn abort(self) {
+        // SAFETY: the descriptor belongs to a connection the caller still holds (the pending
+        // operation borrows it), so it is open and is that socket; shutdown(2) neither closes
+        // nor frees it, and takes no pointers.
+        let _ = unsafe { libc::shutdown(self.0, libc::SHUT_RDWR) };
+    }
 }
 
 /// What a pooled connection is reusable for.
@@ -65,11 +96,12 @@ pub(crate) async fn connect(
         let Some(t) = tls else {
             return Ok(UpConn::Plain(tcp));
         };
+        let fd = tcp.as_raw_fd();
         match TlsConnector::from(t.config.clone())
             .connect(t.server_name.clone(), tcp)
             .await
         {
-            Ok(s) => Ok(UpConn::Tls(Box::new(s))),
+            Ok(s) => Ok(UpConn::Tls(Box::new(s), fd)),
             Err(e) => {
                 tracing::debug!(%addr, error = %e, "TLS handshake with backend failed");
                 Err(DispatchError::TLS)
@@ -86,14 +118,14 @@ impl AsyncReadRent for UpConn {
     async fn read<T: IoBufMut>(&mut self, buf: T) -> BufResult<usize, T> {
         match self {
             UpConn::Plain(s) => s.read(buf).await,
-            UpConn::Tls(s) => s.read(buf).await,
+            UpConn::Tls(s, _) => s.read(buf).await,
         }
     }
 
     async fn readv<T: IoVecBufMut>(&mut self, buf: T) -> BufResult<usize, T> {
         match self {
             UpConn::Plain(s) => s.readv(buf).await,
-            UpConn::Tls(s) => s.readv(buf).await,
+            UpConn::Tls(s, _) => s.readv(buf).await,
         }
     }
 }
@@ -102,28 +134,28 @@ impl AsyncWriteRent for UpConn {
     async fn write<T: IoBuf>(&mut self, buf: T) -> BufResult<usize, T> {
         match self {
             UpConn::Plain(s) => s.write(buf).await,
-            UpConn::Tls(s) => s.write(buf).await,
+            UpConn::Tls(s, _) => s.write(buf).await,
         }
     }
 
     async fn writev<T: IoVecBuf>(&mut self, buf: T) -> BufResult<usize, T> {
         match self {
             UpConn::Plain(s) => s.writev(buf).await,
-            UpConn::Tls(s) => s.writev(buf).await,
+            UpConn::Tls(s, _) => s.writev(buf).await,
         }
     }
 
     async fn flush(&mut self) -> std::io::Result<()> {
         match self {
             UpConn::Plain(s) => s.flush().await,
-            UpConn::Tls(s) => s.flush().await,
+            UpConn::Tls(s, _) => s.flush().await,
         }
     }
 
     async fn shutdown(&mut self) -> std::io::Result<()> {
         match self {
             UpConn::Plain(s) => s.shutdown().await,
-            UpConn::Tls(s) => s.shutdown().await,
+            UpConn::Tls(s, _) => s.shutdown().await,
         }
     }
 }
