@@ -210,11 +210,18 @@ impl Dispatcher {
 
 /// The connect timeout, shortened to what is left of the request's deadline.
 fn connect_timeout(t: &UpstreamTimeouts, started: std::time::Instant) -> std::time::Duration {
+    within_deadline(t.connect, t, started)
+}
+
+/// `limit`, cut to what is left of the request's deadline (when one is set).
+fn within_deadline(
+    limit: std::time::Duration,
+    t: &UpstreamTimeouts,
+    started: std::time::Instant,
+) -> std::time::Duration {
     match t.deadline {
-        None => t.connect,
-        Some(d) => t
-            .connect
-            .min((started + d).saturating_duration_since(clock::instant())),
+        None => limit,
+        Some(d) => limit.min((started + d).saturating_duration_since(clock::instant())),
     }
 }
 
@@ -283,12 +290,7 @@ async fn send_request(
 
 /// How long the request may take to write: the first-byte timeout, within the deadline.
 fn write_timeout(t: &UpstreamTimeouts, started: std::time::Instant) -> std::time::Duration {
-    match t.deadline {
-        None => t.first_byte,
-        Some(d) => t
-            .first_byte
-            .min((started + d).saturating_duration_since(clock::instant())),
-    }
+    within_deadline(t.first_byte, t, started)
 }
 
 async fn write_request(
