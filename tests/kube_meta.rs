@@ -17,10 +17,11 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use common::kube::{
-    FakeApiServer, endpoint_slice, pinned_ids, pod_id, wait_workers, worker_ids, worker_metadata,
+    FakeApiServer, endpoint_slice, pinned_ids, pod_id, router_over, wait_workers, worker_ids,
+    worker_metadata,
 };
 use common::zmq::ZmqPublisher;
-use common::{MockBackend, RouterConfig, RouterProcess, STEP, chat, chat_body, metric_value};
+use common::{MockBackend, RouterProcess, STEP, chat, chat_body, metric_value};
 use serde_json::{Value, json};
 
 const NS: &str = "dynamo";
@@ -95,19 +96,11 @@ fn put_slice(api: &FakeApiServer, name: &str, pods: &[(&str, bool)]) {
 
 /// The router over the fake's resources and slices, its shim a scripted backend.
 fn router(api: &FakeApiServer, shim: &MockBackend, kube_extra: &str) -> RouterProcess {
-    let mut cfg = RouterConfig::default().backend("fe", &shim.url(), &[]);
-    cfg.disaggregated_serving = true;
-    cfg.extra_yaml = format!(
-        "dynamo:\n  enabled: true\n  discovery:\n    source: kubernetes\n    kubernetes:\n      \
-         namespace: {NS}\n      dynamo_namespace: {DYN_NS}\n      \
-         watch_reconnect_backoff: {{ initial: 100ms, max: 1s }}\n{kube_extra}  \
-         load:\n    direct_allow_cidrs: [\"127.0.0.0/8\"]\n  shim:\n    backends: [fe]\n"
+    let kubernetes = format!(
+        "      namespace: {NS}\n      dynamo_namespace: {DYN_NS}\n      \
+         watch_reconnect_backoff: {{ initial: 100ms, max: 1s }}\n{kube_extra}"
     );
-    cfg.env = vec![(
-        "KUBECONFIG".into(),
-        api.kubeconfig().to_string_lossy().into_owned(),
-    )];
-    RouterProcess::start(&cfg)
+    router_over(api, shim, "kubernetes", &kubernetes)
 }
 
 fn workers(r: &RouterProcess) -> Vec<Value> {

@@ -14,8 +14,10 @@ mod common;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use common::kube::{FakeApiServer, operator_pod, pinned_ids, pod_id, wait_workers, worker_ids};
-use common::{MockBackend, RouterConfig, RouterProcess, STEP, chat, chat_body, metric_value};
+use common::kube::{
+    FakeApiServer, operator_pod, pinned_ids, pod_id, router_over, wait_workers, worker_ids,
+};
+use common::{MockBackend, RouterProcess, STEP, chat, chat_body, metric_value};
 
 const NS: &str = "dynamo";
 const DYN_NS: &str = "solar";
@@ -25,19 +27,11 @@ const FAST_CYCLE: &str = "      watch_timeout: 1s\n      watch_idle_timeout: 3s\
 
 /// The router over the fake's Pods, its shim a scripted backend.
 fn router(api: &FakeApiServer, shim: &MockBackend, kube_extra: &str) -> RouterProcess {
-    let mut cfg = RouterConfig::default().backend("fe", &shim.url(), &[]);
-    cfg.disaggregated_serving = true;
-    cfg.extra_yaml = format!(
-        "dynamo:\n  enabled: true\n  discovery:\n    source: kubernetes_pods\n    kubernetes:\n      \
-         namespace: {NS}\n      dynamo_namespace: {DYN_NS}\n      model: {MODEL}\n      \
-         watch_reconnect_backoff: {{ initial: 100ms, max: 1s }}\n{kube_extra}  \
-         load:\n    direct_allow_cidrs: [\"127.0.0.0/8\"]\n  shim:\n    backends: [fe]\n"
+    let kubernetes = format!(
+        "      namespace: {NS}\n      dynamo_namespace: {DYN_NS}\n      model: {MODEL}\n      \
+         watch_reconnect_backoff: {{ initial: 100ms, max: 1s }}\n{kube_extra}"
     );
-    cfg.env = vec![(
-        "KUBECONFIG".into(),
-        api.kubeconfig().to_string_lossy().into_owned(),
-    )];
-    RouterProcess::start(&cfg)
+    router_over(api, shim, "kubernetes_pods", &kubernetes)
 }
 
 fn metric(r: &RouterProcess, name: &str, labels: &[(&str, &str)]) -> f64 {

@@ -803,3 +803,25 @@ pub fn pinned_ids(r: &RouterProcess, shim: &MockBackend, model: &str, n: usize) 
         })
         .collect()
 }
+
+/// A router (shim: `shim`, disaggregated serving on) over the fake with `source` and this
+/// body of `dynamo.discovery.kubernetes` (indented by six spaces), credentials from its
+/// kubeconfig, publishers on loopback allowed.
+pub fn router_over(
+    api: &FakeApiServer,
+    shim: &MockBackend,
+    source: &str,
+    kubernetes: &str,
+) -> RouterProcess {
+    let mut cfg = super::RouterConfig::default().backend("fe", &shim.url(), &[]);
+    cfg.disaggregated_serving = true;
+    cfg.extra_yaml = format!(
+        "dynamo:\n  enabled: true\n  discovery:\n    source: {source}\n    kubernetes:\n\
+         {kubernetes}  load:\n    direct_allow_cidrs: [\"127.0.0.0/8\"]\n  shim:\n    backends: [fe]\n"
+    );
+    cfg.env = vec![(
+        "KUBECONFIG".into(),
+        api.kubeconfig().to_string_lossy().into_owned(),
+    )];
+    RouterProcess::start(&cfg)
+}

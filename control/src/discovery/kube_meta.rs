@@ -33,7 +33,6 @@ use continuum_core::discovery::meta::{
     resources_path, slice_facts, slices_path,
 };
 use continuum_shards::metrics::ControlStats;
-use serde_json::Value;
 
 use super::kube_client::{self, KubeError, Watch};
 use super::session::{Change, SessionEnd, WatchSource};
@@ -312,16 +311,10 @@ impl MetaSource {
                     Vec::new()
                 }
             },
-            WatchEvent::Deleted(o) => {
-                match o
-                    .get("metadata")
-                    .and_then(|m| m.get("name"))
-                    .and_then(Value::as_str)
-                {
-                    Some(name) => self.join.remove_slice(name),
-                    None => Vec::new(),
-                }
-            }
+            WatchEvent::Deleted(o) => match kube_wire::name_of(&o) {
+                Some(name) => self.join.remove_slice(name),
+                None => Vec::new(),
+            },
             WatchEvent::Bookmark { .. } => Vec::new(),
             WatchEvent::Error(status) => return Err(ended(Stream::Slices, &status)),
         })

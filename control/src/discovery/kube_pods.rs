@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use continuum_core::config::dynamo::KubernetesConfig;
-use continuum_core::discovery::kube_wire::WatchEvent;
+use continuum_core::discovery::kube_wire::{self, WatchEvent};
 use continuum_core::discovery::pods::{LIST_PAGE, MAX_PODS, PodChange, PodTable, pod_facts};
 use continuum_core::discovery::{DiscoveryEventKind, FleetView};
 
@@ -240,11 +240,7 @@ pub async fn run_session(
                 }
             },
             WatchEvent::Deleted(obj) => {
-                let name = obj
-                    .get("metadata")
-                    .and_then(|m| m.get("name"))
-                    .and_then(serde_json::Value::as_str)
-                    .unwrap_or("");
+                let name = kube_wire::name_of(&obj).unwrap_or("");
                 state.table.remove(name) == PodChange::Removed
             }
             WatchEvent::Bookmark { .. } => false,

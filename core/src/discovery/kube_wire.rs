@@ -113,6 +113,11 @@ pub fn parse_list_page(bytes: &[u8]) -> Result<ListPage, WireError> {
     })
 }
 
+/// An object's `metadata.name`, when it has one (the object of a `DELETED` event).
+pub fn name_of(object: &Value) -> Option<&str> {
+    object.get("metadata")?.get("name")?.as_str()
+}
+
 /// The `Status` in an error answer or event object; `None` when `v` is not one.
 pub fn status_of(v: &Value) -> Option<ApiStatus> {
     if v.get("kind").and_then(Value::as_str) != Some("Status") {
