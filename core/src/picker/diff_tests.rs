@@ -13,74 +13,9 @@ use crate::clock::Instant;
 use crate::discovery::{FleetView, Role, Worker};
 use crate::load::Inflight;
 
-use super::test_support::{MAX_AGE, MapLoads, at_ms, fleet, worker};
-use super::{NoWorker, Pick, PickInput, PickScratch, PickerCursors, PromptTokens, pick_load_based};
-
-/// splitmix64: a tiny seeded generator (no dependency).
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-
-    fn chance(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
-    }
-
-    fn opt(&mut self, none_percent: u64, max: u64) -> Option<u64> {
-        if self.chance(none_percent) {
-            None
-        } else if self.chance(15) {
-            Some(0)
-        } else {
-            Some(self.below(max))
-        }
-    }
-}
-
-const NOW_MS: u64 = 100_000;
-const NAMESPACES: [&str; 3] = ["a", "b", "c"];
-
-/// What either picker chose, in comparable form.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Outcome {
-    namespace: String,
-    decode: (u64, u32, &'static str),
-    prefill: Option<(u64, u32, &'static str)>,
-    prefill_event: &'static str,
-    headers: (Option<u32>, Option<u32>),
-}
-
-fn outcome_of(p: &Pick<'_>) -> Outcome {
-    let c = |c: super::Chosen| (c.instance_id.get(), c.dp_rank, c.reason.label());
-    Outcome {
-        namespace: p.namespace.to_owned(),
-        decode: c(p.decode),
-        prefill: p.prefill.map(c),
-        prefill_event: p.events()[1].reason.label(),
-        headers: (
-            p.dp_rank_headers.decode_rank,
-            p.dp_rank_headers.prefill_rank,
-        ),
-    }
-}
-
-fn ranks(w: &Worker) -> Vec<u32> {
-    let start = u64::from(w.dp_start_rank.unwrap_or(0));
-    let size = u64::from(w.dp_size.unwrap_or(1).max(1));
-    (start..start + size)
-        .filter_map(|r| u32::try_from(r).ok())
-        .collect()
-}
+use super::diff_support::{NAMESPACES, NOW_MS, Outcome, outcome_of, ranks};
+use super::test_support::{MAX_AGE, MapLoads, Rng, at_ms, fleet, worker};
+use super::{NoWorker, PickInput, PickScratch, PickerCursors, PromptTokens, pick_load_based};
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum RefStage {
@@ -245,6 +180,7 @@ fn reference_pick(
         prefill: None,
         prefill_event: "no_prefill_pool",
         headers: (dw.dp_size.map(|_| drank), None),
+        kv: None,
     };
     if dw.role != Role::Decode {
         return Some(out);
@@ -333,7 +269,7 @@ fn random_loads(rng: &mut Rng, f: &FleetView) -> MapLoads {
 
 #[test]
 fn differential_against_naive_reference() {
-    let mut rng = Rng(0x5EED_C0DE);
+    let mut rng = Rng::new(0x5EED_C0DE, 15);
     let now = at_ms(NOW_MS);
     let (mut picks, mut no_worker, mut prefills) = (0u32, 0u32, 0u32);
     let mut reasons: BTreeSet<(&'static str, &'static str)> = BTreeSet::new();

@@ -42,9 +42,9 @@ pub const MAX_CANDIDATES: usize = MAX_LOAD_KEYS;
 
 /// One candidate rank: an index into `fleet.workers` and the rank.
 #[derive(Debug, Clone, Copy)]
-struct Slot {
-    worker: usize,
-    rank: u32,
+pub(super) struct Slot {
+    pub(super) worker: usize,
+    pub(super) rank: u32,
 }
 
 /// Caller-owned scratch buffers, reused across picks (one per shard). After warm-up a pick
@@ -78,22 +78,25 @@ impl PickScratch {
     }
 
     /// Pushes one slot per declared rank of `workers[index]` (PICK-04).
-    fn push_ranks(&mut self, index: usize, w: &Worker) {
-        let start = w.dp_start_rank.unwrap_or(0);
-        let size = w.dp_size.unwrap_or(1).max(1);
-        for k in 0..size {
+    pub(super) fn push_ranks(&mut self, index: usize, w: &Worker) {
+        for rank in declared_ranks(w) {
             if self.slots.len() >= MAX_CANDIDATES {
                 return;
             }
-            let Some(rank) = start.checked_add(k) else {
-                return;
-            };
             self.slots.push(Slot {
                 worker: index,
                 rank,
             });
         }
     }
+}
+
+/// The ranks `w` declares, ascending (PICK-04): `dp_start_rank .. dp_start_rank + dp_size`, one
+/// rank 0 without a declaration; ranks whose number would overflow `u32` are left out.
+pub(super) fn declared_ranks(w: &Worker) -> impl Iterator<Item = u32> {
+    let start = w.dp_start_rank.unwrap_or(0);
+    let size = w.dp_size.unwrap_or(1).max(1);
+    (0..size).map_while(move |k| start.checked_add(k))
 }
 
 /// The default load-only [`WorkerPicker`] (PICK-01): [`pick_load_based`] over its own cursors
@@ -134,15 +137,19 @@ impl WorkerPicker for LoadBasedPicker {
         out.clear();
         pick_with(input, &mut self.cursors, &mut self.scratch, out).map(|_| ())
     }
+
+    fn preview(&self) -> Option<Box<dyn WorkerPicker>> {
+        Some(Box::new(LoadBasedPicker::with_cursors(self.cursors)))
+    }
 }
 
 /// Whether `w` serves `model` and may be routed.
-fn serves(w: &Worker, model: &str) -> bool {
+pub(super) fn serves(w: &Worker, model: &str) -> bool {
     w.role.is_routable() && w.model.as_deref() == Some(model)
 }
 
 /// The end (exclusive) of the run of workers sharing `workers[start]`'s namespace.
-fn run_end(workers: &[Worker], start: usize) -> usize {
+pub(super) fn run_end(workers: &[Worker], start: usize) -> usize {
     let Some(first) = workers.get(start) else {
         return start;
     };
@@ -152,8 +159,34 @@ fn run_end(workers: &[Worker], start: usize) -> usize {
         .map_or(workers.len(), |n| start + n)
 }
 
+/// The namespace runs of `input.fleet.workers` in the candidate set (DISC-MULTI-05), in order:
+/// `(index of the run's first worker, the run, whether it is a prefill/decode pool for the model,
+/// i.e. has both prefill and decode workers serving it)`.
+pub(super) fn candidate_runs<'a>(
+    input: &'a PickInput<'_>,
+) -> impl Iterator<Item = (usize, &'a [Worker], bool)> + 'a {
+    let workers = input.fleet.workers.as_slice();
+    let mut start = 0;
+    std::iter::from_fn(move || {
+        while start < workers.len() {
+            let end = run_end(workers, start);
+            let run = workers.get(start..end).unwrap_or(&[]);
+            let first = start;
+            start = end.max(start + 1);
+            if run
+                .first()
+                .is_some_and(|w| input.namespaces.contains_namespace(&w.namespace))
+            {
+                let (has_prefill, has_decode) = roles_in(run, input.model);
+                return Some((first, run, has_prefill && has_decode));
+            }
+        }
+        None
+    })
+}
+
 /// Which roles serve the model in a namespace run: `(has_prefill, has_decode)`.
-fn roles_in(run: &[Worker], model: &str) -> (bool, bool) {
+pub(super) fn roles_in(run: &[Worker], model: &str) -> (bool, bool) {
     let mut prefill = false;
     let mut decode = false;
     for w in run.iter().filter(|w| serves(w, model)) {
@@ -205,7 +238,7 @@ fn select_stage(
 }
 
 /// The rank header for `w`'s chosen rank (SHIM-12).
-fn rank_header(w: &Worker, rank: u32) -> Option<u32> {
+pub(super) fn rank_header(w: &Worker, rank: u32) -> Option<u32> {
     w.dp_size.map(|_| rank)
 }
 
@@ -222,7 +255,7 @@ pub fn pick_load_based<'f>(
 /// `out` wants more than one) the next-cheapest decode candidates of the pick's namespace and
 /// role (defined costs only, ascending, ties in candidate order), each paired with the pick's
 /// prefill worker. With `out.limit() == 1` nothing beyond the pick is computed.
-fn pick_with<'f>(
+pub(super) fn pick_with<'f>(
     input: &PickInput<'f>,
     cursors: &mut PickerCursors,
     scratch: &mut PickScratch,
@@ -234,29 +267,18 @@ fn pick_with<'f>(
     scratch.clear();
 
     // Decode candidates across every candidate namespace (DISC-MULTI-05/07, PICK-12/13).
-    let mut start = 0;
-    while start < workers.len() {
-        let end = run_end(workers, start);
-        let run = workers.get(start..end).unwrap_or(&[]);
-        let in_set = run
-            .first()
-            .is_some_and(|w| input.namespaces.contains_namespace(&w.namespace));
-        if in_set {
-            let (has_prefill, has_decode) = roles_in(run, model);
-            let aggregated_allowed = !(has_prefill && has_decode);
-            for (offset, w) in run.iter().enumerate() {
-                let candidate = serves(w, model)
-                    && match w.role {
-                        Role::Decode => true,
-                        Role::Aggregated => aggregated_allowed,
-                        Role::Prefill | Role::Unknown => false,
-                    };
-                if candidate {
-                    scratch.push_ranks(start + offset, w);
-                }
+    for (start, run, pool) in candidate_runs(input) {
+        for (offset, w) in run.iter().enumerate() {
+            let candidate = serves(w, model)
+                && match w.role {
+                    Role::Decode => true,
+                    Role::Aggregated => !pool,
+                    Role::Prefill | Role::Unknown => false,
+                };
+            if candidate {
+                scratch.push_ranks(start + offset, w);
             }
         }
-        start = end.max(start + 1);
     }
     let (dindex, dslot, dreason) =
         select_stage(input, scratch, Stage::Decode, &mut cursors.decode).ok_or(NoWorker)?;
@@ -284,6 +306,7 @@ fn pick_with<'f>(
             decode_rank: rank_header(dw, dslot.rank),
             prefill_rank: None,
         },
+        kv: None,
     };
     if dw.role != Role::Decode {
         // An aggregated pick never carries a prefill (PICK-11/14).
@@ -320,6 +343,33 @@ fn pick_with<'f>(
     Ok(pick)
 }
 
+/// The decode side of a prefill/decode pair inside the namespace run `workers[ns_start..ns_end]`,
+/// selected with the load-only rules above (decode-role workers only, the decode cursor;
+/// KV-PICK-06). When `alternates` is not empty it is filled like [`pick_with`]'s runners-up.
+/// Returns the chosen slot and reason; `None` when the run has no decode candidate.
+pub(super) fn pair_decode(
+    input: &PickInput<'_>,
+    ns_start: usize,
+    ns_end: usize,
+    scratch: &mut PickScratch,
+    cursor: &mut u64,
+    alternates: &mut [Option<Slot>],
+) -> Option<(Slot, SelectionReason)> {
+    let workers = input.fleet.workers.as_slice();
+    scratch.clear();
+    for (offset, w) in workers.get(ns_start..ns_end)?.iter().enumerate() {
+        if serves(w, input.model) && w.role == Role::Decode {
+            scratch.push_ranks(ns_start + offset, w);
+        }
+    }
+    let (index, slot, reason) = select_stage(input, scratch, Stage::Decode, cursor)?;
+    if !alternates.is_empty() {
+        let dw = workers.get(slot.worker)?;
+        runners_up(scratch, workers, index, dw, alternates);
+    }
+    Some((slot, reason))
+}
+
 /// Fills `into` with the cheapest decode candidates other than `chosen` that share its
 /// namespace and role, ascending by defined cost (ties in candidate order). O(candidates ×
 /// `into.len()`), and only run when the caller asked for more than one candidate.
@@ -351,7 +401,7 @@ fn runners_up(
 }
 
 /// Writes `pick`, then one candidate per alternate slot (same prefill, its own decode rank).
-fn push_ordered<'f>(
+pub(super) fn push_ordered<'f>(
     out: &mut Picks<'f>,
     pick: &Pick<'f>,
     workers: &[Worker],

@@ -12,11 +12,14 @@
 //! ([`SelectionEvent`], OBS-05); nothing is counted here.
 //!
 //! [`WorkerPicker`] is the replaceable interface (PICK-17); [`LoadBasedPicker`] is the default
-//! load-only implementation. A KV-aware picker implements the same trait.
+//! load-only implementation; [`KvAwarePicker`] (`kv_aware`, KV-PICK-01..09) scores the ranks that
+//! prefill with Dynamo's KV-overlap cost and falls back to the load-only rules without prompt
+//! blocks.
 //!
 //! Invariants:
-//! - deterministic: no clock reads, no randomness; the same inputs and cursors give the same pick
-//!   and the same cursor advance (one step per stage that selects);
+//! - deterministic: no clock reads and no OS randomness; the same inputs, cursors (and, for the
+//!   KV-aware picker at a positive temperature, the same injected [`UnitSource`] draws) give the
+//!   same pick and the same cursor advance (one step per stage that selects);
 //! - `unknown` workers, workers of other models and workers of namespaces outside the
 //!   [`NamespaceSet`] are never candidates;
 //! - a prefill worker is only ever paired with a **decode** worker of the **same** namespace; an
@@ -32,12 +35,25 @@
 //! caller-owned [`PickScratch`] has grown to the largest candidate set seen.
 
 mod estimate;
+mod kv_aware;
+mod kv_conditional;
+mod kv_cost;
 mod load_based;
 
 #[cfg(test)]
+mod diff_support;
+#[cfg(test)]
 mod diff_tests;
 #[cfg(test)]
-mod test_support;
+mod kv_aware_tests;
+#[cfg(test)]
+mod kv_conditional_tests;
+#[cfg(test)]
+mod kv_cost_tests;
+#[cfg(test)]
+mod kv_diff_tests;
+#[cfg(test)]
+pub(crate) mod test_support;
 #[cfg(test)]
 mod tests;
 
@@ -54,6 +70,14 @@ use crate::load::rules::{KeyLoad, SelectReason};
 use crate::load::{InflightReader, LoadKey, LoadView};
 
 pub use estimate::{PromptTokens, estimate_prompt_tokens};
+pub use kv_aware::{KvAwarePicker, KvScratch, KvStatus, ScoredCandidate, score_candidates};
+pub use kv_conditional::{
+    BypassDecision, ConditionalDisagg, DecodeRank, EFF_ISL_RATIO_THRESHOLD, EFF_ISL_THRESHOLD,
+    conditional_decode_cost, decide_bypass,
+};
+pub use kv_cost::{
+    KvParams, KvTerms, SplitMix64, UnitSource, decode_cost_blocks, kv_cost, softmax_sample_index,
+};
 pub use load_based::{LoadBasedPicker, MAX_CANDIDATES, PickScratch, pick_load_based};
 
 /// Where a picker reads each candidate's load: the store's sample and the in-flight additions.
@@ -215,8 +239,8 @@ impl SelectionRole {
     }
 }
 
-/// The `reason` label of `continuum_dynamo_selection_total` this picker produces (a subset of the
-/// closed OBS-05 set; `kv_aware` and `conditional_bypass` belong to the KV-aware picker).
+/// The `reason` label of `continuum_dynamo_selection_total` the pickers produce (the closed
+/// OBS-05 set).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum SelectionReason {
     /// Lowest defined cost (PICK-06).
@@ -226,6 +250,11 @@ pub enum SelectionReason {
     /// No prefill worker was chosen: the decode side is aggregated (PICK-14), or its namespace
     /// has no prefill worker for the model (SHIM-07).
     NoPrefillPool,
+    /// Chosen by the KV-overlap cost (KV-PICK-01..03, KV-PICK-09).
+    KvAware,
+    /// Conditional disaggregation: the chosen decode worker prefills locally, no prefill worker
+    /// is pinned (KV-PICK-12..14).
+    ConditionalBypass,
 }
 
 impl SelectionReason {
@@ -235,6 +264,8 @@ impl SelectionReason {
             SelectionReason::Load => "load",
             SelectionReason::RoundRobinStale => "round_robin_stale",
             SelectionReason::NoPrefillPool => "no_prefill_pool",
+            SelectionReason::KvAware => "kv_aware",
+            SelectionReason::ConditionalBypass => "conditional_bypass",
         }
     }
 }
@@ -278,6 +309,17 @@ pub struct DpRankHeaders {
     pub prefill_rank: Option<u32>,
 }
 
+/// The KV outcome of a pick the KV-overlap cost decided, for
+/// `continuum_dynamo_kv_selection_total{result}` (KV-PICK-09: `overlap` when `overlap_blocks > 0`,
+/// else `no_overlap`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvOutcome {
+    /// Contiguous prompt-prefix blocks the rank that prefills already holds.
+    pub overlap_blocks: u32,
+    /// That rank's block size in tokens (0 when its card declares none).
+    pub block_size: u32,
+}
+
 /// A successful pick; the namespace is borrowed from the fleet view.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Pick<'f> {
@@ -289,11 +331,20 @@ pub struct Pick<'f> {
     pub prefill: Option<Chosen>,
     /// The rank headers.
     pub dp_rank_headers: DpRankHeaders,
+    /// The KV outcome of the rank that prefills (the prefill worker of a pair, else the decode
+    /// worker), when the KV-overlap cost decided the pick; `None` for a load-only pick.
+    pub kv: Option<KvOutcome>,
 }
 
 impl Pick<'_> {
-    /// The two selection events to count: decode, then prefill (`no_prefill_pool` without one).
+    /// The two selection events to count: decode, then prefill (`no_prefill_pool` without one;
+    /// `conditional_bypass` for both roles when the decode worker prefills locally, KV-PICK-14).
     pub fn events(&self) -> [SelectionEvent; 2] {
+        let no_prefill = if self.decode.reason == SelectionReason::ConditionalBypass {
+            SelectionReason::ConditionalBypass
+        } else {
+            SelectionReason::NoPrefillPool
+        };
         [
             SelectionEvent {
                 role: SelectionRole::Decode,
@@ -301,11 +352,15 @@ impl Pick<'_> {
             },
             SelectionEvent {
                 role: SelectionRole::Prefill,
-                reason: self
-                    .prefill
-                    .map_or(SelectionReason::NoPrefillPool, |p| p.reason),
+                reason: self.prefill.map_or(no_prefill, |p| p.reason),
             },
         ]
+    }
+
+    /// Whether conditional disaggregation decided that the decode worker prefills locally
+    /// (KV-PICK-12..14): only the decode worker is pinned.
+    pub fn is_conditional_bypass(&self) -> bool {
+        self.prefill.is_none() && self.decode.reason == SelectionReason::ConditionalBypass
     }
 
     /// The pin headers to write on the shim request (SHIM-11/12).
@@ -405,4 +460,13 @@ pub trait WorkerPicker: fmt::Debug {
     /// Picks for one request: fills `out` (cleared first) with up to `out.limit()` ordered
     /// candidates, best first. `Ok` means at least one candidate.
     fn pick<'f>(&mut self, input: &PickInput<'f>, out: &mut Picks<'f>) -> Result<(), NoWorker>;
+
+    /// A copy that makes the pick this picker would make next: the same parameters and cursor
+    /// positions, fresh scratch space and, for a sampling picker, its own fixed sample source
+    /// (so a positive-temperature preview is one representative draw). A dry run (`POST
+    /// /admin/dynamo/explain`) picks on the copy and leaves `self` untouched. `None`: this
+    /// picker cannot be previewed.
+    fn preview(&self) -> Option<Box<dyn WorkerPicker>> {
+        None
+    }
 }

@@ -101,3 +101,51 @@ impl LoadSource for MapLoads {
         self.0.get(&key).copied().unwrap_or_default()
     }
 }
+
+/// splitmix64: a tiny seeded generator for the differential tests (no dependency).
+pub(crate) struct Rng {
+    state: u64,
+    /// How often [`Rng::opt`] gives `Some(0)` when it gives a value, in percent.
+    zero_percent: u64,
+}
+
+impl Rng {
+    /// A generator from `seed`; `opt` yields `Some(0)` `zero_percent` of the time it yields.
+    pub(crate) fn new(seed: u64, zero_percent: u64) -> Self {
+        Self {
+            state: seed,
+            zero_percent,
+        }
+    }
+
+    pub(crate) fn next(&mut self) -> u64 {
+        self.state = self.state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    pub(crate) fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+
+    pub(crate) fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+
+    /// `None` `none_percent` of the time, else `Some(0)` or a value below `max`.
+    pub(crate) fn opt(&mut self, none_percent: u64, max: u64) -> Option<u64> {
+        if self.chance(none_percent) {
+            None
+        } else if self.chance(self.zero_percent) {
+            Some(0)
+        } else {
+            Some(self.below(max))
+        }
+    }
+
+    pub(crate) fn pick<T: Copy>(&mut self, from: &[T]) -> T {
+        from[usize::try_from(self.below(from.len() as u64)).unwrap_or(0)]
+    }
+}

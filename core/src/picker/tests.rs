@@ -541,6 +541,7 @@ fn pick_17_picker_is_replaceable_behind_the_trait() {
                 },
                 prefill: None,
                 dp_rank_headers: Default::default(),
+                kv: None,
             });
             Ok(())
         }
@@ -680,4 +681,60 @@ fn ordered_candidates_are_the_pick_then_its_namespace_by_cost() {
     // Limits are clamped to 1..=MAX_PICKS.
     assert_eq!(Picks::new(0).limit(), 1);
     assert_eq!(Picks::new(99).limit(), super::MAX_PICKS);
+}
+
+#[test]
+fn a_preview_picks_as_the_next_pick_and_leaves_the_picker_alone() {
+    use super::{BlockHash, KvAwarePicker, KvParams, PromptBlocks, SplitMix64};
+    // Three tied workers: only the cursor tells them apart.
+    let f = fleet(vec![
+        worker("ns", 1, Role::Aggregated, "m"),
+        worker("ns", 2, Role::Aggregated, "m"),
+        worker("ns", 3, Role::Aggregated, "m"),
+    ]);
+    let l = MapLoads::default();
+    let hashes = [BlockHash(7), BlockHash(8)];
+    let blocks = [PromptBlocks {
+        block_size: 16,
+        hashes: &hashes,
+    }];
+    for kv in [false, true] {
+        let input = PickInput {
+            fleet: &f,
+            loads: &l,
+            model: "m",
+            namespaces: &["ns"],
+            prompt_tokens: PromptTokens(40),
+            now: at_ms(NOW),
+            max_staleness: MAX_AGE,
+            prompt_blocks: if kv { &blocks } else { &[] },
+            overlap: &NoOverlap,
+        };
+        let cursors = PickerCursors {
+            decode: 1,
+            prefill: 0,
+        };
+        let mut p: Box<dyn WorkerPicker> = if kv {
+            Box::new(
+                KvAwarePicker::new(KvParams::default(), Box::new(SplitMix64::new(3)))
+                    .with_cursors(cursors),
+            )
+        } else {
+            Box::new(LoadBasedPicker::with_cursors(cursors))
+        };
+        let mut out = Picks::new(1);
+        for _ in 0..4 {
+            // However often it is previewed, the next real pick is the previewed one.
+            let previewed: Vec<u64> = (0..3)
+                .map(|_| {
+                    let mut copy = p.preview().unwrap();
+                    copy.pick(&input, &mut out).unwrap();
+                    out.first().unwrap().decode.instance_id.get()
+                })
+                .collect();
+            p.pick(&input, &mut out).unwrap();
+            let real = out.first().unwrap().decode.instance_id.get();
+            assert_eq!(previewed, vec![real; 3], "kv: {kv}");
+        }
+    }
 }

@@ -1,0 +1,700 @@
+//! The KV-aware picker (`kv_aware`, KV-PICK-01..09, DISC-MULTI-08): the ranks that will prefill a
+//! request compete on Dynamo's KV-overlap cost ([`kv_cost`]); a prefill/decode pair's decode side
+//! then keeps the load-only rules inside the chosen namespace (KV-PICK-06), unless conditional
+//! disaggregation is on (KV-PICK-12..14, [`super::kv_conditional`]): then the namespace's decode
+//! ranks compete on `max(0, decode_cost_blocks - overlap_credit_blocks)` and the chosen one may
+//! prefill locally, the pick then carrying no prefill (reason `conditional_bypass`, no
+//! alternates).
+//!
+//! Role: [`score_candidates`] turns a [`PickInput`] into one [`ScoredCandidate`] per candidate
+//! rank (overlap, backlog terms, standing, cost); [`KvAwarePicker`] selects from exactly that
+//! list, so an explain view built on [`score_candidates`] can never disagree with a pick. Without
+//! prompt blocks (the prompt could not be tokenized) the picker is the load-only picker, cursors
+//! included ([`super::LoadBasedPicker`]).
+//!
+//! Candidates (KV stage), per candidate namespace (DISC-MULTI-05), in `fleet.workers` order then
+//! ascending rank (what the cursors index):
+//! - a namespace with prefill **and** decode workers for the model (a pool): its prefill ranks
+//!   (KV-PICK-08, DISC-MULTI-08); its aggregated workers are never candidates (PICK-12);
+//! - every other namespace: its decode and aggregated ranks, which prefill their own requests
+//!   ("self-prefilling", KV-PICK-07/08: prefill workers beside aggregated workers without a decode
+//!   worker are not candidates and the namespace is evaluated as an aggregated fleet).
+//!
+//! Both kinds compete in one selection: a pool's prefill ranks and the other namespaces'
+//! self-prefilling ranks are scored with the same formula, each judged by the backlog rules of
+//! its own stage (below), so a namespace is costed the same whether or not other namespaces
+//! exist. A winning prefill rank is paired with a decode worker of its namespace chosen with the
+//! load-only rules and the decode cursor; a winning self-prefilling rank is the decode pin and the
+//! pick carries no prefill (`{role="prefill", reason="no_prefill_pool"}`, PICK-14).
+//!
+//! Backlog terms (KV-PICK-04/05/07, Q-26, LOAD-STORE-07..13), judged separately for the prefill
+//! ranks (stage field `active_prefill_tokens`) and the self-prefilling ranks (stage field
+//! `active_decode_blocks`, else `kv_used_blocks`, PICK-03):
+//! - if some rank of the group has a fresh sample (within `max_staleness`) carrying the stage
+//!   field, the group competes **with backlog**: a fresh rank with the field and a quiet rank
+//!   compete, every other rank (fresh without the field, silent with load, stalled) is excluded;
+//! - otherwise the whole group competes **without backlog** terms (both 0, in-flight additions
+//!   ignored): overlap and request size only;
+//! - with backlog, a prefill rank's `active_prefill_tokens` is its sample's field plus the router's
+//!   unanswered prompt tokens, and its `active_decode_blocks` the sample's decode field (0 when
+//!   nil) plus unanswered blocks; a self-prefilling rank's `active_decode_blocks` is its sample's
+//!   decode field plus unanswered blocks, and its `active_prefill_tokens` the sample's
+//!   `active_prefill_tokens` when present (else 0) plus unanswered prompt tokens. A quiet rank's
+//!   terms are the unanswered additions alone;
+//! - `overlap_blocks` comes from the [`PromptBlocks`] entry whose block size is the worker's
+//!   (none: 0), the largest count the [`OverlapSource`] reports for the rank, capped at the
+//!   prompt's block count; a worker without a block size has no cost.
+//!
+//! Selection: at temperature 0 the lowest cost wins and exact ties rotate with the stage cursor
+//! (KV-PICK-02); above 0 one [`UnitSource`] draw samples [`softmax_sample_index`] over the ranks
+//! with a cost (KV-PICK-03). The stage cursor is the prefill cursor when the KV stage holds a
+//! prefill rank, else the decode cursor; it advances one step per selection. When no rank has a
+//! cost (every one excluded or without a block size) the cursor rotates over all of them
+//! (`round_robin_stale`). The stage the formula decided is reported as `kv_aware`, and the pick
+//! carries the chosen rank's [`KvOutcome`].
+//!
+//! Invariants: never panics; allocation-free once its scratch buffers have grown; reads no clock
+//! and no randomness except the injected [`UnitSource`] (one draw per positive-temperature
+//! selection that has a costed rank); rank headers exactly as the load-only picker (SHIM-12); at most
+//! [`MAX_CANDIDATES`] candidate ranks.
+
+use crate::discovery::{InstanceId, Role, Worker};
+use crate::load::rules::{KeyLoad, Stage, Standing, any_fresh, classify, stage_backlog};
+use crate::load::{Inflight, LoadKey};
+
+use super::kv_conditional::{
+    BypassDecision, ConditionalDisagg, DecodeRank, conditional_decode_cost, decide_bypass,
+};
+use super::kv_cost::{KvParams, KvTerms, UnitSource, kv_cost, softmax_sample_index};
+use super::load_based::{
+    PickScratch, candidate_runs, declared_ranks, pair_decode, pick_with, push_ordered, rank_header,
+    run_end, serves,
+};
+use super::{
+    Chosen, DpRankHeaders, KvOutcome, MAX_CANDIDATES, MAX_PICKS, NoWorker, OverlapSource, Pick,
+    PickInput, PickerCursors, Picks, PromptBlocks, SelectionReason, WorkerPicker,
+};
+
+/// How a candidate rank stands in the KV stage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvStatus {
+    /// Competes with its backlog terms (KV-PICK-04).
+    Backlog,
+    /// Competes without backlog terms: no rank of its stage has a fresh stage backlog
+    /// (KV-PICK-05).
+    NoBacklog,
+    /// Excluded: a fresh sample without the stage's field (KV-PICK-04).
+    NoStageField,
+    /// Excluded: no fresh sample and the last one showed backlog (LOAD-STORE-08).
+    SilentWithLoad,
+    /// Excluded: possibly stalled (LOAD-STORE-11).
+    Stalled,
+    /// No usable block size: no cost.
+    NoBlockSize,
+}
+
+/// One candidate rank as the KV stage sees it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ScoredCandidate {
+    /// Index of the worker in `fleet.workers` (its namespace is that worker's).
+    pub worker: usize,
+    /// The worker's instance id.
+    pub instance_id: InstanceId,
+    /// The rank.
+    pub dp_rank: u32,
+    /// `Prefill` in a pool, else `Decode` or `Aggregated` (self-prefilling).
+    pub role: Role,
+    /// The worker's block size (0: none declared).
+    pub block_size: u32,
+    /// Contiguous prompt-prefix blocks the rank holds.
+    pub overlap_blocks: u32,
+    /// The backlog terms used (0 without backlog or when excluded).
+    pub terms: KvTerms,
+    /// Standing.
+    pub status: KvStatus,
+    /// The KV-PICK-01 cost; `None` when excluded or without a block size.
+    pub cost: Option<f64>,
+}
+
+/// Reusable buffers of the KV stage (one per shard): after warm-up scoring and selection
+/// allocate nothing.
+#[derive(Debug, Default)]
+pub struct KvScratch {
+    scored: Vec<ScoredCandidate>,
+    loads: Vec<KeyLoad>,
+    /// `(block_size, key, blocks)` as reported by the overlap source.
+    matches: Vec<(u32, LoadKey, u32)>,
+    rows: Vec<usize>,
+    costs: Vec<f64>,
+    probabilities: Vec<f64>,
+}
+
+impl KvScratch {
+    /// Empty buffers.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The candidates of the last [`score_candidates`] call.
+    pub fn scored(&self) -> &[ScoredCandidate] {
+        &self.scored
+    }
+}
+
+/// Scores every KV-stage candidate of `input` (module docs) into `scratch` and returns them in
+/// candidate order. The picker selects from exactly this list.
+pub fn score_candidates<'s>(
+    input: &PickInput<'_>,
+    params: &KvParams,
+    scratch: &'s mut KvScratch,
+) -> &'s [ScoredCandidate] {
+    score_with(input, params, scratch, push_candidates, kv_cost)
+}
+
+/// The cost of one competing rank: `(params, isl, block_size, overlap_blocks, terms)`.
+type CostFn = fn(&KvParams, u64, u32, u32, KvTerms) -> Option<f64>;
+
+/// Scores the ranks `push` adds, each group by its own backlog rules (module docs), with `cost`.
+fn score_with<'s>(
+    input: &PickInput<'_>,
+    params: &KvParams,
+    scratch: &'s mut KvScratch,
+    push: impl FnOnce(&PickInput<'_>, &mut Vec<ScoredCandidate>),
+    cost: CostFn,
+) -> &'s [ScoredCandidate] {
+    let KvScratch {
+        scored,
+        loads,
+        matches,
+        ..
+    } = scratch;
+    scored.clear();
+    loads.clear();
+    matches.clear();
+    push(input, scored);
+    read_overlap(input.prompt_blocks, input.overlap, scored, matches);
+    for c in scored.iter() {
+        loads.push(
+            input
+                .loads
+                .key_load(LoadKey::new(c.instance_id, c.dp_rank), input.now),
+        );
+    }
+    let isl = input.prompt_tokens.get();
+    for prefill_group in [true, false] {
+        let in_group = |c: &ScoredCandidate| (c.role == Role::Prefill) == prefill_group;
+        let stage = if prefill_group {
+            Stage::Prefill
+        } else {
+            Stage::Decode
+        };
+        let members = || scored.iter().zip(loads.iter()).filter(|(c, _)| in_group(c));
+        let judge = any_fresh(members().map(|(_, l)| l), input.max_staleness, input.now);
+        let with_backlog = members().any(|(_, l)| {
+            let standing = classify(l, input.max_staleness, input.now, judge);
+            stage_backlog(standing, &l.inflight, stage).fresh_field
+        });
+        for (c, l) in scored.iter_mut().zip(loads.iter()) {
+            if !in_group(c) {
+                continue;
+            }
+            let standing = classify(l, input.max_staleness, input.now, judge);
+            (c.status, c.terms) = if with_backlog {
+                backlog_terms(standing, &l.inflight, stage)
+            } else {
+                (KvStatus::NoBacklog, KvTerms::default())
+            };
+            let competes = matches!(c.status, KvStatus::Backlog | KvStatus::NoBacklog);
+            if competes && c.block_size == 0 {
+                c.status = KvStatus::NoBlockSize;
+            }
+            c.cost = match c.status {
+                KvStatus::Backlog | KvStatus::NoBacklog => {
+                    cost(params, isl, c.block_size, c.overlap_blocks, c.terms)
+                }
+                _ => None,
+            };
+        }
+    }
+    scored
+}
+
+/// Pushes the KV-stage candidate ranks in candidate order (module docs).
+fn push_candidates(input: &PickInput<'_>, scored: &mut Vec<ScoredCandidate>) {
+    for (start, run, pool) in candidate_runs(input) {
+        for (offset, w) in run.iter().enumerate() {
+            let candidate = serves(w, input.model)
+                && match w.role {
+                    Role::Prefill => pool,
+                    Role::Decode | Role::Aggregated => !pool,
+                    Role::Unknown => false,
+                };
+            if candidate && !push_ranks(scored, start + offset, w) {
+                return;
+            }
+        }
+    }
+}
+
+/// Pushes one candidate per declared rank of `w`; `false` once [`MAX_CANDIDATES`] is reached.
+fn push_ranks(scored: &mut Vec<ScoredCandidate>, worker: usize, w: &Worker) -> bool {
+    for dp_rank in declared_ranks(w) {
+        if scored.len() >= MAX_CANDIDATES {
+            return false;
+        }
+        scored.push(ScoredCandidate {
+            worker,
+            instance_id: w.instance_id,
+            dp_rank,
+            role: w.role,
+            block_size: w.block_size.unwrap_or(0),
+            overlap_blocks: 0,
+            terms: KvTerms::default(),
+            status: KvStatus::NoBacklog,
+            cost: None,
+        });
+    }
+    true
+}
+
+/// Fills each candidate's `overlap_blocks` from the prompt blocks of its block size.
+fn read_overlap(
+    prompt_blocks: &[PromptBlocks<'_>],
+    overlap: &dyn OverlapSource,
+    scored: &mut [ScoredCandidate],
+    matches: &mut Vec<(u32, LoadKey, u32)>,
+) {
+    for (i, pb) in prompt_blocks.iter().enumerate() {
+        let first_of_size = !prompt_blocks
+            .get(..i)
+            .unwrap_or(&[])
+            .iter()
+            .any(|p| p.block_size == pb.block_size);
+        let used = scored.iter().any(|c| c.block_size == pb.block_size);
+        if !first_of_size || !used || pb.hashes.is_empty() || pb.block_size == 0 {
+            continue;
+        }
+        let cap = u32::try_from(pb.hashes.len()).unwrap_or(u32::MAX);
+        overlap.find_matches(*pb, &mut |key, blocks| {
+            matches.push((pb.block_size, key, blocks.min(cap)));
+        });
+    }
+    if matches.is_empty() {
+        return;
+    }
+    matches.sort_unstable();
+    for c in scored.iter_mut() {
+        let key = LoadKey::new(c.instance_id, c.dp_rank);
+        // Sorted by (size, key, blocks): the last entry of the rank holds its largest count.
+        let end = matches.partition_point(|m| (m.0, m.1) <= (c.block_size, key));
+        c.overlap_blocks = end
+            .checked_sub(1)
+            .and_then(|i| matches.get(i))
+            .filter(|m| (m.0, m.1) == (c.block_size, key))
+            .map_or(0, |m| m.2);
+    }
+}
+
+/// The status and terms of a rank whose stage competes with backlog (module docs).
+fn backlog_terms(standing: Standing, inflight: &Inflight, stage: Stage) -> (KvStatus, KvTerms) {
+    let Some(own) = stage_backlog(standing, inflight, stage).backlog else {
+        let status = match standing {
+            Standing::SilentWithLoad => KvStatus::SilentWithLoad,
+            Standing::Stalled => KvStatus::Stalled,
+            Standing::Fresh(_) | Standing::Quiet => KvStatus::NoStageField,
+        };
+        return (status, KvTerms::default());
+    };
+    let terms = match stage {
+        Stage::Prefill => {
+            let sampled = match standing {
+                Standing::Fresh(s) => s.decode_blocks().unwrap_or(0),
+                _ => 0,
+            };
+            KvTerms {
+                active_prefill_tokens: own,
+                active_decode_blocks: sampled.saturating_add(inflight.decode_blocks),
+            }
+        }
+        Stage::Decode => {
+            let sampled = match standing {
+                Standing::Fresh(s) => s.prefill_tokens().unwrap_or(0),
+                _ => 0,
+            };
+            KvTerms {
+                active_prefill_tokens: sampled.saturating_add(inflight.prefill_tokens),
+                active_decode_blocks: own,
+            }
+        }
+    };
+    (KvStatus::Backlog, terms)
+}
+
+/// Selects among `scored` (module docs): the chosen index and reason; `None` only when empty.
+fn select_kv(
+    scored: &[ScoredCandidate],
+    temperature: f64,
+    cursor: &mut u64,
+    units: &mut dyn UnitSource,
+    buffers: (&mut Vec<usize>, &mut Vec<f64>, &mut Vec<f64>),
+) -> Option<(usize, SelectionReason)> {
+    let (rows, costs, probabilities) = buffers;
+    if scored.is_empty() {
+        return None;
+    }
+    let turn = *cursor;
+    *cursor = cursor.wrapping_add(1);
+    rows.clear();
+    costs.clear();
+    for (i, c) in scored.iter().enumerate() {
+        if let Some(cost) = c.cost {
+            rows.push(i);
+            costs.push(cost);
+        }
+    }
+    if rows.is_empty() {
+        let index = usize::try_from(turn % scored.len() as u64).unwrap_or(0);
+        return Some((index, SelectionReason::RoundRobinStale));
+    }
+    let row = if temperature > 0.0 {
+        softmax_sample_index(costs, temperature, units.next_unit(), probabilities)?
+    } else {
+        let best = costs.iter().copied().fold(f64::INFINITY, f64::min);
+        let ties = costs.iter().filter(|c| **c == best).count() as u64;
+        let nth = usize::try_from(turn % ties.max(1)).unwrap_or(0);
+        costs
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| **c == best)
+            .nth(nth)
+            .map_or(0, |(i, _)| i)
+    };
+    Some((*rows.get(row)?, SelectionReason::KvAware))
+}
+
+/// The KV-aware [`WorkerPicker`] (module docs): its tunables, cursors, scratch space and sample
+/// source (one instance per shard).
+#[derive(Debug)]
+pub struct KvAwarePicker {
+    params: KvParams,
+    cursors: PickerCursors,
+    kv: KvScratch,
+    load: PickScratch,
+    units: Box<dyn UnitSource>,
+    /// Conditional disaggregation (KV-PICK-12..15); `None`: off, the default.
+    conditional: Option<ConditionalDisagg>,
+    /// The pool's decode ranks as the last conditional pick scored them.
+    pool_decode: KvScratch,
+    /// How the last conditional pick decided.
+    last_bypass: Option<BypassDecision>,
+}
+
+impl KvAwarePicker {
+    /// A picker whose cursors start at zero, sampling from `units` at a positive temperature.
+    pub fn new(params: KvParams, units: Box<dyn UnitSource>) -> Self {
+        Self {
+            params,
+            cursors: PickerCursors::default(),
+            kv: KvScratch::new(),
+            load: PickScratch::new(),
+            units,
+            conditional: None,
+            pool_decode: KvScratch::new(),
+            last_bypass: None,
+        }
+    }
+
+    /// The same picker with conditional disaggregation set (`None`: off).
+    pub fn with_conditional(mut self, conditional: Option<ConditionalDisagg>) -> Self {
+        self.conditional = conditional;
+        self
+    }
+
+    /// How the last pick that went through conditional disaggregation decided.
+    pub fn last_bypass(&self) -> Option<BypassDecision> {
+        self.last_bypass
+    }
+
+    /// A pool's pair under conditional disaggregation (KV-PICK-12/13): the decode ranks of the
+    /// prefill rank's namespace compete on [`conditional_decode_cost`] (decode backlog rules,
+    /// decode cursor); the chosen one either prefills locally (the pick has no prefill, reason
+    /// `conditional_bypass`, the decode rank's KV outcome) or is paired with `prefill`.
+    fn conditional_pair<'f>(
+        &mut self,
+        input: &PickInput<'f>,
+        cond: &ConditionalDisagg,
+        prefill: ScoredCandidate,
+        prefill_chosen: Chosen,
+        prefill_kv: Option<KvOutcome>,
+    ) -> Result<Pick<'f>, NoWorker> {
+        let workers = input.fleet.workers.as_slice();
+        let pw = workers.get(prefill.worker).ok_or(NoWorker)?;
+        let ns_start = workers.partition_point(|x| x.namespace < pw.namespace);
+        let ns_end = run_end(workers, ns_start);
+        let push = |input: &PickInput<'_>, scored: &mut Vec<ScoredCandidate>| {
+            let run = input.fleet.workers.get(ns_start..ns_end).unwrap_or(&[]);
+            for (offset, w) in run.iter().enumerate() {
+                if serves(w, input.model)
+                    && w.role == Role::Decode
+                    && !push_ranks(scored, ns_start + offset, w)
+                {
+                    return;
+                }
+            }
+        };
+        score_with(
+            input,
+            &self.params,
+            &mut self.pool_decode,
+            push,
+            conditional_decode_cost,
+        );
+        let KvScratch {
+            scored,
+            loads,
+            rows,
+            costs,
+            probabilities,
+            ..
+        } = &mut self.pool_decode;
+        let (index, reason) = select_kv(
+            scored,
+            self.params.temperature,
+            &mut self.cursors.decode,
+            self.units.as_mut(),
+            (rows, costs, probabilities),
+        )
+        .ok_or(NoWorker)?;
+        let d = *scored.get(index).ok_or(NoWorker)?;
+        let dw = workers.get(d.worker).ok_or(NoWorker)?;
+        let sampled_blocks = loads.get(index).and_then(|l| {
+            let own = l.fresh(input.max_staleness, input.now)?.decode_blocks()?;
+            Some(own.saturating_add(l.inflight.decode_blocks))
+        });
+        let rank = DecodeRank {
+            block_size: d.block_size,
+            overlap_blocks: d.overlap_blocks,
+            sampled_blocks,
+            total_kv_blocks: dw.capacity.total_kv_blocks,
+        };
+        let decision = decide_bypass(cond, &self.params, input.prompt_tokens.get(), rank);
+        self.last_bypass = Some(decision);
+        let decode_rank = rank_header(dw, d.dp_rank);
+        if decision.bypass() {
+            return Ok(Pick {
+                namespace: dw.namespace.as_str(),
+                decode: Chosen {
+                    instance_id: d.instance_id,
+                    dp_rank: d.dp_rank,
+                    reason: SelectionReason::ConditionalBypass,
+                },
+                prefill: None,
+                dp_rank_headers: DpRankHeaders {
+                    decode_rank,
+                    prefill_rank: None,
+                },
+                kv: Some(KvOutcome {
+                    overlap_blocks: d.overlap_blocks,
+                    block_size: d.block_size,
+                }),
+            });
+        }
+        Ok(Pick {
+            namespace: dw.namespace.as_str(),
+            decode: Chosen {
+                instance_id: d.instance_id,
+                dp_rank: d.dp_rank,
+                reason,
+            },
+            prefill: Some(prefill_chosen),
+            dp_rank_headers: DpRankHeaders {
+                decode_rank,
+                prefill_rank: rank_header(pw, prefill.dp_rank),
+            },
+            kv: prefill_kv,
+        })
+    }
+
+    /// The same picker with its cursors at `cursors` (shards start apart).
+    pub fn with_cursors(mut self, cursors: PickerCursors) -> Self {
+        self.cursors = cursors;
+        self
+    }
+
+    /// The cursors' current positions.
+    pub fn cursors(&self) -> PickerCursors {
+        self.cursors
+    }
+
+    /// The tunables.
+    pub fn params(&self) -> KvParams {
+        self.params
+    }
+
+    /// The KV stage's candidates as scored by the last KV pick.
+    pub fn last_scored(&self) -> &[ScoredCandidate] {
+        self.kv.scored()
+    }
+}
+
+impl WorkerPicker for KvAwarePicker {
+    fn name(&self) -> &'static str {
+        "kv_aware"
+    }
+
+    fn pick<'f>(&mut self, input: &PickInput<'f>, out: &mut Picks<'f>) -> Result<(), NoWorker> {
+        out.clear();
+        if input.prompt_blocks.is_empty() {
+            return pick_with(input, &mut self.cursors, &mut self.load, out).map(|_| ());
+        }
+        score_candidates(input, &self.params, &mut self.kv);
+        let KvScratch {
+            scored,
+            rows,
+            costs,
+            probabilities,
+            ..
+        } = &mut self.kv;
+        let cursor = if scored.iter().any(|c| c.role == Role::Prefill) {
+            &mut self.cursors.prefill
+        } else {
+            &mut self.cursors.decode
+        };
+        let (index, reason) = select_kv(
+            scored,
+            self.params.temperature,
+            cursor,
+            self.units.as_mut(),
+            (rows, costs, probabilities),
+        )
+        .ok_or(NoWorker)?;
+        let c = *scored.get(index).ok_or(NoWorker)?;
+        let workers = input.fleet.workers.as_slice();
+        let w = workers.get(c.worker).ok_or(NoWorker)?;
+        let chosen = Chosen {
+            instance_id: c.instance_id,
+            dp_rank: c.dp_rank,
+            reason,
+        };
+        let kv = Some(KvOutcome {
+            overlap_blocks: c.overlap_blocks,
+            block_size: c.block_size,
+        });
+        if c.role != Role::Prefill {
+            let pick = Pick {
+                namespace: w.namespace.as_str(),
+                decode: chosen,
+                prefill: None,
+                dp_rank_headers: DpRankHeaders {
+                    decode_rank: rank_header(w, c.dp_rank),
+                    prefill_rank: None,
+                },
+                kv,
+            };
+            out.push(pick);
+            push_kv_runners_up(out, &pick, scored, index, workers);
+            return Ok(());
+        }
+        if let Some(cond) = self.conditional {
+            let pick = self.conditional_pair(input, &cond, c, chosen, kv)?;
+            out.push(pick);
+            return Ok(());
+        }
+        // The decode side of the pair: load-only rules inside the prefill rank's namespace.
+        let ns_start = workers.partition_point(|x| x.namespace < w.namespace);
+        let ns_end = run_end(workers, ns_start);
+        let mut alternates = [None; MAX_PICKS - 1];
+        let want = out.limit().saturating_sub(1).min(alternates.len());
+        let (dslot, dreason) = pair_decode(
+            input,
+            ns_start,
+            ns_end,
+            &mut self.load,
+            &mut self.cursors.decode,
+            &mut alternates[..want],
+        )
+        .ok_or(NoWorker)?;
+        let dw = workers.get(dslot.worker).ok_or(NoWorker)?;
+        let pick = Pick {
+            namespace: dw.namespace.as_str(),
+            decode: Chosen {
+                instance_id: dw.instance_id,
+                dp_rank: dslot.rank,
+                reason: dreason,
+            },
+            prefill: Some(chosen),
+            dp_rank_headers: DpRankHeaders {
+                decode_rank: rank_header(dw, dslot.rank),
+                prefill_rank: rank_header(w, c.dp_rank),
+            },
+            kv,
+        };
+        push_ordered(out, &pick, workers, &alternates);
+        Ok(())
+    }
+
+    fn preview(&self) -> Option<Box<dyn WorkerPicker>> {
+        let units = Box::new(super::SplitMix64::new(PREVIEW_SEED));
+        Some(Box::new(
+            KvAwarePicker::new(self.params, units)
+                .with_cursors(self.cursors)
+                .with_conditional(self.conditional),
+        ))
+    }
+}
+
+/// The sample source of a [`WorkerPicker::preview`] copy (a fixed seed: previews repeat).
+const PREVIEW_SEED: u64 = 0x6578_706c_6169_6e00;
+
+/// After a self-prefilling pick, appends the next-cheapest candidates of the same namespace and
+/// role (defined costs only, ascending, ties in candidate order), each with its own rank header
+/// and KV outcome, until `out` is full. Only runs when the caller wants more than one.
+fn push_kv_runners_up<'f>(
+    out: &mut Picks<'f>,
+    pick: &Pick<'f>,
+    scored: &[ScoredCandidate],
+    chosen: usize,
+    workers: &[Worker],
+) {
+    let Some(role) = scored.get(chosen).map(|c| c.role) else {
+        return;
+    };
+    let mut taken = [chosen; MAX_PICKS];
+    let mut n = 1;
+    while out.wants_more() && n < MAX_PICKS {
+        let mut best: Option<(usize, f64)> = None;
+        for (i, c) in scored.iter().enumerate() {
+            let Some(cost) = c.cost else { continue };
+            let eligible = !taken[..n].contains(&i)
+                && c.role == role
+                && workers
+                    .get(c.worker)
+                    .is_some_and(|w| w.namespace == pick.namespace);
+            if eligible && best.is_none_or(|(_, b)| cost < b) {
+                best = Some((i, cost));
+            }
+        }
+        let Some((c, w)) = best.and_then(|(i, _)| {
+            let c = scored.get(i)?;
+            Some((c, workers.get(c.worker)?))
+        }) else {
+            return;
+        };
+        if let Some((i, _)) = best {
+            taken[n] = i;
+        }
+        n += 1;
+        let mut alt = *pick;
+        alt.decode = Chosen {
+            instance_id: c.instance_id,
+            dp_rank: c.dp_rank,
+            reason: pick.decode.reason,
+        };
+        alt.dp_rank_headers.decode_rank = rank_header(w, c.dp_rank);
+        alt.kv = Some(KvOutcome {
+            overlap_blocks: c.overlap_blocks,
+            block_size: c.block_size,
+        });
+        out.push(alt);
+    }
+}
