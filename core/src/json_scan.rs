@@ -51,6 +51,14 @@ pub fn top_level_string(doc: &[u8], key: &[u8]) -> Result<Option<Range<usize>>, 
     found.map(|v| string_value(doc, v)).transpose()
 }
 
+/// Find `key` among the top-level members of the JSON object in `doc`: the byte range of its raw
+/// value (a string's range includes its quotes; `None` when the object has no such member) and
+/// the index of the object's closing brace. A document with the key twice is refused.
+pub fn top_level_value(doc: &[u8], key: &[u8]) -> Result<(Option<Range<usize>>, usize), ScanError> {
+    let ([found], close) = members_and_close(doc, [key])?;
+    Ok((found, close))
+}
+
 /// The request fields the data plane reads, found in one walk of the body.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RequestFields {
@@ -123,6 +131,17 @@ fn top_level_members<const N: usize>(
     doc: &[u8],
     keys: [&[u8]; N],
 ) -> Result<[Option<Range<usize>>; N], ScanError> {
+    members_and_close(doc, keys).map(|(found, _)| found)
+}
+
+/// The raw value span of each key (`None`: absent) and the index of the closing brace.
+type MembersAndClose<const N: usize> = ([Option<Range<usize>>; N], usize);
+
+/// [`top_level_members`], with the index of the object's closing brace.
+fn members_and_close<const N: usize>(
+    doc: &[u8],
+    keys: [&[u8]; N],
+) -> Result<MembersAndClose<N>, ScanError> {
     let mut i = skip_ws(doc, 0);
     if doc.get(i) != Some(&b'{') {
         return Err(ScanError::NotAnObject);
@@ -132,7 +151,7 @@ fn top_level_members<const N: usize>(
     loop {
         i = skip_ws(doc, i);
         match doc.get(i) {
-            Some(b'}') => return Ok(found),
+            Some(b'}') => return Ok((found, i)),
             Some(b'"') => {}
             _ => return Err(ScanError::Malformed),
         }
@@ -161,7 +180,7 @@ fn top_level_members<const N: usize>(
         i = skip_ws(doc, end);
         match doc.get(i) {
             Some(b',') => i += 1,
-            Some(b'}') => return Ok(found),
+            Some(b'}') => return Ok((found, i)),
             _ => return Err(ScanError::Malformed),
         }
     }

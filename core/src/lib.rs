@@ -10,6 +10,7 @@
 //! - snapshots ([`snapshot::RouterSnapshot`]) are immutable once built and shared by `Arc`.
 #![forbid(unsafe_code)]
 
+pub mod artifacts;
 pub mod auth;
 pub mod backoff;
 pub mod clock;
@@ -27,6 +28,7 @@ pub mod load;
 #[cfg(loom)]
 mod loom_support;
 pub mod picker;
+pub mod prompt;
 pub mod publish;
 pub mod retry_budget;
 pub mod route;

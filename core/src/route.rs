@@ -28,13 +28,15 @@ pub enum Route {
     AdminConfig,
     /// `GET /admin/dynamo/workers` (served only by builds with Dynamo discovery)
     AdminDynamoWorkers,
+    /// `POST /admin/dynamo/explain` (served only by builds with Dynamo discovery)
+    AdminDynamoExplain,
     /// Anything else (404/405, and requests rejected before routing).
     Other,
 }
 
 impl Route {
     /// Every route, in discriminant order.
-    pub const ALL: [Route; 10] = [
+    pub const ALL: [Route; 11] = [
         Route::ChatCompletions,
         Route::Messages,
         Route::Responses,
@@ -44,6 +46,7 @@ impl Route {
         Route::Metrics,
         Route::AdminConfig,
         Route::AdminDynamoWorkers,
+        Route::AdminDynamoExplain,
         Route::Other,
     ];
 
@@ -60,6 +63,7 @@ impl Route {
             b"/metrics" => Route::Metrics,
             b"/admin/config" => Route::AdminConfig,
             b"/admin/dynamo/workers" => Route::AdminDynamoWorkers,
+            b"/admin/dynamo/explain" => Route::AdminDynamoExplain,
             _ => Route::Other,
         }
     }
@@ -85,6 +89,7 @@ impl Route {
             Route::Metrics => "metrics",
             Route::AdminConfig => "admin_config",
             Route::AdminDynamoWorkers => "admin_dynamo_workers",
+            Route::AdminDynamoExplain => "admin_dynamo_explain",
             Route::Other => "other",
         }
     }
@@ -114,6 +119,10 @@ mod tests {
             Route::ResponsesCompact
         );
         assert_eq!(Route::classify(b"/v1/chat/completions/"), Route::Other);
+        assert_eq!(
+            Route::classify(b"/admin/dynamo/explain?format=messages"),
+            Route::AdminDynamoExplain
+        );
         assert_eq!(Route::classify(b""), Route::Other);
         assert!(Route::Responses.is_proxied() && !Route::Health.is_proxied());
     }

@@ -16,10 +16,12 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use crate::artifacts::PromptTable;
 use crate::auth::AuthTable;
 use crate::config::{BackendConfig, Config};
 use crate::discovery::{FleetView, PublisherId};
 use crate::health::HealthTable;
+use crate::prompt::PromptPipeline;
 use crate::shim::ShimRoutes;
 use crate::subscriptions::Refusal;
 use crate::tls::{BackendTlsTable, UpstreamTls};
@@ -81,7 +83,13 @@ pub struct RouterSnapshot {
     /// The client API keys with their shared budgets (carried by key name); `None` without
     /// `auth`.
     pub auth: Option<AuthTable>,
+    /// Per Dynamo model, the loaded prompt pipeline or why KV selection is skipped (empty
+    /// while `dynamo.kv` is off; set by the control thread's KV supervisor).
+    pub prompts: Arc<Prompts>,
 }
+
+/// The published per-model prompt pipelines.
+pub type Prompts = PromptTable<PromptPipeline>;
 
 /// Resolved and policy-checked publisher addresses.
 pub type PublisherAddrs = HashMap<PublisherId, Result<SocketAddr, Refusal>>;
@@ -160,7 +168,15 @@ impl RouterSnapshot {
             backend_tls,
             fleet,
             publisher_addrs,
+            prompts: Arc::default(),
         }
+    }
+
+    /// The same snapshot with `prompts` as its prompt pipelines (the control thread's KV
+    /// supervisor's table).
+    pub fn with_prompts(mut self, prompts: Arc<Prompts>) -> Self {
+        self.prompts = prompts;
+        self
     }
 
     /// The resolved address of the backend at `idx`.

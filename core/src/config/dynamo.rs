@@ -398,6 +398,13 @@ impl ShimAnswers {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Blake3Digest(pub [u8; 32]);
 
+impl Blake3Digest {
+    /// Parse `blake3:<64 lowercase hex>` (the card's and the config's spelling).
+    pub fn parse(s: &str) -> Option<Self> {
+        super::values::parse_hex_digest(s, "blake3:").map(Blake3Digest)
+    }
+}
+
 impl std::fmt::Display for Blake3Digest {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "blake3:{}", super::values::to_hex(&self.0))
