@@ -16,6 +16,7 @@
 //! [`SnapshotCell`]: continuum_core::publish::SnapshotCell
 #![forbid(unsafe_code)]
 
+pub mod artifacts;
 mod build;
 mod clock;
 pub mod discovery;

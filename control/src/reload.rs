@@ -12,6 +12,7 @@ use continuum_shards::metrics::ControlStats;
 use continuum_shards::{PickerFactory, ShardSet};
 use tokio::signal::unix::{SignalKind, signal};
 
+use crate::artifacts::{KvArtifacts, LoadDone};
 use crate::discovery::{self, NotRunnable, Supervisor};
 use crate::health::HealthChecks;
 use crate::resolve::{Looked, Publishers, resolve_blocking};
@@ -164,6 +165,8 @@ struct State {
     health: HealthChecks,
     /// The publishers' addresses and their lookups (in the background).
     publishers: Publishers,
+    /// The KV supervisor: per-model prompt pipelines, loaded in the background.
+    kv: KvArtifacts,
 }
 
 impl State {
@@ -173,15 +176,18 @@ impl State {
         let generation = self.params.cell.generation() + 1;
         // Backends that stay (same name and address) keep their health (ejections, verdicts).
         let previous = self.params.cell.load();
-        self.params.cell.publish(RouterSnapshot::build(
-            generation,
-            self.params.config.clone(),
-            self.addrs.clone(),
-            self.tls.clone(),
-            self.fleet.clone(),
-            self.publisher_addrs.clone(),
-            Some(&previous),
-        ));
+        self.params.cell.publish(
+            RouterSnapshot::build(
+                generation,
+                self.params.config.clone(),
+                self.addrs.clone(),
+                self.tls.clone(),
+                self.fleet.clone(),
+                self.publisher_addrs.clone(),
+                Some(&previous),
+            )
+            .with_prompts(self.kv.table()),
+        );
         self.params.shards.reload_all();
         self.params
             .stats
@@ -253,10 +259,10 @@ fn select_picker(
     picker_for: fn(&Config) -> PickerFactory,
 ) -> bool {
     let want = picker_for(config);
-    let active = shards.picker().name();
-    if want.name() == active {
+    if want.same_as(shards.picker()) {
         return false;
     }
+    let active = shards.picker().name();
     tracing::info!(
         from = active,
         to = want.name(),
@@ -280,7 +286,9 @@ async fn run(params: ControlParams, signals: Signals) -> Result<ExitReason, Cont
     // config came from, so an edit made while the router was starting is not missed.
     let (updates_tx, mut updates) = tokio::sync::mpsc::unbounded_channel();
     let (looked_tx, mut looked) = tokio::sync::mpsc::unbounded_channel::<Looked>();
+    let (loaded_tx, mut loaded) = tokio::sync::mpsc::unbounded_channel::<LoadDone>();
     let discovery = Supervisor::new(updates_tx, params.stats.clone());
+    let kv = KvArtifacts::new(loaded_tx, params.stats.clone());
     let (addrs, tls) = {
         let first = params.cell.load();
         (first.backend_addrs.clone(), first.backend_tls.clone())
@@ -295,6 +303,7 @@ async fn run(params: ControlParams, signals: Signals) -> Result<ExitReason, Cont
         discovery,
         health: HealthChecks::default(),
         publishers: Publishers::new(looked_tx),
+        kv,
     };
     st.health.reconcile(&st.params.cell.load());
     st.reconcile_discovery(true);
@@ -320,6 +329,7 @@ async fn run(params: ControlParams, signals: Signals) -> Result<ExitReason, Cont
                     st.fleet = update.fleet;
                     st.retain_live();
                     st.refresh_publishers();
+                    st.kv.refresh(&st.fleet, &st.params.config.dynamo.kv);
                     let generation = st.publish();
                     tracing::debug!(generation, workers = st.fleet.workers.len(), "fleet view published");
                 }
@@ -328,6 +338,18 @@ async fn run(params: ControlParams, signals: Signals) -> Result<ExitReason, Cont
                 if st.publishers.absorb(round) && st.refresh_publishers() {
                     let generation = st.publish();
                     tracing::debug!(generation, unresolved = st.publishers.unresolved(), "publisher lookups done: addresses published");
+                }
+            }
+            Some(done) = loaded.recv() => {
+                st.kv.absorb(done);
+                if st.kv.refresh(&st.fleet, &st.params.config.dynamo.kv) {
+                    let generation = st.publish();
+                    tracing::info!(generation, "prompt pipelines published");
+                }
+            }
+            _ = sleep_until_opt(st.kv.retry_at().map(|at| tokio::time::Instant::from_std(crate::clock::to_std(at)))) => {
+                if st.kv.refresh(&st.fleet, &st.params.config.dynamo.kv) {
+                    st.publish();
                 }
             }
             _ = sleep_until_opt(st.publishers.retry_at()) => {
@@ -418,6 +440,7 @@ async fn reload(st: &mut State, trigger: Trigger) {
     // RELOAD-03: a new connect policy re-checks every publisher (from the addresses already
     // found: no lookup); the shards restart exactly the subscriptions whose decision changed.
     st.refresh_publishers();
+    st.kv.refresh(&st.fleet, &st.params.config.dynamo.kv);
     let generation = st.publish();
     st.params
         .stats

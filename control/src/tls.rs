@@ -118,7 +118,7 @@ fn read_ca_file(path: &str) -> Result<Vec<CertificateDer<'static>>, String> {
 }
 
 /// The system's root certificates.
-fn system_roots() -> Result<Vec<CertificateDer<'static>>, String> {
+pub(crate) fn system_roots() -> Result<Vec<CertificateDer<'static>>, String> {
     let found = rustls_native_certs::load_native_certs();
     if found.certs.is_empty() {
         let why = found
@@ -134,7 +134,7 @@ fn system_roots() -> Result<Vec<CertificateDer<'static>>, String> {
 }
 
 /// A client config trusting exactly `anchors`.
-fn client_config(
+pub(crate) fn client_config(
     anchors: Vec<CertificateDer<'static>>,
 ) -> Result<Arc<rustls::ClientConfig>, String> {
     let mut roots = RootCertStore::empty();
