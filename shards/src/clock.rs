@@ -34,3 +34,11 @@ pub fn now_ms() -> u64 {
 pub(crate) fn now_ns() -> u64 {
     u64::try_from(now().since_origin().as_nanos()).unwrap_or(u64::MAX)
 }
+
+/// Seconds since the Unix epoch on the wall clock (a chat template's `strftime_now`).
+#[allow(clippy::disallowed_methods)] // the clock module: the one reader of the OS clock
+pub(crate) fn unix_secs() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+}

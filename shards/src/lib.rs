@@ -34,5 +34,5 @@ pub mod runtime;
 mod shard;
 pub mod signals;
 
-pub use dispatch::{PickerEnv, PickerFactory, load_based_picker, picker_for};
+pub use dispatch::{PickerEnv, PickerFactory, kv_aware_picker, load_based_picker, picker_for};
 pub use shard::spawn::{ShardSet, ShardSetError, ShardSpec, pin_current_thread, spawn_shards};

@@ -14,7 +14,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use continuum_core::config::{Config, NoEnv};
-use continuum_core::discovery::{InstanceId, KvEvent, PublisherId, Reducer, Role, UnixMillis};
 use continuum_core::load::LoadStore;
 use continuum_core::picker::{NoWorker, PickInput, Picks, WorkerPicker};
 use continuum_core::publish::SnapshotCell;
@@ -22,7 +21,7 @@ use continuum_core::snapshot::RouterSnapshot;
 use continuum_shards::metrics::ControlStats;
 use continuum_shards::runtime::DriverChoice;
 use continuum_shards::{PickerFactory, ShardSpec, load_based_picker, spawn_shards};
-use continuum_sim::records::WorkerRecord;
+use continuum_sim::records::{WorkerRecord, fleet_of};
 
 const MODEL: &str = "tiny-agg";
 const IDS: [u64; 3] = [0x100, 0x200, 0x300];
@@ -101,30 +100,13 @@ fn snapshot(shim: SocketAddr) -> RouterSnapshot {
          - {{ namespace: agg, backends: [shim] }}\n"
     );
     let (config, _) = Config::from_yaml(&yaml, &NoEnv).unwrap();
-    let mut reducer = Reducer::new();
-    for id in IDS {
-        let w = WorkerRecord {
-            namespace: "agg",
-            component: "backend",
-            model: MODEL,
-            role: Role::Aggregated,
-            instance_id: InstanceId::new(id),
-            dp_size: 1,
-            block_size: 16,
-            total_kv_blocks: 1000,
-            request_plane: "127.0.0.1:1",
-            publisher_id: PublisherId::new(id + 1),
-            publisher_endpoint: "tcp://127.0.0.1:1",
-        };
-        for (key, value) in w.all() {
-            let ev = KvEvent::Put {
-                key: key.as_bytes(),
-                value: value.as_bytes(),
-            };
-            reducer.apply(ev, UnixMillis(0));
-        }
-    }
-    let fleet = reducer.materialize();
+    let records: Vec<WorkerRecord<'_>> = IDS
+        .iter()
+        .map(|&id| {
+            WorkerRecord::aggregated("agg", MODEL, id, 16, "127.0.0.1:1", "tcp://127.0.0.1:1")
+        })
+        .collect();
+    let fleet = fleet_of(&records);
     assert_eq!(
         fleet.workers.len(),
         IDS.len(),
@@ -164,6 +146,7 @@ impl WorkerPicker for Last {
             },
             prefill: None,
             dp_rank_headers: Default::default(),
+            kv: None,
         });
         Ok(())
     }

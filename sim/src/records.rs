@@ -2,7 +2,8 @@
 //!
 //! Role: pure builders of the three records the router reads: the `generate` Endpoint record
 //! (`v1/instances/...`), the Model record with its card (`v1/mdc/...`) and the `kv_metrics`
-//! EventChannel record (`v1/event_channels/...`); and [`file_path`], the file of a key.
+//! EventChannel record (`v1/event_channels/...`); [`file_path`], the file of a key; and
+//! [`fleet_of`], the fleet the router's reducer makes of some records.
 //!
 //! Invariants:
 //! - shapes are copied from the real 1.6.1 dump (`shared/fixtures/dynamo-1.6.1/etcd-dump.txt`):
@@ -16,9 +17,12 @@
 //!   percent-encoded>` (upstream `Key::url_safe`), which the router's reader decodes back.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use continuum_core::discovery::keys::channel_key;
-use continuum_core::discovery::{InstanceId, PublisherId, Role};
+use continuum_core::discovery::{
+    FleetView, InstanceId, KvEvent, PublisherId, Reducer, Role, UnixMillis,
+};
 use serde_json::Value;
 
 /// The topic of load samples.
@@ -49,6 +53,50 @@ pub struct WorkerRecord<'a> {
     pub publisher_id: PublisherId,
     /// The publisher's `tcp://host:port`.
     pub publisher_endpoint: &'a str,
+}
+
+impl<'a> WorkerRecord<'a> {
+    /// Aggregated worker `id` of `model` in `namespace` (component `backend`, one rank, 1,000
+    /// KV blocks of `block_size`), its request plane at `request_plane` and its `kv_metrics`
+    /// publisher (id `id + 1`) at `publisher_endpoint`.
+    pub fn aggregated(
+        namespace: &'a str,
+        model: &'a str,
+        id: u64,
+        block_size: u32,
+        request_plane: &'a str,
+        publisher_endpoint: &'a str,
+    ) -> Self {
+        WorkerRecord {
+            namespace,
+            component: component_of(Role::Aggregated),
+            model,
+            role: Role::Aggregated,
+            instance_id: InstanceId::new(id),
+            dp_size: 1,
+            block_size,
+            total_kv_blocks: 1000,
+            request_plane,
+            publisher_id: PublisherId::new(id.wrapping_add(1)),
+            publisher_endpoint,
+        }
+    }
+}
+
+/// The fleet the router's own reducer makes of `records`, as if read from a store at time 0
+/// (tests that need a [`FleetView`] without a store).
+pub fn fleet_of(records: &[WorkerRecord<'_>]) -> Arc<FleetView> {
+    let mut reducer = Reducer::new();
+    for w in records {
+        for (key, value) in w.all() {
+            let ev = KvEvent::Put {
+                key: key.as_bytes(),
+                value: value.as_bytes(),
+            };
+            reducer.apply(ev, UnixMillis(0));
+        }
+    }
+    reducer.materialize()
 }
 
 /// The component a role registers under in Dynamo 1.6.1.

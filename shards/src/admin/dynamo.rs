@@ -1,4 +1,6 @@
-//! `GET /admin/dynamo/workers`: the operator view of the discovered fleet (ADMIN-02..10).
+//! `GET /admin/dynamo/workers`: the operator view of the discovered fleet (ADMIN-02..10), and
+//! the entry of `POST /admin/dynamo/explain` (method, admin access, then the dispatcher's dry
+//! run).
 //!
 //! Compiled only with the `dynamo` feature (a build without it answers 404, ADMIN-08); behind
 //! the same admin authentication as every admin route. With discovery disabled by config it
@@ -15,8 +17,34 @@ use serde_json::{Value, json};
 
 use continuum_core::load::{LoadKey, LoadStore};
 
+use continuum_core::http1::request::Method;
+
+use crate::dispatch::{Dispatcher, ExchangeBufs};
+use crate::http::respond::{ErrorShape, LocalError};
+use crate::http::{Outcome, Request, ResponseSink};
 use crate::metrics::ControlStats;
 use crate::signals::Signals;
+
+/// `POST /admin/dynamo/explain`: 405 for another method, then admin access exactly as every
+/// admin route (audited), then what `dispatch` would decide for the body (JSON).
+pub(crate) fn explain(
+    snap: &RouterSnapshot,
+    dispatch: &Dispatcher,
+    req: &mut Request,
+    sink: &mut ResponseSink,
+    bufs: &mut ExchangeBufs,
+) -> Outcome {
+    if req.head.method != Method::Post {
+        return sink.local_error(&req.head, ErrorShape::OpenAi, LocalError::MethodNotAllowed);
+    }
+    if let Err(e) = super::admin_allowed(snap, req) {
+        return sink.local_error(&req.head, ErrorShape::OpenAi, e);
+    }
+    match dispatch.explain(snap, req, sink, bufs) {
+        Ok(v) => super::ok(req, sink, "application/json", v.to_string().as_bytes()),
+        Err(outcome) => outcome,
+    }
+}
 
 /// The response body.
 pub(crate) fn workers_json(snap: &RouterSnapshot, control: &ControlStats, load: &Signals) -> Value {

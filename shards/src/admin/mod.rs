@@ -1,15 +1,22 @@
 //! The routes the router answers itself: `/health`, `/v1/models`, `/metrics`, `/admin/config`
-//! and (builds with Dynamo discovery) `/admin/dynamo/workers`.
+//! and (builds with Dynamo discovery) `/admin/dynamo/workers` and `/admin/dynamo/explain`.
 //!
 //! Admin routes require `Authorization: Bearer <token>` whose SHA-256 matches
 //! `admin.token_hash` (constant-time compare); without a configured hash they answer loopback
 //! peers only. Every admin decision leaves an audit record (target `continuum::audit`).
 //!
 //! Invariant: nothing here is on the proxied request path; the answers are read-only views of
-//! the snapshot, every shard's counters and the cross-shard signals.
+//! the snapshot, every shard's counters and the cross-shard signals (explain's dry run included:
+//! it changes no routing state, see `crate::dispatch`).
 
 #[cfg(feature = "dynamo")]
 mod dynamo;
+#[cfg(test)]
+#[cfg(feature = "dynamo")]
+mod explain_tests;
+
+#[cfg(feature = "dynamo")]
+pub(crate) use dynamo::explain;
 
 use std::sync::Arc;
 

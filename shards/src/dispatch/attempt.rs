@@ -15,7 +15,7 @@
 use std::io::Write as _;
 
 use continuum_core::auth::Refusal;
-use continuum_core::config::{BackendUrl, UpstreamTimeouts};
+use continuum_core::config::{BackendConfig, BackendUrl, UpstreamTimeouts};
 use continuum_core::headers::{self, RequestHeaderFate};
 use continuum_core::health::FailureEffect;
 use continuum_core::snapshot::{BackendIdx, ModelRoute, RouterSnapshot};
@@ -53,6 +53,8 @@ impl Dispatcher {
             } else {
                 attempt.on_failure
             },
+            // Plain routing never sends the shim body (KV-PICK-11: no token_data on fallback).
+            body: None,
             ..*attempt
         };
         let attempts = 1 + snap.config.server.connect_retries as usize;
@@ -150,7 +152,7 @@ impl Dispatcher {
         let (Some(backend), Some(addr)) = (snap.backend(idx), snap.backend_addr(idx)) else {
             return Err(DispatchError::CONNECT);
         };
-        let body = match convert::for_backend(ex, backend) {
+        let body = match attempt_body(ex, backend, attempt) {
             Ok(b) => b,
             Err(outcome) => return Ok(Answer::Done(outcome)),
         };
@@ -257,6 +259,19 @@ pub(super) fn retry_on_fresh_connection(e: DispatchError) -> bool {
     e.retryable && e.kind == ErrorKind::Closed
 }
 
+/// The body an attempt sends to `backend`: the attempt's own ([`Body::Shim`] on a shim attempt
+/// with `token_data`), else the request's, converted per backend.
+pub(super) fn attempt_body(
+    ex: &mut Exchange<'_>,
+    backend: &BackendConfig,
+    attempt: &Attempt<'_>,
+) -> Result<Body, Outcome> {
+    match attempt.body {
+        Some(b) => Ok(b),
+        None => convert::for_backend(ex, backend),
+    }
+}
+
 /// Write the request head and body to `up`.
 /// Write the request within the first-byte timeout (and the request's deadline): a backend that
 /// does not take the request in that time is a timeout in [`Phase::Request`], not an exchange
@@ -310,7 +325,12 @@ async fn write_request(
 }
 
 /// Write the upstream request head (and a small body) into the exchange's upstream buffer.
-fn build_upstream_head(ex: &mut Exchange<'_>, url: &BackendUrl, body: Body, attempt: &Attempt<'_>) {
+pub(super) fn build_upstream_head(
+    ex: &mut Exchange<'_>,
+    url: &BackendUrl,
+    body: Body,
+    attempt: &Attempt<'_>,
+) {
     let body_len = ex.bytes(body).len();
     let mut stripped = 0u64;
     let mut out = std::mem::take(&mut ex.bufs.out);

@@ -47,6 +47,9 @@ pub(crate) struct ExchangeBufs {
     /// The chat body a Responses request becomes for a `responses_api: chat` backend
     /// ([`Body::Alt`]).
     pub(crate) alt: Vec<u8>,
+    /// The shim attempts' body when it differs from the prepared one: `nvext.token_data` added
+    /// ([`Body::Shim`], KV-PICK-10).
+    pub(crate) shim: Vec<u8>,
 }
 
 /// Which body an attempt sends.
@@ -58,6 +61,9 @@ pub(crate) enum Body {
     Prepared,
     /// The per-backend conversion, in [`ExchangeBufs::alt`].
     Alt,
+    /// The shim attempts' body with `nvext.token_data`, in [`ExchangeBufs::shim`]; never the
+    /// unified fallback's (KV-PICK-11).
+    Shim,
 }
 
 /// One proxied request.
@@ -113,6 +119,7 @@ impl<'a> Exchange<'a> {
             Body::Client => self.req.body(),
             Body::Prepared => &self.bufs.prepared,
             Body::Alt => &self.bufs.alt,
+            Body::Shim => &self.bufs.shim,
         }
     }
 
@@ -138,6 +145,7 @@ impl<'a> Exchange<'a> {
             Body::Client => return self.req.write_body_to(up).await,
             Body::Prepared => &mut self.bufs.prepared,
             Body::Alt => &mut self.bufs.alt,
+            Body::Shim => &mut self.bufs.shim,
         };
         let all = 0..buf.len();
         write_lent(up, buf, all).await
@@ -153,6 +161,9 @@ pub(crate) struct Attempt<'a> {
     pub(crate) routing: Option<RoutingHeaders<'a>>,
     /// What happens to a non-2xx answer.
     pub(crate) on_failure: FailureHandling,
+    /// The body to send instead of the request's own ([`Body::Shim`] on shim attempts that carry
+    /// `nvext.token_data`); `None`: the request's body, converted per backend.
+    pub(crate) body: Option<Body>,
 }
 
 impl Attempt<'_> {
@@ -161,7 +172,31 @@ impl Attempt<'_> {
         pins: None,
         routing: None,
         on_failure: FailureHandling::Relay,
+        body: None,
     };
+}
+
+/// The bytes of `body` and the shim buffer, borrowed apart (the pick reads the one and writes
+/// the other).
+pub(crate) fn body_and_shim<'b>(
+    req: &'b Request,
+    bufs: &'b mut ExchangeBufs,
+    body: Body,
+) -> (&'b [u8], &'b mut Vec<u8>) {
+    let ExchangeBufs {
+        prepared,
+        alt,
+        shim,
+        ..
+    } = bufs;
+    let bytes: &[u8] = match body {
+        Body::Client => req.body(),
+        Body::Prepared => prepared,
+        Body::Alt => alt,
+        // The shim body is never the one a pick reads; it is rewritten from scratch.
+        Body::Shim => &[],
+    };
+    (bytes, shim)
 }
 
 /// What happens to a non-2xx upstream answer.

@@ -14,6 +14,10 @@
 //!   (`continuum_core::shim::decide`) on pinned answers;
 //! - **relay** ([`relay`], [`convert`]): the answer to the client, read for write, or converted.
 //!
+//! `explain` (builds with Dynamo discovery) runs prepare and plan as a dry run for
+//! `POST /admin/dynamo/explain`: the same preparation, pipeline and candidates, the pick made
+//! on a copy of the picker, nothing recorded.
+//!
 //! Every attempt that produces no answer ends in one classified
 //! [`continuum_core::upstream::DispatchError`]; the loops decide from its kind, phase and
 //! retryability alone. Nothing is sent twice once it may have reached a backend, except by the
@@ -27,15 +31,25 @@ mod attempt;
 mod choose;
 mod conn;
 mod convert;
+mod encoder;
 mod exchange;
+#[cfg(feature = "dynamo")]
+mod explain;
+#[cfg(test)]
+#[cfg(feature = "dynamo")]
+pub(crate) mod explain_tests;
 pub(crate) mod keys;
 mod plan;
 mod pool;
 mod prepare;
+mod prompt;
 mod relay;
 mod shim;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
+#[cfg(test)]
+mod tests_kv;
+mod token_data;
 mod upstream;
 
 use std::cell::{Cell, RefCell};
@@ -57,7 +71,7 @@ use exchange::Attempt;
 use pool::Pool;
 
 pub(crate) use exchange::{Exchange, ExchangeBufs};
-pub use plan::{PickerEnv, PickerFactory, load_based_picker, picker_for};
+pub use plan::{PickerEnv, PickerFactory, kv_aware_picker, load_based_picker, picker_for};
 
 /// Which client protocol a proxied request arrived in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -205,7 +219,7 @@ impl Dispatcher {
             Err(outcome) => return outcome,
         };
         let found = {
-            let body = ex.bytes(ex.body);
+            let (body, shim_body) = exchange::body_and_shim(ex.req, ex.bufs, ex.body);
             match body
                 .get(prepared.model.clone())
                 .and_then(continuum_core::json_scan::unescape_simple)
@@ -221,7 +235,14 @@ impl Dispatcher {
                         let route = snap.route(&model);
                         let planned = match ingress {
                             Ingress::ResponsesCompact => plan::Plan::Off,
-                            _ => self.plan(snap, &model, body),
+                            _ => self.plan(
+                                snap,
+                                &model,
+                                body,
+                                matches!(ingress, Ingress::Chat | Ingress::Messages),
+                                tenant_id(ex.req),
+                                shim_body,
+                            ),
                         };
                         if route.is_none() && planned.is_none() {
                             Err(LocalError::ModelNotFound)
@@ -260,4 +281,16 @@ impl Dispatcher {
             plan::Plan::Off => self.plain(snap, &mut ex, route, &Attempt::PLAIN).await,
         }
     }
+}
+
+/// The last non-empty `x-tenant-id` value (1.6.1 takes it as the request's cache salt).
+fn tenant_id(req: &Request) -> Option<&str> {
+    req.head
+        .headers
+        .iter()
+        .rev()
+        .filter(|h| req.span(&h.name).eq_ignore_ascii_case(b"x-tenant-id"))
+        .filter_map(|h| std::str::from_utf8(req.span(&h.value)).ok())
+        .map(str::trim)
+        .find(|v| !v.is_empty())
 }

@@ -10,6 +10,7 @@
 
 use std::sync::Arc;
 
+use continuum_core::artifacts::KvSelection;
 use continuum_core::clock::Instant;
 use continuum_core::discovery::FleetView;
 use continuum_core::headers::PinHeaders;
@@ -18,12 +19,16 @@ use continuum_core::load::{
     DispatchId, DispatchLedger, DispatchLoad, DispatchRole, InflightReader, LoadKey, LoadView,
 };
 use continuum_core::picker::{
-    LoadBasedPicker, PickInput, PickerCursors, Picks, StoreLoads, WorkerPicker,
+    ConditionalDisagg, KvAwarePicker, KvOutcome, KvParams, LoadBasedPicker, PickInput,
+    PickerCursors, Picks, PromptBlocks, PromptTokens, SplitMix64, StoreLoads, WorkerPicker,
     estimate_prompt_tokens,
 };
 use continuum_core::snapshot::{BackendIdx, RouterSnapshot};
 
 use super::Dispatcher;
+use super::exchange::Body;
+use super::prompt::{Prepared, ShardPrompts};
+use super::token_data::write_shim_body;
 use crate::signals::Signals;
 
 /// What a picker factory may use of its shard.
@@ -40,6 +45,8 @@ pub struct PickerEnv {
 #[derive(Clone)]
 pub struct PickerFactory {
     name: &'static str,
+    /// What distinguishes two factories of the same picker (its parameters).
+    settings: u64,
     build: Arc<BuildPicker>,
 }
 
@@ -54,8 +61,21 @@ impl PickerFactory {
     ) -> Self {
         Self {
             name,
+            settings: 0,
             build: Arc::new(build),
         }
+    }
+
+    /// The same factory, told apart from others of its name by `settings` (e.g. a digest of
+    /// its parameters): a reload that changes them replaces the picker (API-06).
+    pub fn with_settings(mut self, settings: u64) -> Self {
+        self.settings = settings;
+        self
+    }
+
+    /// Whether `self` and `other` build the same picker with the same parameters.
+    pub fn same_as(&self, other: &PickerFactory) -> bool {
+        self.name == other.name && self.settings == other.settings
     }
 
     /// The factory's name.
@@ -73,6 +93,7 @@ impl std::fmt::Debug for PickerFactory {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PickerFactory")
             .field("name", &self.name)
+            .field("settings", &self.settings)
             .finish()
     }
 }
@@ -89,11 +110,113 @@ pub fn load_based_picker() -> PickerFactory {
     })
 }
 
-/// The picker a config asks for. Every config selects [`load_based_picker`] today; the KV-aware
-/// picker will be selected here by `dynamo.kv.enabled` once it is built. The control thread
-/// calls this on every reload and replaces the shards' picker when the answer changes (API-06).
-pub fn picker_for(_config: &continuum_core::config::Config) -> PickerFactory {
-    load_based_picker()
+/// The KV-aware picker (KV-PICK-01..09) with `params`, and conditional disaggregation when
+/// `conditional` is set (KV-PICK-12..15): each shard's instance draws its softmax samples from
+/// its own generator, seeded apart per shard and per process. Without prompt blocks (KV off for
+/// the model, or its prompt could not be prepared) it picks exactly as [`load_based_picker`].
+pub fn kv_aware_picker(params: KvParams, conditional: Option<ConditionalDisagg>) -> PickerFactory {
+    let gate = conditional.map(|c| c.decode_busy_threshold.unwrap_or(-1.0));
+    let settings = [
+        params.overlap_score_credit,
+        params.prefill_load_scale,
+        params.temperature,
+        gate.unwrap_or(-2.0),
+    ]
+    .iter()
+    .fold(0u64, |h, v| h.rotate_left(21) ^ v.to_bits());
+    PickerFactory::new("kv_aware", move |env: &PickerEnv| {
+        let start = env.shard as u64;
+        let seed = prompt_seed() ^ start;
+        Box::new(
+            KvAwarePicker::new(params, Box::new(SplitMix64::new(seed)))
+                .with_cursors(PickerCursors {
+                    decode: start,
+                    prefill: start,
+                })
+                .with_conditional(conditional),
+        )
+    })
+    .with_settings(settings)
+}
+
+/// The picker a config asks for: [`kv_aware_picker`] when `dynamo.kv.enabled`, else
+/// [`load_based_picker`]. The control thread calls this on every reload and replaces the
+/// shards' picker when the answer (or its parameters) changes (API-06).
+pub fn picker_for(config: &continuum_core::config::Config) -> PickerFactory {
+    if config.dynamo.kv.enabled {
+        let kv = &config.dynamo.kv;
+        kv_aware_picker(
+            KvParams::from(kv),
+            ConditionalDisagg::from_config(&kv.conditional_disaggregation),
+        )
+    } else {
+        load_based_picker()
+    }
+}
+
+/// A per-shard seed for the segment caches' hash (the caches compare texts exactly; the seed
+/// only spreads keys).
+fn prompt_seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(0x6b76_5f70_726f_6d70);
+    h.finish()
+}
+
+/// No prompt blocks yet (what [`Prepared::blocks`] fills).
+pub(super) const NO_BLOCKS: [PromptBlocks<'static>; 2] = [PromptBlocks {
+    block_size: 0,
+    hashes: &[],
+}; 2];
+
+/// The prompt size the picker weighs (its `isl`): the rendered token count when the pipeline
+/// prepared the prompt, else the estimate from the body (PICK-02).
+pub(super) fn prompt_size(prepared: &Prepared<'_>, body: &[u8]) -> PromptTokens {
+    match prepared {
+        Prepared::Blocks { tokens, .. } => *tokens,
+        _ => estimate_prompt_tokens(body),
+    }
+}
+
+/// The picker's input for one request of `model` (the Dynamo model) in `snap`.
+pub(super) fn pick_input<'a>(
+    snap: &'a RouterSnapshot,
+    model: &'a str,
+    loads: &'a StoreLoads<'_, '_, '_>,
+    now: Instant,
+    prompt: PromptTokens,
+    blocks: &'a [PromptBlocks<'a>],
+    overlap: &'a Merged<'_>,
+) -> PickInput<'a> {
+    PickInput {
+        fleet: &snap.fleet,
+        loads,
+        model,
+        namespaces: &snap.shim,
+        prompt_tokens: prompt,
+        now,
+        max_staleness: snap.config.dynamo.load.max_staleness,
+        prompt_blocks: blocks,
+        overlap,
+    }
+}
+
+/// What `continuum_dynamo_kv_selection_total{result}` counts for a selection whose pick carried
+/// `kv` (KV-PICK-09); `None` while KV is off.
+pub(super) fn kv_result(
+    prepared: &Prepared<'_>,
+    kv: Option<KvOutcome>,
+    bypass: bool,
+) -> Option<KvSelection> {
+    match (prepared, kv) {
+        (Prepared::Off, _) => None,
+        // KV-PICK-14: the decode worker prefills locally.
+        _ if bypass => Some(KvSelection::Bypass),
+        (_, Some(o)) if o.overlap_blocks > 0 => Some(KvSelection::Overlap),
+        (_, Some(_)) => Some(KvSelection::NoOverlap),
+        (Prepared::Skip(r), None) => Some(*r),
+        (Prepared::Blocks { .. }, None) => Some(KvSelection::TokenizerUnavailable),
+    }
 }
 
 /// A pick refreshes the shard's dispatch ledger (a walk over every key it has dispatched to) at
@@ -108,9 +231,11 @@ pub(super) struct Picking {
     pub(super) picker: Box<dyn WorkerPicker>,
     pub(super) ledger: DispatchLedger,
     /// This shard's read handles on every shard's KV index (merged at pick time).
-    kv: Vec<IndexReader>,
+    pub(super) kv: Vec<IndexReader>,
     /// When the ledger was last refreshed by a pick.
     refreshed: Option<Instant>,
+    /// The prompt pipeline's shard-local caches and scratch (KV-aware selection).
+    pub(super) prompts: ShardPrompts,
 }
 
 impl Picking {
@@ -124,6 +249,7 @@ impl Picking {
             ledger,
             kv,
             refreshed: None,
+            prompts: ShardPrompts::new(prompt_seed()),
         }
     }
 
@@ -164,16 +290,25 @@ pub(super) struct Pinned<'s> {
     pub(super) namespace: &'s str,
     pub(super) replicas: &'s [BackendIdx],
     pub(super) dispatched: [Option<DispatchId>; 2],
+    /// The body the shim attempts send instead of the request's: [`Body::Shim`] when it carries
+    /// `nvext.token_data` (KV-PICK-10).
+    pub(super) body: Option<Body>,
 }
 
 impl Dispatcher {
-    /// Run the picker for `client_model`. `body` is the request body, for the prompt-size
-    /// estimate (PICK-02).
+    /// Run the picker for `client_model`. `body` is the request body: a chat body (`chat`)
+    /// goes through the model's prompt pipeline when `dynamo.kv` is on (KV-TOK-11..17), else
+    /// it gives the prompt-size estimate (PICK-02). `tenant` is the request's `x-tenant-id`
+    /// (the cache salt's override). With `dynamo.kv.send_token_data` and a prepared prompt, the
+    /// pinned request's body with `nvext.token_data` is written to `shim_body` (KV-PICK-10).
     pub(super) fn plan<'s>(
         &self,
         snap: &'s RouterSnapshot,
         client_model: &str,
         body: &[u8],
+        chat: bool,
+        tenant: Option<&str>,
+        shim_body: &mut Vec<u8>,
     ) -> Plan<'s> {
         if !snap.shim.any_usable() {
             return Plan::Off;
@@ -183,29 +318,44 @@ impl Dispatcher {
         let view = self.signals.store.view();
         let reader = InflightReader::new(&self.signals.inflight);
         let loads = StoreLoads::new(&view, &reader);
-        let prompt = estimate_prompt_tokens(body);
+        let model = snap.shim.dynamo_model(client_model);
         let mut guard = self.picking.borrow_mut();
         let st = &mut *guard;
         st.refresh_ledger(&view, now);
-        let input = PickInput {
-            fleet,
-            loads: &loads,
-            model: snap.shim.dynamo_model(client_model),
-            namespaces: &snap.shim,
-            prompt_tokens: prompt,
+        let Picking {
+            picker,
+            ledger,
+            kv,
+            prompts,
+            ..
+        } = &mut *st;
+        let prepared = prompts.prepare(snap, model, body, chat, tenant);
+        let prompt = prompt_size(&prepared, body);
+        let mut blocks = NO_BLOCKS;
+        let n = prepared.blocks(&mut blocks);
+        let overlap = Merged(kv);
+        let input = pick_input(
+            snap,
+            model,
+            &loads,
             now,
-            max_staleness: snap.config.dynamo.load.max_staleness,
-            prompt_blocks: &[],
-            overlap: &Merged(&st.kv),
-        };
+            prompt,
+            blocks.get(..n).unwrap_or(&[]),
+            &overlap,
+        );
         // One candidate: a pinned request is never re-picked (SHIM-16/17).
         let mut picks = Picks::new(1);
-        if st.picker.pick(&input, &mut picks).is_err() {
+        if picker.pick(&input, &mut picks).is_err() {
             return Plan::NoWorker;
         }
         let Some(pick) = picks.first().copied() else {
             return Plan::NoWorker;
         };
+        // KV-PICK-09: every selection of a model with KV on says how KV took part.
+        if let Some(r) = kv_result(&prepared, pick.kv, pick.is_conditional_bypass()) {
+            self.metrics.kv_selection.count(r);
+        }
+
         // Re-borrow what the dispatch keeps from the snapshot (the pick itself borrows the body).
         let Some(decode) = fleet.worker(pick.namespace, pick.decode.instance_id) else {
             return Plan::NoWorker;
@@ -220,7 +370,7 @@ impl Dispatcher {
         } else {
             DispatchRole::Aggregated
         };
-        let d = st.ledger.dispatch(
+        let d = ledger.dispatch(
             &view,
             LoadKey {
                 worker_id: pick.decode.instance_id,
@@ -233,7 +383,7 @@ impl Dispatcher {
             let block = fleet
                 .worker(namespace, p.instance_id)
                 .and_then(|w| w.block_size);
-            st.ledger.dispatch(
+            ledger.dispatch(
                 &view,
                 LoadKey {
                     worker_id: p.instance_id,
@@ -243,11 +393,19 @@ impl Dispatcher {
                 now,
             )
         });
+        // KV-PICK-10: the ids the router rendered for this very body, on the shim body only.
+        let token_data = match &prepared {
+            Prepared::Blocks { token_ids, .. } if snap.config.dynamo.kv.send_token_data => {
+                write_shim_body(body, token_ids, shim_body)
+            }
+            _ => false,
+        };
         Plan::Pinned(Pinned {
             pins: pick.pin_headers(),
             namespace,
             replicas: snap.shim.replicas(namespace),
             dispatched: [d, p],
+            body: token_data.then_some(Body::Shim),
         })
     }
 

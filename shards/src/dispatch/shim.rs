@@ -79,16 +79,7 @@ impl Dispatcher {
         req: Request<'_>,
     ) -> Outcome {
         let Request { route, mode } = req;
-        let path = RoutingPath::of_pins(pinned.pins.prefill.is_some());
-        let attempt = Attempt {
-            pins: Some(pinned.pins),
-            routing: Some(RoutingHeaders {
-                path: path.label(),
-                pins: Some(pinned.pins),
-                namespace: Some(pinned.namespace),
-            }),
-            on_failure: FailureHandling::Hold,
-        };
+        let (attempt, path) = pinned_attempt(pinned);
         let fallback =
             UnifiedFallback::from_config(snap.config.disaggregated_serving.fallback_to_unified);
         let budget = (1 + snap.config.server.connect_retries as usize).min(pinned.replicas.len());
@@ -153,15 +144,7 @@ impl Dispatcher {
         match decision {
             ShimDecision::FallbackUnified if route.is_some() => {
                 self.metrics.dynamo.request(RoutingPath::FallbackUnified);
-                let attempt = Attempt {
-                    routing: Some(RoutingHeaders {
-                        path: RoutingPath::FallbackUnified.label(),
-                        pins: None,
-                        namespace: None,
-                    }),
-                    ..Attempt::PLAIN
-                };
-                self.plain(snap, ex, route, &attempt).await
+                self.plain(snap, ex, route, &FALLBACK_ATTEMPT).await
             }
             // Fallback configured but no plain route serves the model: it cannot happen.
             ShimDecision::FallbackUnified => {
@@ -180,6 +163,35 @@ impl Dispatcher {
         }
     }
 }
+
+/// The shim attempt of a pinned request and its routing path: the picker's pins (only the
+/// decode worker's, with its rank, for an aggregated worker or a conditional bypass: path
+/// `unified`, KV-PICK-14), and the shim body when it carries `nvext.token_data` (KV-PICK-10).
+pub(super) fn pinned_attempt<'p>(pinned: &'p Pinned<'_>) -> (Attempt<'p>, RoutingPath) {
+    let path = RoutingPath::of_pins(pinned.pins.prefill.is_some());
+    let attempt = Attempt {
+        pins: Some(pinned.pins),
+        routing: Some(RoutingHeaders {
+            path: path.label(),
+            pins: Some(pinned.pins),
+            namespace: Some(pinned.namespace),
+        }),
+        on_failure: FailureHandling::Hold,
+        body: pinned.body,
+    };
+    (attempt, path)
+}
+
+/// The unified fallback (SHIM-20): plain routing, no pin, the request's own body (never the
+/// shim body with `token_data`, KV-PICK-11).
+pub(super) const FALLBACK_ATTEMPT: Attempt<'static> = Attempt {
+    routing: Some(RoutingHeaders {
+        path: RoutingPath::FallbackUnified.label(),
+        pins: None,
+        namespace: None,
+    }),
+    ..Attempt::PLAIN
+};
 
 /// What the pinned loop does after one attempt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

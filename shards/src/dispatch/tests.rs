@@ -14,7 +14,7 @@ use super::{CHAT_PATH, Ingress, convert, prepare};
 use crate::http::respond::LocalError;
 use crate::http::{Outcome, Request, ResponseSink};
 
-fn request(path: &str, body: &str) -> Request {
+pub(super) fn request(path: &str, body: &str) -> Request {
     let raw = format!(
         "POST {path} HTTP/1.1\r\nhost: r\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
         body.len()
@@ -22,14 +22,14 @@ fn request(path: &str, body: &str) -> Request {
     Request::parsed(raw.as_bytes())
 }
 
-struct Parts {
-    req: Request,
-    sink: ResponseSink,
-    bufs: ExchangeBufs,
+pub(crate) struct Parts {
+    pub(crate) req: Request,
+    pub(crate) sink: ResponseSink,
+    pub(crate) bufs: ExchangeBufs,
 }
 
 impl Parts {
-    fn new(path: &str, body: &str) -> Self {
+    pub(crate) fn new(path: &str, body: &str) -> Self {
         Self {
             req: request(path, body),
             sink: ResponseSink::detached(),
@@ -37,12 +37,12 @@ impl Parts {
         }
     }
 
-    fn exchange(&mut self, ingress: Ingress) -> Exchange<'_> {
+    pub(super) fn exchange(&mut self, ingress: Ingress) -> Exchange<'_> {
         Exchange::new(&mut self.req, &mut self.sink, &mut self.bufs, ingress)
     }
 }
 
-fn status_of(buf: &[u8]) -> u16 {
+pub(crate) fn status_of(buf: &[u8]) -> u16 {
     let text = String::from_utf8_lossy(buf);
     text.split(' ')
         .nth(1)
@@ -50,7 +50,7 @@ fn status_of(buf: &[u8]) -> u16 {
         .unwrap_or(0)
 }
 
-fn json_of(buf: &[u8]) -> serde_json::Value {
+pub(crate) fn json_of(buf: &[u8]) -> serde_json::Value {
     let text = String::from_utf8_lossy(buf);
     let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
     serde_json::from_str(body).unwrap_or(serde_json::Value::Null)
@@ -124,7 +124,7 @@ fn an_anthropic_body_becomes_chat_before_the_scan() {
     assert_eq!(prepared.mode, RequestMode::Streaming);
 }
 
-fn backend(api: ResponsesApi) -> BackendConfig {
+pub(super) fn backend(api: ResponsesApi) -> BackendConfig {
     let yaml = "backends:\n  - {name: b, type: openai, url: \"http://127.0.0.1:1\", models: [m]}\n";
     let (mut cfg, _) =
         continuum_core::config::Config::from_yaml(yaml, &continuum_core::config::NoEnv).unwrap();

@@ -81,10 +81,12 @@ pub(crate) async fn serve<H: Handler>(handler: &H, stream: TcpStream, peer: Sock
     handler.metrics().connection_closed();
 }
 
-/// The route of the parsed head; the Dynamo admin route exists only in builds with discovery.
+/// The route of the parsed head; the Dynamo admin routes exist only in builds with discovery.
 fn route_of(req: &Request) -> Route {
     match Route::classify(req.path()) {
-        Route::AdminDynamoWorkers if !cfg!(feature = "dynamo") => Route::Other,
+        Route::AdminDynamoWorkers | Route::AdminDynamoExplain if !cfg!(feature = "dynamo") => {
+            Route::Other
+        }
         r => r,
     }
 }

@@ -14,8 +14,7 @@ use continuum_core::picker::{SelectionEvent, SelectionReason, SelectionRole};
 use continuum_core::shim::{ErrorPhase, RoutingPath};
 
 const ROLES: [SelectionRole; 2] = [SelectionRole::Prefill, SelectionRole::Decode];
-/// Every `reason` of OBS-05, including the two the KV-aware picker will produce, so the family's
-/// label set never changes when it lands.
+/// Every `reason` of OBS-05 (KV-PICK-17), `conditional_bypass` included (KV-PICK-14).
 const REASONS: [&str; 5] = [
     "load",
     "round_robin_stale",
@@ -35,6 +34,8 @@ fn reason_index(r: SelectionReason) -> usize {
         SelectionReason::Load => 0,
         SelectionReason::RoundRobinStale => 1,
         SelectionReason::NoPrefillPool => 2,
+        SelectionReason::KvAware => 3,
+        SelectionReason::ConditionalBypass => 4,
     }
 }
 
@@ -148,6 +149,8 @@ mod tests {
             SelectionReason::Load,
             SelectionReason::RoundRobinStale,
             SelectionReason::NoPrefillPool,
+            SelectionReason::KvAware,
+            SelectionReason::ConditionalBypass,
         ] {
             assert_eq!(REASONS[reason_index(r)], r.label());
         }

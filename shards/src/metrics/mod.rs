@@ -11,11 +11,13 @@
 //! 100..=599.
 
 pub(crate) mod dynamo;
+pub(crate) mod kv_select;
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
+use continuum_core::artifacts::ArtifactResult;
 use continuum_core::auth::{AuthTable, KeyEntry, Refusal};
 use continuum_core::discovery::DiscoveryEventKind;
 use continuum_core::health::{HealthState, HealthTable};
@@ -77,6 +79,8 @@ pub struct ShardMetrics {
     inflight: AtomicU64,
     /// The shim path's counters.
     pub(crate) dynamo: dynamo::DynamoCounters,
+    /// `continuum_dynamo_kv_selection_total{result}` of this shard (KV-PICK-09).
+    pub(crate) kv_selection: kv_select::KvSelectionCounters,
 }
 
 impl ShardMetrics {
@@ -99,6 +103,7 @@ impl ShardMetrics {
             connections_open: AtomicU64::new(0),
             inflight: AtomicU64::new(0),
             dynamo: Default::default(),
+            kv_selection: Default::default(),
         }
     }
 
@@ -190,6 +195,8 @@ pub struct ControlStats {
     pub discovery_connected: AtomicU64,
     /// Discovery events by kind, in `DiscoveryEventKind::ALL` order (OBS-02).
     pub discovery_events: [AtomicU64; DiscoveryEventKind::ALL.len()],
+    /// `continuum_dynamo_kv_artifacts_total{result}`, in `ArtifactResult::ALL` order (OBS-11).
+    pub kv_artifacts: [AtomicU64; ArtifactResult::ALL.len()],
 }
 
 /// Append each backend's health: `continuum_backend_health{backend,state}` (1 for its current
@@ -350,6 +357,11 @@ pub fn render(shards: &[std::sync::Arc<ShardMetrics>], control: &ControlStats) -
         shards.iter().map(|s| s.pins_stripped.load(Relaxed)).sum(),
     );
     dynamo::render(&mut out, shards.iter().map(|s| &s.dynamo));
+    kv_select::render(
+        &mut out,
+        shards.iter().map(|s| &s.kv_selection),
+        &control.kv_artifacts,
+    );
     per_shard(
         &mut out,
         shards,

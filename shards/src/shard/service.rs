@@ -1,6 +1,7 @@
 //! The shard's [`Handler`]: which module answers a request. Proxied routes (POST) go to the
 //! shard's [`crate::dispatch::Dispatcher`] (503 `draining` once the shard drains); everything
-//! else to the local routes ([`crate::admin`]).
+//! else to the local routes ([`crate::admin`]), `POST /admin/dynamo/explain` with the
+//! dispatcher's dry run.
 
 use continuum_core::http1::request::Method;
 use continuum_core::route::Route;
@@ -65,6 +66,10 @@ impl Handler for Service {
                 ErrorShape::of(req.route),
                 LocalError::MethodNotAllowed,
             ),
+            #[cfg(feature = "dynamo")]
+            None if req.route == Route::AdminDynamoExplain => {
+                admin::explain(&snap, &self.dispatch, req, sink, bufs)
+            }
             None => admin::serve(
                 admin::Views {
                     snap: &snap,
