@@ -602,6 +602,13 @@ impl Fleet {
 
     /// The last `n` lines of a log file, ANSI colours removed.
     pub fn log_tail(path: &Path, n: usize) -> String {
+        let clean = Fleet::log_text(path);
+        let lines: Vec<&str> = clean.lines().collect();
+        lines[lines.len().saturating_sub(n)..].join("\n")
+    }
+
+    /// A log file's text, ANSI colours removed.
+    pub fn log_text(path: &Path) -> String {
         let text = std::fs::read_to_string(path).unwrap_or_default();
         let mut clean = String::with_capacity(text.len());
         let mut chars = text.chars().peekable();
@@ -616,8 +623,7 @@ impl Fleet {
                 clean.push(c);
             }
         }
-        let lines: Vec<&str> = clean.lines().collect();
-        lines[lines.len().saturating_sub(n)..].join("\n")
+        clean
     }
 }
 

@@ -19,7 +19,9 @@
 //! - [`pyclient`]: the official Python API clients (`tests/clients/`) run with the fleet venv;
 //! - [`kube`]: [`kube::FakeApiServer`], a fake Kubernetes API server (`tests/k8s/`) and kubectl;
 //! - [`kv`]: the KV index as the admin view and metrics show it, and `kv-events` messages built
-//!   with the router's encoders (the `dynamo-kv` tests).
+//!   with the router's encoders (the `dynamo-kv` tests);
+//! - [`kv_pick`]: KV-aware picking over a real fleet (pinned tiny-model digests, the router with
+//!   `dynamo.kv` on, readiness, `POST /admin/dynamo/explain`).
 //!
 //! Everything binds 127.0.0.1 only; every wait is bounded by a deadline.
 
@@ -36,6 +38,7 @@ pub mod fleet;
 pub mod health;
 pub mod kube;
 pub mod kv;
+pub mod kv_pick;
 pub mod pki;
 pub mod pyclient;
 pub mod router;
