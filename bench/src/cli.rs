@@ -21,6 +21,9 @@ usage:
                                        router kv_metrics SUB path vs the zeromq crate's SubSocket
   continuum-bench pick [--iterations N] [--warmup N] [--seconds SECS]
                                        one pick alone (p50/p99) at 10, 100, 1000 workers vs round-robin
+  continuum-bench prompt [--conversations N] [--turns N] [--rounds N] [--model-dir DIR]
+                                       the prompt pipeline (render + tokenize + hash) per request, with and
+                                       without the segment cache, vs tokenizers on the whole prompt
   continuum-bench help
 
 http-hop options:
@@ -102,6 +105,8 @@ pub(crate) enum Command {
     ZmtpIngest(crate::zmtp_ingest::IngestOptions),
     /// Time one pick at several fleet sizes against round-robin.
     Pick(crate::pick::PickOptions),
+    /// Time the prompt pipeline per request against `tokenizers` on the whole prompt.
+    Prompt(crate::prompt::PromptOptions),
 }
 
 /// Options of `http-hop`.
@@ -156,6 +161,7 @@ pub(crate) fn parse(args: impl IntoIterator<Item = String>) -> Result<Command, U
         "resync" => parse_resync(args),
         "zmtp-ingest" => parse_ingest(args).map(Command::ZmtpIngest),
         "pick" => parse_pick(args).map(Command::Pick),
+        "prompt" => parse_prompt(args).map(Command::Prompt),
         _ => Err(UsageError::UnknownCommand(command)),
     }
 }
@@ -206,6 +212,23 @@ fn parse_pick(
             "--iterations" => opts.iterations = number(&flag, v?, 100, 100_000_000)?,
             "--warmup" => opts.warmup = number(&flag, v?, 0, 100_000_000)?,
             "--seconds" => opts.time = Duration::from_secs(number(&flag, v?, 1, 60)?),
+            _ => return Err(UsageError::UnknownFlag(flag)),
+        }
+    }
+    Ok(opts)
+}
+
+fn parse_prompt(
+    mut args: impl Iterator<Item = String>,
+) -> Result<crate::prompt::PromptOptions, UsageError> {
+    let mut opts = crate::prompt::PromptOptions::default();
+    while let Some(flag) = args.next() {
+        let v = value(&flag, &mut args);
+        match flag.as_str() {
+            "--conversations" => opts.conversations = number(&flag, v?, 1, 64)? as usize,
+            "--turns" => opts.turns = number(&flag, v?, 1, 256)? as usize,
+            "--rounds" => opts.rounds = number(&flag, v?, 1, 100)? as usize,
+            "--model-dir" => opts.model_dir = PathBuf::from(v?),
             _ => return Err(UsageError::UnknownFlag(flag)),
         }
     }

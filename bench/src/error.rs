@@ -91,6 +91,9 @@ pub(crate) enum BenchError {
     /// `sim-hop`'s simulated fleet could not be started or checked.
     #[error("sim-hop: {0}")]
     SimHop(#[from] crate::sim_hop::SimHopError),
+    /// `prompt` could not set up its pipeline or workload.
+    #[error("prompt: {0}")]
+    Setup(String),
     /// The backend's runtime could not be built or its socket bound.
     #[error("backend: {0}")]
     Backend(io::Error),

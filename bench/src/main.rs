@@ -8,7 +8,8 @@
 //! (discovery resync time and registry memory, see `resync`), `zmtp-ingest`
 //! (the router's kv_metrics SUB path vs the zeromq crate, see `zmtp_ingest`),
 //! `pick` (one worker pick at 10, 100 and 1,000 workers vs round-robin, see
-//! `pick`) and `backend` (the fast canned OpenAI-ish backend the hop benchmark
+//! `pick`), `prompt` (the prompt pipeline per request vs `tokenizers` on the
+//! whole prompt, see `prompt`) and `backend` (the fast canned OpenAI-ish backend the hop benchmark
 //! spawns).
 //! Invariant: the report goes to stdout, progress and diagnostics to
 //! stderr; nothing is written outside a temp dir; exit code 0 only if the
@@ -27,6 +28,7 @@ mod hop_run;
 mod numbers;
 mod pick;
 mod probe;
+mod prompt;
 mod report;
 mod resync;
 mod router_probe;
@@ -81,6 +83,8 @@ fn run() -> Result<(), BenchError> {
             write!(std::io::stdout(), "{}", report.render())
                 .map_err(BenchError::io("writing report"))
         }
+        cli::Command::Prompt(opts) => write!(std::io::stdout(), "{}", prompt::run(&opts)?)
+            .map_err(BenchError::io("writing report")),
         cli::Command::HttpHop(opts) => {
             signals::install();
             hop::run(&opts)

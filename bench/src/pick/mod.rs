@@ -122,16 +122,17 @@ pub(crate) struct PickReport {
 
 /// The rows of every fleet size: `(sim, kind)`. Sim 0 carries the baseline, the estimate alone and
 /// both production pick paths; sim 1 (its own store and ledgers) the refresh diagnostic.
-const PLAN: [(usize, Kind); 5] = [
+const PLAN: [(usize, Kind); 6] = [
     (0, Kind::Rr),
     (0, Kind::Estimate),
     (0, Kind::PickAgg),
     (0, Kind::PickPd),
+    (0, Kind::PickKvAgg),
     (1, Kind::RefreshPickPd),
 ];
 
 /// The production pick rows, whose allocations the goal is about.
-const PICK_ROWS: [Kind; 2] = [Kind::PickAgg, Kind::PickPd];
+const PICK_ROWS: [Kind; 3] = [Kind::PickAgg, Kind::PickPd, Kind::PickKvAgg];
 
 /// Measures every fleet size.
 pub(crate) fn run(opts: PickOptions) -> Result<PickReport, PickError> {

@@ -19,13 +19,17 @@ use std::time::Duration;
 use continuum_core::clock::Instant;
 use continuum_core::discovery::{FleetView, InstanceId, PublisherId};
 use continuum_core::headers::PinHeaders;
+use continuum_core::kv::budget::Budget;
+use continuum_core::kv::index::{IndexWriter, new_index};
+use continuum_core::kv::shared::{IndexReader, Merged};
+use continuum_core::kv::{EngineHash, StoredBlock, TokensHash, path_hash};
 use continuum_core::load::{
     ApplyOutcome, DEFAULT_MAX_STALENESS, DispatchLedger, DispatchLoad, DispatchRole,
     InflightReader, InflightTable, LiveSet, LoadKey, LoadStore, Sample,
 };
 use continuum_core::picker::{
-    LoadBasedPicker, NoOverlap, PickInput, Picks, SelectionReason, StoreLoads, WorkerPicker,
-    estimate_prompt_tokens,
+    BlockHash, KvAwarePicker, KvParams, LoadBasedPicker, NoOverlap, PickInput, Picks, PromptBlocks,
+    PromptTokens, SelectionReason, SplitMix64, StoreLoads, WorkerPicker, estimate_prompt_tokens,
 };
 
 use super::PickError;
@@ -56,10 +60,17 @@ pub(crate) enum Kind {
     /// prefill/decode pick path. Run on a `Sim` of its own: refreshing empties the ledger, which
     /// would change what the other rows' dispatches do.
     RefreshPickPd,
+    /// The production KV-aware pick for the aggregated model: a [`PROMPT_BLOCKS`]-block prompt
+    /// matched against two shards' KV indexes (every rank holding a prefix of it), then the KV
+    /// cost (tokenization excluded: the hashes are given).
+    PickKvAgg,
 }
 
 /// Number of [`Kind`]s.
-const KINDS: usize = 5;
+const KINDS: usize = 6;
+
+/// Blocks of the KV row's prompt (an 8K-token prompt in blocks of 64).
+pub(crate) const PROMPT_BLOCKS: usize = 128;
 
 impl Kind {
     /// Row label.
@@ -70,6 +81,7 @@ impl Kind {
             Kind::PickPd => "pick p/d",
             Kind::Estimate => "estimate",
             Kind::RefreshPickPd => "refresh+p/d",
+            Kind::PickKvAgg => "pick kv",
         }
     }
 
@@ -81,7 +93,7 @@ impl Kind {
     const fn model(self) -> Option<&'static str> {
         match self {
             Kind::Rr | Kind::Estimate => None,
-            Kind::PickAgg => Some(AGG_MODEL),
+            Kind::PickAgg | Kind::PickKvAgg => Some(AGG_MODEL),
             Kind::PickPd | Kind::RefreshPickPd => Some(PD_MODEL),
         }
     }
@@ -112,6 +124,72 @@ impl Outcomes {
     }
 }
 
+/// The KV row's state: two shards' KV indexes in which rank `i` of the fleet holds the first
+/// `(37 i) mod (PROMPT_BLOCKS + 1)` blocks of the prompt (its index on shard `i mod 2`), and the
+/// prompt's block hashes. The writers are kept so the indexes stay as published.
+struct KvFixture {
+    _writers: Vec<IndexWriter>,
+    readers: Vec<IndexReader>,
+    hashes: Vec<BlockHash>,
+}
+
+impl std::fmt::Debug for KvFixture {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KvFixture")
+            .field("blocks", &self.hashes.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl KvFixture {
+    fn new(fleet: &FleetView) -> Self {
+        let budget = Arc::new(Budget::default());
+        let (mut w0, r0) = new_index(budget.clone());
+        let (mut w1, r1) = new_index(budget);
+        let mut tokens = Vec::with_capacity(PROMPT_BLOCKS);
+        let mut path = Vec::with_capacity(PROMPT_BLOCKS);
+        let mut parent = None;
+        let mut seed = 0x7b1d_u64;
+        for _ in 0..PROMPT_BLOCKS {
+            let t = TokensHash(next(&mut seed));
+            let p = path_hash(parent, t);
+            tokens.push(t);
+            path.push(p);
+            parent = Some(p);
+        }
+        let mut rank = 0usize;
+        for w in &fleet.workers {
+            let start = w.dp_start_rank.unwrap_or(0);
+            for r in start..start.saturating_add(w.dp_size.unwrap_or(1).max(1)) {
+                let held = (rank * 37) % (PROMPT_BLOCKS + 1);
+                let blocks: Vec<StoredBlock> = tokens
+                    .iter()
+                    .zip(&path)
+                    .take(held)
+                    .map(|(t, p)| StoredBlock {
+                        block_hash: EngineHash(p.0),
+                        tokens_hash: *t,
+                    })
+                    .collect();
+                let writer = if rank.is_multiple_of(2) {
+                    &mut w0
+                } else {
+                    &mut w1
+                };
+                let _ = writer.store(LoadKey::new(w.instance_id, r), None, &blocks);
+                rank += 1;
+            }
+        }
+        w0.publish();
+        w1.publish();
+        Self {
+            readers: vec![r0.handle(), r1.handle()],
+            _writers: vec![w0, w1],
+            hashes: path,
+        }
+    }
+}
+
 /// One store key with its publisher.
 #[derive(Debug, Clone, Copy)]
 struct KeySpec {
@@ -132,6 +210,9 @@ pub(crate) struct Sim<'f> {
     tables: Vec<Arc<InflightTable>>,
     /// The picker as a shard holds it (a trait object with its own cursors and scratch).
     picker: Box<dyn WorkerPicker>,
+    /// The KV-aware picker of the KV row, with the KV state it reads.
+    kv_picker: Box<dyn WorkerPicker>,
+    kv: KvFixture,
     headers: Vec<u8>,
     rr: usize,
     now: Instant,
@@ -179,6 +260,11 @@ impl<'f> Sim<'f> {
             other,
             tables,
             picker: Box::new(LoadBasedPicker::new()),
+            kv_picker: Box::new(KvAwarePicker::new(
+                KvParams::default(),
+                Box::new(SplitMix64::new(0x5EED)),
+            )),
+            kv: KvFixture::new(fleet),
             headers: Vec::with_capacity(256),
             rr: 0,
             now: Instant::from_origin(Duration::from_secs(1_000)),
@@ -278,7 +364,17 @@ impl<'f> Sim<'f> {
         }
         let reader = InflightReader::new(&self.tables);
         let loads = StoreLoads::new(&view, &reader);
-        let prompt = estimate_prompt_tokens(self.body);
+        let kv = kind == Kind::PickKvAgg;
+        let prompt = if kv {
+            PromptTokens(PROMPT_BLOCKS as u64 * u64::from(BLOCK_SIZE))
+        } else {
+            estimate_prompt_tokens(self.body)
+        };
+        let blocks = [PromptBlocks {
+            block_size: BLOCK_SIZE,
+            hashes: &self.kv.hashes,
+        }];
+        let merged = Merged(&self.kv.readers);
         let input = PickInput {
             fleet: self.fleet,
             loads: &loads,
@@ -287,12 +383,17 @@ impl<'f> Sim<'f> {
             prompt_tokens: prompt,
             now: self.now,
             max_staleness: DEFAULT_MAX_STALENESS,
-            prompt_blocks: &[],
-            overlap: &NoOverlap,
+            prompt_blocks: if kv { &blocks } else { &[] },
+            overlap: if kv { &merged } else { &NoOverlap },
         };
         let workers = self.fleet.workers.len();
         let mut picks = Picks::new(1);
-        let picked = self.picker.pick(&input, &mut picks);
+        let picker = if kv {
+            &mut self.kv_picker
+        } else {
+            &mut self.picker
+        };
+        let picked = picker.pick(&input, &mut picks);
         let Some(pick) = picked.ok().and(picks.first().copied()) else {
             return Err(PickError::NoWorker { model, workers });
         };
@@ -330,7 +431,10 @@ impl<'f> Sim<'f> {
         let dispatch_allocs = thread_allocations().wrapping_sub(allocs_before);
         if let Some(o) = self.outcomes.get_mut(kind as usize) {
             o.ops += 1;
-            o.by_load += u64::from(d.reason == SelectionReason::Load);
+            o.by_load += u64::from(matches!(
+                d.reason,
+                SelectionReason::Load | SelectionReason::KvAware
+            ));
             o.with_prefill += u64::from(pick.prefill.is_some());
             o.dispatch_allocs += dispatch_allocs;
         }
