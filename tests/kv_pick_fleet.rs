@@ -9,6 +9,9 @@
 //! - With nothing pinned, the artifacts are never loaded: counted `unpinned` once, logged with
 //!   the slot, URI kind and checksum, and every request is still served by load-based selection,
 //!   counted `artifact_unpinned` (KV-TOK-08).
+//! - The hash-parity watchdog counts the KV-aware picks whose chosen worker stored the prompt
+//!   under the predicted hashes (`continuum_dynamo_kv_prediction_hits_total{model}`), none missed;
+//!   a load-based pick predicts nothing.
 #![allow(clippy::disallowed_methods)] // end-to-end tests time real processes and sockets
 #![cfg(feature = "dynamo-kv")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -138,6 +141,27 @@ fn every_later_turn_lands_on_the_worker_that_holds_its_prefix() {
     ] {
         assert_eq!(count(&r, skipped), 0.0, "{skipped}:\n{m}");
     }
+    // The hash-parity watchdog: the worker each pick chose stored the prompt under the hashes
+    // the router predicted (every first turn at least, picked with no overlap at all), and no
+    // prediction missed.
+    let hits = r.wait_metric(
+        "continuum_dynamo_kv_prediction_hits_total",
+        &[("model", AGG)],
+        conversations as f64,
+        Duration::from_secs(10),
+    );
+    assert!(hits <= total, "at most one prediction per pick: {hits}");
+    let m = r.metrics();
+    assert_eq!(
+        metric_value(
+            &m,
+            "continuum_dynamo_kv_prediction_misses_total",
+            &[("model", AGG)]
+        ),
+        Some(0.0),
+        "{m}"
+    );
+    assert!(!r.stderr().contains("predictions keep missing"));
 }
 
 #[test]
@@ -162,6 +186,15 @@ fn an_unpinned_tokenizer_is_never_loaded_and_selection_stays_load_based() {
     let m = r.metrics();
     assert_eq!(count(&r, "artifact_unpinned"), 4.0, "{m}");
     assert_eq!(count(&r, "overlap") + count(&r, "no_overlap"), 0.0, "{m}");
+    assert_eq!(
+        metric_value(
+            &m,
+            "continuum_dynamo_kv_prediction_hits_total",
+            &[("model", AGG)]
+        ),
+        None,
+        "a load-based pick predicts nothing:\n{m}"
+    );
     assert_eq!(
         metric_value(
             &m,

@@ -12,7 +12,9 @@
 //!   reference counts (KV-IDX-06), compile-time caps (KV-IDX-08) charged to a router-wide
 //!   [`budget::Budget`];
 //! - [`shared`]: the read side other shards use at pick time: a reader never takes a lock for longer
-//!   than its read and never blocks the writing shard; readers see each published batch whole.
+//!   than its read and never blocks the writing shard; readers see each published batch whole;
+//! - [`parity`]: the hash-parity watchdog's predictions and verdicts (did the chosen rank store
+//!   the prompt under the router's hashes?).
 //!
 //! Invariants:
 //! - every size read from the fleet is checked against its cap before anything is allocated;
@@ -28,6 +30,7 @@ pub mod event;
 pub mod handler;
 pub mod index;
 mod keyed;
+pub mod parity;
 pub mod shared;
 
 #[cfg(test)]

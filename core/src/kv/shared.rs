@@ -415,6 +415,21 @@ impl IndexReader {
 #[derive(Debug, Clone, Copy)]
 pub struct Merged<'a>(pub &'a [IndexReader]);
 
+impl Merged<'_> {
+    /// Whether `rank` owns the node `block` (any depth: a node is found by its path hash) in
+    /// any shard's index, as last published.
+    pub fn holds(&self, rank: LoadKey, block: BlockHash) -> bool {
+        let mut found = false;
+        for r in self.0 {
+            r.find_matches(std::slice::from_ref(&block), &mut |k, _| found |= k == rank);
+            if found {
+                return true;
+            }
+        }
+        false
+    }
+}
+
 impl OverlapSource for Merged<'_> {
     fn find_matches(&self, prompt: PromptBlocks<'_>, visit: &mut dyn FnMut(LoadKey, u32)) {
         for r in self.0 {

@@ -170,7 +170,8 @@ const GAUGES: [(&str, &str); 3] = [
     ),
 ];
 
-fn escape_label(out: &mut String, v: &str) {
+/// Append `v` to `out` escaped as a Prometheus label value.
+pub fn escape_label(out: &mut String, v: &str) {
     for c in v.chars() {
         match c {
             '\\' => out.push_str("\\\\"),

@@ -14,14 +14,15 @@ use continuum_core::artifacts::KvSelection;
 use continuum_core::clock::Instant;
 use continuum_core::discovery::FleetView;
 use continuum_core::headers::PinHeaders;
+use continuum_core::kv::parity::{Oracle, Predictions};
 use continuum_core::kv::shared::{IndexReader, Merged};
 use continuum_core::load::{
     DispatchId, DispatchLedger, DispatchLoad, DispatchRole, InflightReader, LoadKey, LoadView,
 };
 use continuum_core::picker::{
-    ConditionalDisagg, KvAwarePicker, KvOutcome, KvParams, LoadBasedPicker, PickInput,
-    PickerCursors, Picks, PromptBlocks, PromptTokens, SplitMix64, StoreLoads, WorkerPicker,
-    estimate_prompt_tokens,
+    BlockHash, ConditionalDisagg, KvAwarePicker, KvOutcome, KvParams, LoadBasedPicker, Pick,
+    PickInput, PickerCursors, Picks, PromptBlocks, PromptTokens, SplitMix64, StoreLoads,
+    WorkerPicker, estimate_prompt_tokens,
 };
 use continuum_core::snapshot::{BackendIdx, RouterSnapshot};
 
@@ -219,6 +220,29 @@ pub(super) fn kv_result(
     }
 }
 
+/// What the hash-parity watchdog predicts after `pick` (issue 11, item 6): the rank that
+/// prefills will hold the prompt's deepest block of its block size. `None` for a load-only
+/// pick, and when that rank already held every block (it stores nothing new).
+pub(super) fn prediction(
+    pick: &Pick<'_>,
+    blocks: &[PromptBlocks<'_>],
+) -> Option<(LoadKey, BlockHash)> {
+    let kv = pick.kv?;
+    let prompt = blocks.iter().find(|b| b.block_size == kv.block_size)?;
+    let last = *prompt.hashes.last()?;
+    if usize::try_from(kv.overlap_blocks).ok()? >= prompt.hashes.len() {
+        return None;
+    }
+    let who = pick.prefill.unwrap_or(pick.decode);
+    Some((
+        LoadKey {
+            worker_id: who.instance_id,
+            dp_rank: who.dp_rank,
+        },
+        last,
+    ))
+}
+
 /// A pick refreshes the shard's dispatch ledger (a walk over every key it has dispatched to) at
 /// most this often: at 1,000 workers the walk costs about as much as the pick itself
 /// (`continuum-bench pick`, rows `pick p/d` and `refresh+p/d`), and between refreshes other
@@ -236,6 +260,8 @@ pub(super) struct Picking {
     refreshed: Option<Instant>,
     /// The prompt pipeline's shard-local caches and scratch (KV-aware selection).
     pub(super) prompts: ShardPrompts,
+    /// The hash-parity watchdog's predictions waiting for a verdict.
+    pub(super) predictions: Predictions,
 }
 
 impl Picking {
@@ -250,6 +276,7 @@ impl Picking {
             kv,
             refreshed: None,
             prompts: ShardPrompts::new(prompt_seed()),
+            predictions: Predictions::new(),
         }
     }
 
@@ -327,6 +354,7 @@ impl Dispatcher {
             ledger,
             kv,
             prompts,
+            predictions,
             ..
         } = &mut *st;
         let prepared = prompts.prepare(snap, model, body, chat, tenant);
@@ -354,6 +382,9 @@ impl Dispatcher {
         // KV-PICK-09: every selection of a model with KV on says how KV took part.
         if let Some(r) = kv_result(&prepared, pick.kv, pick.is_conditional_bypass()) {
             self.metrics.kv_selection.count(r);
+        }
+        if let Some((rank, block)) = prediction(&pick, blocks.get(..n).unwrap_or(&[])) {
+            predictions.post(model, rank, block, now);
         }
 
         // Re-borrow what the dispatch keeps from the snapshot (the pick itself borrows the body).
@@ -409,11 +440,49 @@ impl Dispatcher {
         })
     }
 
+    /// Settle this shard's hash-parity predictions and record the verdicts (the shard's
+    /// housekeeping calls it; never a request).
+    pub(crate) fn check_predictions(&self) {
+        let mut st = self.picking.borrow_mut();
+        let Picking {
+            kv, predictions, ..
+        } = &mut *st;
+        if predictions.is_empty() {
+            return;
+        }
+        let oracle = IndexOracle {
+            readers: kv,
+            signals: &self.signals,
+        };
+        let now = crate::clock::now();
+        self.signals
+            .kv
+            .parity
+            .record_all(|record| predictions.check(now, &oracle, record));
+    }
+
     /// Mark the dispatches recorded for a pinned request finished.
     pub(super) fn finish(&self, dispatched: [Option<DispatchId>; 2]) {
         let mut st = self.picking.borrow_mut();
         for id in dispatched.into_iter().flatten() {
             st.ledger.finish(id);
         }
+    }
+}
+
+/// The watchdog's oracle on one shard: every shard's index through this shard's readers, and
+/// when each rank last sent an event (its shard's republished rows).
+struct IndexOracle<'a> {
+    readers: &'a [IndexReader],
+    signals: &'a Signals,
+}
+
+impl Oracle for IndexOracle<'_> {
+    fn holds(&self, rank: LoadKey, block: BlockHash) -> bool {
+        Merged(self.readers).holds(rank, block)
+    }
+
+    fn last_event(&self, rank: LoadKey) -> Option<Instant> {
+        self.signals.kv.last_event(rank)
     }
 }

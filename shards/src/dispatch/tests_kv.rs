@@ -144,3 +144,92 @@ fn kv_pick_10_11_token_data_rides_the_shim_attempts_only() {
     );
     assert!(raw.ends_with(std::str::from_utf8(ex.bytes(Body::Shim)).unwrap()));
 }
+
+mod prediction {
+    //! What the hash-parity watchdog predicts after a pick: the prefilling rank and the deepest
+    //! block of its block size, only when that rank lacked part of the prompt.
+
+    use continuum_core::discovery::InstanceId;
+    use continuum_core::load::LoadKey;
+    use continuum_core::picker::{
+        BlockHash, Chosen, DpRankHeaders, KvOutcome, Pick, PromptBlocks, SelectionReason,
+    };
+
+    use super::super::plan::prediction;
+
+    fn chosen(id: u64, dp_rank: u32) -> Chosen {
+        Chosen {
+            instance_id: InstanceId::new(id),
+            dp_rank,
+            reason: SelectionReason::KvAware,
+        }
+    }
+
+    fn pick(prefill: Option<Chosen>, kv: Option<KvOutcome>) -> Pick<'static> {
+        Pick {
+            namespace: "ns",
+            decode: chosen(1, 2),
+            prefill,
+            dp_rank_headers: DpRankHeaders::default(),
+            kv,
+        }
+    }
+
+    const SMALL: [BlockHash; 3] = [BlockHash(10), BlockHash(11), BlockHash(12)];
+    const LARGE: [BlockHash; 1] = [BlockHash(20)];
+
+    fn blocks() -> [PromptBlocks<'static>; 2] {
+        [
+            PromptBlocks {
+                block_size: 16,
+                hashes: &SMALL,
+            },
+            PromptBlocks {
+                block_size: 64,
+                hashes: &LARGE,
+            },
+        ]
+    }
+
+    fn kv(overlap_blocks: u32, block_size: u32) -> Option<KvOutcome> {
+        Some(KvOutcome {
+            overlap_blocks,
+            block_size,
+        })
+    }
+
+    #[test]
+    fn the_prefilling_rank_and_the_deepest_block_of_its_size() {
+        let key = |id, dp_rank| LoadKey {
+            worker_id: InstanceId::new(id),
+            dp_rank,
+        };
+        // Aggregated: the decode worker prefills.
+        assert_eq!(
+            prediction(&pick(None, kv(1, 16)), &blocks()),
+            Some((key(1, 2), BlockHash(12)))
+        );
+        // A pair: the prefill worker, with its own block size.
+        assert_eq!(
+            prediction(&pick(Some(chosen(7, 0)), kv(0, 64)), &blocks()),
+            Some((key(7, 0), BlockHash(20)))
+        );
+    }
+
+    #[test]
+    fn nothing_without_kv_new_blocks_or_a_matching_size() {
+        assert_eq!(prediction(&pick(None, None), &blocks()), None, "load-only");
+        assert_eq!(
+            prediction(&pick(None, kv(3, 16)), &blocks()),
+            None,
+            "every block held already"
+        );
+        assert_eq!(prediction(&pick(None, kv(0, 32)), &blocks()), None);
+        assert_eq!(prediction(&pick(None, kv(0, 16)), &[]), None, "no blocks");
+        let empty = [PromptBlocks {
+            block_size: 16,
+            hashes: &[],
+        }];
+        assert_eq!(prediction(&pick(None, kv(0, 16)), &empty), None);
+    }
+}

@@ -172,11 +172,13 @@ fn close_listener(listener: TcpListener) {
 const LEDGER_REFRESH: Duration = Duration::from_millis(500);
 
 /// Periodic shard-local upkeep: keep the dispatch ledger's published summaries exact while no
-/// pick refreshes them (answered and expired records leave, stalls are judged on time).
+/// pick refreshes them (answered and expired records leave, stalls are judged on time), and
+/// settle the hash-parity watchdog's predictions.
 async fn housekeeping(service: Rc<Service>) {
     while !service.drain.is_fired() {
         monoio::time::sleep(LEDGER_REFRESH).await;
         service.dispatch.refresh_ledger();
+        service.dispatch.check_predictions();
     }
 }
 

@@ -24,6 +24,8 @@ use continuum_core::kv::index::{IndexWriter, new_index};
 use continuum_core::kv::shared::{IndexReader, IndexReaders};
 use continuum_core::load::LoadKey;
 
+use super::parity::ParityBoard;
+
 /// How often a shard republishes its per-rank rows while events arrive.
 pub const ROWS_EVERY: Duration = Duration::from_millis(200);
 
@@ -73,6 +75,8 @@ pub struct KvSignals {
     pub events: Box<[KvEventCounters]>,
     /// Every shard's per-rank rows.
     pub rows: Box<[ArcSwap<Vec<RankRow>>]>,
+    /// The hash-parity watchdog's per-model verdicts.
+    pub parity: ParityBoard,
     writers: Mutex<Vec<Option<IndexWriter>>>,
 }
 
@@ -91,6 +95,7 @@ impl KvSignals {
                 .map(|_| ArcSwap::from_pointee(Vec::new()))
                 .collect(),
             writers: Mutex::new(writers.into_iter().map(Some).collect()),
+            parity: ParityBoard::default(),
         }
     }
 
@@ -111,6 +116,16 @@ impl KvSignals {
     /// Shard `shard`'s counters (at least one set exists).
     pub fn events(&self, shard: usize) -> &KvEventCounters {
         self.events.get(shard).unwrap_or(&self.events[0])
+    }
+
+    /// When `rank` last sent an event, as its shard last republished its rows.
+    pub fn last_event(&self, rank: LoadKey) -> Option<Instant> {
+        self.rows.iter().find_map(|r| {
+            r.load()
+                .iter()
+                .find(|row| row.key == rank)
+                .map(|row| row.last_event_at)
+        })
     }
 
     /// Every indexed rank of `worker_id`, over all shards, by rank.
@@ -158,5 +173,6 @@ impl KvSignals {
             self.budget.nodes(),
             self.budget.ownerships()
         );
+        self.parity.render_metrics(out);
     }
 }

@@ -3,7 +3,8 @@
 //! [`Signals`] holds the load store (one logical table of seqlock cells, written by the shard
 //! owning each publisher's subscription), every shard's unanswered-dispatch summaries (written by
 //! that shard's [`continuum_core::load::DispatchLedger`]), every shard's `kv_metrics` event
-//! counters, every shard's subscription table and every shard's KV index read side ([`kv`]). Pickers on any shard read the store and all
+//! counters, every shard's subscription table, every shard's KV index read side ([`kv`]) and the
+//! hash-parity watchdog's verdicts ([`parity`]). Pickers on any shard read the store and all
 //! ledgers' tables at pick time; a scrape or an admin request reads all of it.
 //!
 //! Invariants:
@@ -14,6 +15,7 @@
 //!   live set (LOAD-STORE-15).
 
 pub mod kv;
+pub mod parity;
 pub mod subs;
 
 use std::sync::Arc;
