@@ -247,10 +247,7 @@ impl LoadStore {
             removed: plan.removed.len(),
             over_capacity: plan.over_capacity,
         };
-        self.map.store(Arc::new(SlotMap {
-            live: live.clone(),
-            keys,
-        }));
+        self.map.store(Arc::new(SlotMap::new(live.clone(), keys)));
         report
     }
 
