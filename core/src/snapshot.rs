@@ -21,6 +21,7 @@ use crate::auth::AuthTable;
 use crate::config::{BackendConfig, Config};
 use crate::discovery::{FleetView, PublisherId};
 use crate::health::HealthTable;
+use crate::picker::FleetCandidates;
 use crate::prompt::PromptPipeline;
 use crate::shim::ShimRoutes;
 use crate::subscriptions::Refusal;
@@ -71,6 +72,8 @@ pub struct RouterSnapshot {
     pub backend_tls: BackendTlsTable,
     /// The discovered Dynamo fleet (empty when discovery is off or has not seeded yet).
     pub fleet: Arc<FleetView>,
+    /// The fleet's candidates per model, resolved once per fleet view (see [`Self::candidates`]).
+    pub fleet_candidates: Arc<FleetCandidates>,
     /// Where each subscribed publisher may be connected: resolved once by the control thread and
     /// checked against `load.direct_allow_cidrs` (CFG-20). A publisher missing here has not been
     /// resolved yet.
@@ -156,10 +159,17 @@ impl RouterSnapshot {
             .auth
             .as_ref()
             .map(|a| AuthTable::build(&config, a, previous.and_then(|p| p.auth.as_ref())));
+        // Candidates are a function of the fleet view alone: a snapshot of the same view (a
+        // config reload) keeps the previous table.
+        let fleet_candidates = match previous {
+            Some(p) if p.fleet_candidates.is_for(&fleet) => Arc::clone(&p.fleet_candidates),
+            _ => Arc::new(FleetCandidates::build(&fleet)),
+        };
         Self {
             health,
             auth,
             generation,
+            fleet_candidates,
             config,
             shim,
             models,
@@ -177,6 +187,12 @@ impl RouterSnapshot {
     pub fn with_prompts(mut self, prompts: Arc<Prompts>) -> Self {
         self.prompts = prompts;
         self
+    }
+
+    /// The candidate table of `fleet`, for a pick (`None` if `fleet` was replaced after the
+    /// build: the picker then scans the fleet).
+    pub fn candidates(&self) -> Option<&FleetCandidates> {
+        Some(&*self.fleet_candidates).filter(|c| c.is_for(&self.fleet))
     }
 
     /// The resolved address of the backend at `idx`.

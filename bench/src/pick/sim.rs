@@ -28,8 +28,9 @@ use continuum_core::load::{
     InflightReader, InflightTable, LiveSet, LoadKey, LoadStore, Sample,
 };
 use continuum_core::picker::{
-    BlockHash, KvAwarePicker, KvParams, LoadBasedPicker, NoOverlap, PickInput, Picks, PromptBlocks,
-    PromptTokens, SelectionReason, SplitMix64, StoreLoads, WorkerPicker, estimate_prompt_tokens,
+    BlockHash, FleetCandidates, KvAwarePicker, KvParams, LoadBasedPicker, NoOverlap, PickInput,
+    Picks, PromptBlocks, PromptTokens, SelectionReason, SplitMix64, StoreLoads, WorkerPicker,
+    estimate_prompt_tokens,
 };
 
 use super::PickError;
@@ -201,6 +202,8 @@ struct KeySpec {
 #[derive(Debug)]
 pub(crate) struct Sim<'f> {
     fleet: &'f FleetView,
+    /// The fleet's candidate table, as a snapshot holds it (built once, outside the timing).
+    candidates: FleetCandidates,
     body: &'f [u8],
     namespaces: [&'static str; 1],
     store: LoadStore,
@@ -252,6 +255,7 @@ impl<'f> Sim<'f> {
         let tables = vec![ledger.table(), other.table()];
         let mut sim = Self {
             fleet,
+            candidates: FleetCandidates::build(&Arc::new(fleet.clone())),
             body,
             namespaces: [NAMESPACE],
             store,
@@ -385,6 +389,7 @@ impl<'f> Sim<'f> {
             max_staleness: DEFAULT_MAX_STALENESS,
             prompt_blocks: if kv { &blocks } else { &[] },
             overlap: if kv { &merged } else { &NoOverlap },
+            candidates: Some(&self.candidates),
         };
         let workers = self.fleet.workers.len();
         let mut picks = Picks::new(1);

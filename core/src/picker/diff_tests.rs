@@ -284,7 +284,10 @@ fn differential_against_naive_reference() {
                 random_worker(&mut rng, id)
             })
             .collect();
-        let f = fleet(workers);
+        let f = std::sync::Arc::new(fleet(workers));
+        // Half the cases pick through the fleet's candidate table, half scan the fleet.
+        let table = super::FleetCandidates::build(&f);
+        let table = rng.chance(50).then_some(&table);
         let loads = random_loads(&mut rng, &f);
         let allowed: Vec<&str> = NAMESPACES.into_iter().filter(|_| rng.chance(80)).collect();
         let start = PickerCursors {
@@ -304,6 +307,7 @@ fn differential_against_naive_reference() {
                 max_staleness: MAX_AGE,
                 prompt_blocks: &[],
                 overlap: &super::NoOverlap,
+                candidates: table,
             };
             let got = pick_load_based(&input, &mut ours, &mut scratch);
             let want = reference_pick(&f, &loads, &allowed, prompt, now, &mut theirs);

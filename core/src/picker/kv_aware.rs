@@ -58,18 +58,18 @@
 //! selection that has a costed rank); rank headers exactly as the load-only picker (SHIM-12); at most
 //! [`MAX_CANDIDATES`] candidate ranks.
 
+use std::ops::ControlFlow;
+
 use crate::discovery::{InstanceId, Role, Worker};
 use crate::load::rules::{KeyLoad, Stage, Standing, any_fresh, classify, stage_backlog};
 use crate::load::{Inflight, LoadKey};
 
+use super::candidates::{RankRef, visit_namespace_ranks, visit_ranks};
 use super::kv_conditional::{
     BypassDecision, ConditionalDisagg, DecodeRank, conditional_decode_cost, decide_bypass,
 };
 use super::kv_cost::{KvParams, KvTerms, UnitSource, kv_cost, softmax_sample_index};
-use super::load_based::{
-    PickScratch, candidate_runs, declared_ranks, pair_decode, pick_with, push_ordered, rank_header,
-    run_end, serves,
-};
+use super::load_based::{PickScratch, pair_decode, pick_with, push_ordered, rank_header};
 use super::{
     Chosen, DpRankHeaders, KvOutcome, MAX_CANDIDATES, MAX_PICKS, NoWorker, OverlapSource, Pick,
     PickInput, PickerCursors, Picks, PromptBlocks, SelectionReason, WorkerPicker,
@@ -221,40 +221,41 @@ fn score_with<'s>(
 
 /// Pushes the KV-stage candidate ranks in candidate order (module docs).
 fn push_candidates(input: &PickInput<'_>, scored: &mut Vec<ScoredCandidate>) {
-    for (start, run, pool) in candidate_runs(input) {
-        for (offset, w) in run.iter().enumerate() {
-            let candidate = serves(w, input.model)
-                && match w.role {
-                    Role::Prefill => pool,
-                    Role::Decode | Role::Aggregated => !pool,
-                    Role::Unknown => false,
-                };
-            if candidate && !push_ranks(scored, start + offset, w) {
-                return;
-            }
+    visit_ranks(input, &mut |r, pool| {
+        let candidate = match r.role {
+            Role::Prefill => pool,
+            Role::Decode | Role::Aggregated => !pool,
+            Role::Unknown => false,
+        };
+        if candidate {
+            push_rank(scored, input.fleet.workers.as_slice(), r)
+        } else {
+            ControlFlow::Continue(())
         }
-    }
+    });
 }
 
-/// Pushes one candidate per declared rank of `w`; `false` once [`MAX_CANDIDATES`] is reached.
-fn push_ranks(scored: &mut Vec<ScoredCandidate>, worker: usize, w: &Worker) -> bool {
-    for dp_rank in declared_ranks(w) {
-        if scored.len() >= MAX_CANDIDATES {
-            return false;
-        }
-        scored.push(ScoredCandidate {
-            worker,
-            instance_id: w.instance_id,
-            dp_rank,
-            role: w.role,
-            block_size: w.block_size.unwrap_or(0),
-            overlap_blocks: 0,
-            terms: KvTerms::default(),
-            status: KvStatus::NoBacklog,
-            cost: None,
-        });
+/// Pushes the candidate of rank `r`; breaks once [`MAX_CANDIDATES`] are held.
+fn push_rank(scored: &mut Vec<ScoredCandidate>, workers: &[Worker], r: RankRef) -> ControlFlow<()> {
+    if scored.len() >= MAX_CANDIDATES {
+        return ControlFlow::Break(());
     }
-    true
+    let worker = r.worker as usize;
+    let Some(w) = workers.get(worker) else {
+        return ControlFlow::Continue(());
+    };
+    scored.push(ScoredCandidate {
+        worker,
+        instance_id: w.instance_id,
+        dp_rank: r.rank,
+        role: w.role,
+        block_size: w.block_size.unwrap_or(0),
+        overlap_blocks: 0,
+        terms: KvTerms::default(),
+        status: KvStatus::NoBacklog,
+        cost: None,
+    });
+    ControlFlow::Continue(())
 }
 
 /// Fills each candidate's `overlap_blocks` from the prompt blocks of its block size.
@@ -430,17 +431,15 @@ impl KvAwarePicker {
         let workers = input.fleet.workers.as_slice();
         let pw = workers.get(prefill.worker).ok_or(NoWorker)?;
         let ns_start = workers.partition_point(|x| x.namespace < pw.namespace);
-        let ns_end = run_end(workers, ns_start);
         let push = |input: &PickInput<'_>, scored: &mut Vec<ScoredCandidate>| {
-            let run = input.fleet.workers.get(ns_start..ns_end).unwrap_or(&[]);
-            for (offset, w) in run.iter().enumerate() {
-                if serves(w, input.model)
-                    && w.role == Role::Decode
-                    && !push_ranks(scored, ns_start + offset, w)
-                {
-                    return;
+            let workers = input.fleet.workers.as_slice();
+            visit_namespace_ranks(input, ns_start, &mut |r| {
+                if r.role == Role::Decode {
+                    push_rank(scored, workers, r)
+                } else {
+                    ControlFlow::Continue(())
                 }
-            }
+            });
         };
         score_with(
             input,
@@ -602,13 +601,11 @@ impl WorkerPicker for KvAwarePicker {
         }
         // The decode side of the pair: load-only rules inside the prefill rank's namespace.
         let ns_start = workers.partition_point(|x| x.namespace < w.namespace);
-        let ns_end = run_end(workers, ns_start);
         let mut alternates = [None; MAX_PICKS - 1];
         let want = out.limit().saturating_sub(1).min(alternates.len());
         let (dslot, dreason) = pair_decode(
             input,
             ns_start,
-            ns_end,
             &mut self.load,
             &mut self.cursors.decode,
             &mut alternates[..want],

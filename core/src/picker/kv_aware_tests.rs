@@ -92,6 +92,7 @@ pub(super) fn input<'f>(
         max_staleness: MAX_AGE,
         prompt_blocks: blocks,
         overlap,
+        candidates: None,
     }
 }
 

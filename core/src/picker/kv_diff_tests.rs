@@ -459,7 +459,10 @@ fn differential_against_naive_reference() {
                 random_worker(&mut rng, ids.swap_remove(i))
             })
             .collect();
-        let f = fleet(workers);
+        let f = std::sync::Arc::new(fleet(workers));
+        // Half the cases pick through the fleet's candidate table, half scan the fleet.
+        let table = super::FleetCandidates::build(&f);
+        let table = rng.chance(50).then_some(&table);
         let vllm = rng.chance(30);
         let loads = random_loads(&mut rng, &f, vllm);
         let overlap = random_overlap(&mut rng, &f);
@@ -510,6 +513,7 @@ fn differential_against_naive_reference() {
                 max_staleness: MAX_AGE,
                 prompt_blocks: &prompt,
                 overlap: &overlap,
+                candidates: table,
             };
             let mut out = Picks::new(1);
             let got = match ours.pick(&input, &mut out) {

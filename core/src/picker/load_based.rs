@@ -26,19 +26,19 @@
 //! Bounds: at most [`MAX_CANDIDATES`] candidates per stage (the load store's key cap); ranks
 //! beyond it, and ranks whose number would overflow `u32`, are not candidates.
 
+use std::ops::ControlFlow;
+
 use crate::discovery::{Role, Worker};
 use crate::load::rules::{
     Candidate, Cost, KeyLoad, Stage, any_fresh, classify, select, stage_backlog,
 };
-use crate::load::{LoadKey, MAX_LOAD_KEYS, request_blocks};
+use crate::load::{LoadKey, request_blocks};
 
+use super::candidates::{MAX_CANDIDATES, RankRef, visit_namespace_ranks, visit_ranks};
 use super::{
     Chosen, DpRankHeaders, MAX_PICKS, NoWorker, Pick, PickInput, PickerCursors, Picks,
     SelectionReason, WorkerPicker,
 };
-
-/// The most candidates one stage considers (the load store holds at most this many keys).
-pub const MAX_CANDIDATES: usize = MAX_LOAD_KEYS;
 
 /// One candidate rank: an index into `fleet.workers` and the rank.
 #[derive(Debug, Clone, Copy)]
@@ -77,26 +77,17 @@ impl PickScratch {
         self.candidates.clear();
     }
 
-    /// Pushes one slot per declared rank of `workers[index]` (PICK-04).
-    pub(super) fn push_ranks(&mut self, index: usize, w: &Worker) {
-        for rank in declared_ranks(w) {
-            if self.slots.len() >= MAX_CANDIDATES {
-                return;
-            }
-            self.slots.push(Slot {
-                worker: index,
-                rank,
-            });
+    /// Pushes `r`'s slot; breaks once [`MAX_CANDIDATES`] are held.
+    fn push(&mut self, r: RankRef) -> ControlFlow<()> {
+        if self.slots.len() >= MAX_CANDIDATES {
+            return ControlFlow::Break(());
         }
+        self.slots.push(Slot {
+            worker: r.worker as usize,
+            rank: r.rank,
+        });
+        ControlFlow::Continue(())
     }
-}
-
-/// The ranks `w` declares, ascending (PICK-04): `dp_start_rank .. dp_start_rank + dp_size`, one
-/// rank 0 without a declaration; ranks whose number would overflow `u32` are left out.
-pub(super) fn declared_ranks(w: &Worker) -> impl Iterator<Item = u32> {
-    let start = w.dp_start_rank.unwrap_or(0);
-    let size = w.dp_size.unwrap_or(1).max(1);
-    (0..size).map_while(move |k| start.checked_add(k))
 }
 
 /// The default load-only [`WorkerPicker`] (PICK-01): [`pick_load_based`] over its own cursors
@@ -141,59 +132,6 @@ impl WorkerPicker for LoadBasedPicker {
     fn preview(&self) -> Option<Box<dyn WorkerPicker>> {
         Some(Box::new(LoadBasedPicker::with_cursors(self.cursors)))
     }
-}
-
-/// Whether `w` serves `model` and may be routed.
-pub(super) fn serves(w: &Worker, model: &str) -> bool {
-    w.role.is_routable() && w.model.as_deref() == Some(model)
-}
-
-/// The end (exclusive) of the run of workers sharing `workers[start]`'s namespace.
-pub(super) fn run_end(workers: &[Worker], start: usize) -> usize {
-    let Some(first) = workers.get(start) else {
-        return start;
-    };
-    workers
-        .get(start..)
-        .and_then(|rest| rest.iter().position(|w| w.namespace != first.namespace))
-        .map_or(workers.len(), |n| start + n)
-}
-
-/// The namespace runs of `input.fleet.workers` in the candidate set (DISC-MULTI-05), in order:
-/// `(index of the run's first worker, the run, whether it is a prefill/decode pool for the model,
-/// i.e. has both prefill and decode workers serving it)`.
-pub(super) fn candidate_runs<'a>(
-    input: &'a PickInput<'_>,
-) -> impl Iterator<Item = (usize, &'a [Worker], bool)> + 'a {
-    let workers = input.fleet.workers.as_slice();
-    let mut start = 0;
-    std::iter::from_fn(move || {
-        while start < workers.len() {
-            let end = run_end(workers, start);
-            let run = workers.get(start..end).unwrap_or(&[]);
-            let first = start;
-            start = end.max(start + 1);
-            if run
-                .first()
-                .is_some_and(|w| input.namespaces.contains_namespace(&w.namespace))
-            {
-                let (has_prefill, has_decode) = roles_in(run, input.model);
-                return Some((first, run, has_prefill && has_decode));
-            }
-        }
-        None
-    })
-}
-
-/// Which roles serve the model in a namespace run: `(has_prefill, has_decode)`.
-pub(super) fn roles_in(run: &[Worker], model: &str) -> (bool, bool) {
-    let mut prefill = false;
-    let mut decode = false;
-    for w in run.iter().filter(|w| serves(w, model)) {
-        prefill |= w.role == Role::Prefill;
-        decode |= w.role == Role::Decode;
-    }
-    (prefill, decode)
 }
 
 /// Reads the loads of `scratch.slots`, costs them for `stage` and selects one. Returns the
@@ -263,23 +201,21 @@ pub(super) fn pick_with<'f>(
 ) -> Result<Pick<'f>, NoWorker> {
     let fleet = input.fleet;
     let workers = fleet.workers.as_slice();
-    let model = input.model;
     scratch.clear();
 
     // Decode candidates across every candidate namespace (DISC-MULTI-05/07, PICK-12/13).
-    for (start, run, pool) in candidate_runs(input) {
-        for (offset, w) in run.iter().enumerate() {
-            let candidate = serves(w, model)
-                && match w.role {
-                    Role::Decode => true,
-                    Role::Aggregated => !pool,
-                    Role::Prefill | Role::Unknown => false,
-                };
-            if candidate {
-                scratch.push_ranks(start + offset, w);
-            }
+    visit_ranks(input, &mut |r, pool| {
+        let candidate = match r.role {
+            Role::Decode => true,
+            Role::Aggregated => !pool,
+            Role::Prefill | Role::Unknown => false,
+        };
+        if candidate {
+            scratch.push(r)
+        } else {
+            ControlFlow::Continue(())
         }
-    }
+    });
     let (dindex, dslot, dreason) =
         select_stage(input, scratch, Stage::Decode, &mut cursors.decode).ok_or(NoWorker)?;
     let dw = workers.get(dslot.worker).ok_or(NoWorker)?;
@@ -317,17 +253,13 @@ pub(super) fn pick_with<'f>(
     // Prefill candidates inside the chosen namespace only (DISC-MULTI-06/07, SHIM-06).
     scratch.clear();
     let ns_start = workers.partition_point(|w| w.namespace < dw.namespace);
-    let ns_end = run_end(workers, ns_start);
-    for (offset, w) in workers
-        .get(ns_start..ns_end)
-        .unwrap_or(&[])
-        .iter()
-        .enumerate()
-    {
-        if serves(w, model) && w.role == Role::Prefill {
-            scratch.push_ranks(ns_start + offset, w);
+    visit_namespace_ranks(input, ns_start, &mut |r| {
+        if r.role == Role::Prefill {
+            scratch.push(r)
+        } else {
+            ControlFlow::Continue(())
         }
-    }
+    });
     if let Some((_, pslot, preason)) =
         select_stage(input, scratch, Stage::Prefill, &mut cursors.prefill)
         && let Some(pw) = workers.get(pslot.worker)
@@ -343,25 +275,26 @@ pub(super) fn pick_with<'f>(
     Ok(pick)
 }
 
-/// The decode side of a prefill/decode pair inside the namespace run `workers[ns_start..ns_end]`,
+/// The decode side of a prefill/decode pair inside the namespace run starting at `ns_start`,
 /// selected with the load-only rules above (decode-role workers only, the decode cursor;
 /// KV-PICK-06). When `alternates` is not empty it is filled like [`pick_with`]'s runners-up.
 /// Returns the chosen slot and reason; `None` when the run has no decode candidate.
 pub(super) fn pair_decode(
     input: &PickInput<'_>,
     ns_start: usize,
-    ns_end: usize,
     scratch: &mut PickScratch,
     cursor: &mut u64,
     alternates: &mut [Option<Slot>],
 ) -> Option<(Slot, SelectionReason)> {
     let workers = input.fleet.workers.as_slice();
     scratch.clear();
-    for (offset, w) in workers.get(ns_start..ns_end)?.iter().enumerate() {
-        if serves(w, input.model) && w.role == Role::Decode {
-            scratch.push_ranks(ns_start + offset, w);
+    visit_namespace_ranks(input, ns_start, &mut |r| {
+        if r.role == Role::Decode {
+            scratch.push(r)
+        } else {
+            ControlFlow::Continue(())
         }
-    }
+    });
     let (index, slot, reason) = select_stage(input, scratch, Stage::Decode, cursor)?;
     if !alternates.is_empty() {
         let dw = workers.get(slot.worker)?;

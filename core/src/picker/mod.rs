@@ -29,11 +29,14 @@
 //! - a successful pick yields exactly two selection events: one `decode` and one `prefill`
 //!   (`load`, `round_robin_stale` or `no_prefill_pool`).
 //!
-//! Cost: one pass over `fleet.workers` (two over each candidate namespace's run), one load-store
-//! read per candidate `(worker, rank)` (a seqlock read plus one per shard's in-flight table), then
-//! [`crate::load::rules::select`]; O(workers + candidate ranks). It allocates nothing once the
+//! Cost: with the fleet's [`FleetCandidates`] (built once per fleet view), one pass over the
+//! model's ranks in the candidate namespaces; without it, one pass over `fleet.workers` (two over
+//! each candidate namespace's run). Then one load-store read per candidate `(worker, rank)` (a
+//! hashed key lookup, a seqlock read plus one per shard's in-flight table), then
+//! [`crate::load::rules::select`]; O(candidate ranks) with the table. It allocates nothing once the
 //! caller-owned [`PickScratch`] has grown to the largest candidate set seen.
 
+mod candidates;
 mod estimate;
 mod kv_aware;
 mod kv_conditional;
@@ -69,6 +72,7 @@ use crate::headers::PinHeaders;
 use crate::load::rules::{KeyLoad, SelectReason};
 use crate::load::{InflightReader, LoadKey, LoadView};
 
+pub use candidates::{FleetCandidates, MAX_CANDIDATES, RankRef};
 pub use estimate::{PromptTokens, estimate_prompt_tokens};
 pub use kv_aware::{KvAwarePicker, KvScratch, KvStatus, ScoredCandidate, score_candidates};
 pub use kv_conditional::{
@@ -78,7 +82,7 @@ pub use kv_conditional::{
 pub use kv_cost::{
     KvParams, KvTerms, SplitMix64, UnitSource, decode_cost_blocks, kv_cost, softmax_sample_index,
 };
-pub use load_based::{LoadBasedPicker, MAX_CANDIDATES, PickScratch, pick_load_based};
+pub use load_based::{LoadBasedPicker, PickScratch, pick_load_based};
 
 /// Where a picker reads each candidate's load: the store's sample and the in-flight additions.
 pub trait LoadSource {
@@ -166,6 +170,9 @@ pub struct PickInput<'a> {
     pub prompt_blocks: &'a [PromptBlocks<'a>],
     /// Where the per-rank KV overlap of those blocks is read (every shard's index, merged).
     pub overlap: &'a dyn OverlapSource,
+    /// The candidate table built from this very `fleet` (`None`: the picker scans the fleet's
+    /// workers; both give the same candidates, the table without touching every worker).
+    pub candidates: Option<&'a FleetCandidates>,
 }
 
 /// The hash of one KV block along its prefix path (Dynamo's sequence hash of the block's

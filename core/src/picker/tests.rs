@@ -37,6 +37,7 @@ fn pick<'f>(
         max_staleness: MAX_AGE,
         prompt_blocks: &[],
         overlap: &NoOverlap,
+        candidates: None,
     };
     pick_load_based(&input, cursors, &mut PickScratch::new())
 }
@@ -562,6 +563,7 @@ fn pick_17_picker_is_replaceable_behind_the_trait() {
         max_staleness: MAX_AGE,
         prompt_blocks: &[],
         overlap: &NoOverlap,
+        candidates: None,
     };
     let mut pickers: [Box<dyn WorkerPicker>; 2] =
         [Box::new(LoadBasedPicker::new()), Box::new(First)];
@@ -616,6 +618,7 @@ fn store_loads_reads_the_real_store_and_ledgers() {
         max_staleness: MAX_AGE,
         prompt_blocks: &[],
         overlap: &NoOverlap,
+        candidates: None,
     };
     let mut c = PickerCursors::default();
     let mut s = PickScratch::new();
@@ -655,6 +658,7 @@ fn ordered_candidates_are_the_pick_then_its_namespace_by_cost() {
         max_staleness: MAX_AGE,
         prompt_blocks: &[],
         overlap: &NoOverlap,
+        candidates: None,
     };
     let mut p = LoadBasedPicker::new();
     let mut out = Picks::new(4);
@@ -709,6 +713,7 @@ fn a_preview_picks_as_the_next_pick_and_leaves_the_picker_alone() {
             max_staleness: MAX_AGE,
             prompt_blocks: if kv { &blocks } else { &[] },
             overlap: &NoOverlap,
+            candidates: None,
         };
         let cursors = PickerCursors {
             decode: 1,

@@ -199,6 +199,7 @@ pub(super) fn pick_input<'a>(
         max_staleness: snap.config.dynamo.load.max_staleness,
         prompt_blocks: blocks,
         overlap,
+        candidates: snap.candidates(),
     }
 }
 

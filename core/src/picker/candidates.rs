@@ -1,0 +1,304 @@
+//! Candidates resolved once per fleet view (issue 11, item 7): per model, its namespace runs and
+//! every routable rank of its workers in candidate order, so a pick walks small arrays of
+//! `(worker index, rank, role)` instead of every worker of the fleet with two string compares
+//! each.
+//!
+//! Role: [`FleetCandidates::build`] runs where a fleet view is published (the snapshot build, on
+//! the control thread); a picker reads it through [`super::PickInput::candidates`]. The pickers
+//! visit ranks through [`visit_ranks`] and [`visit_namespace_ranks`], which read the table when
+//! the input has one for its fleet and fall back to scanning the fleet otherwise: both orders
+//! and sets are the same (the differential tests run the pickers both ways).
+//! The scan's rules live here too ([`serves`], [`run_end`], [`declared_ranks`],
+//! [`MAX_CANDIDATES`]), so the table and the scan cannot drift apart.
+//!
+//! Invariants:
+//! - a model's ranks are its routable workers' declared ranks (PICK-04) in `fleet.workers` order,
+//!   then ascending rank, grouped by namespace run, exactly what the scan yields;
+//! - a model whose ranks would exceed [`MAX_CANDIDATES`] is not tabulated (its picks scan), so a
+//!   fleet-declared `data_parallel_size` can never make the table large;
+//! - a table answers only for the fleet view it was built from ([`FleetCandidates::is_for`]): it
+//!   keeps a `Weak` of that view's allocation, so a later view can never share its address.
+
+use std::ops::ControlFlow;
+use std::sync::{Arc, Weak};
+
+use crate::discovery::{FleetView, Role};
+
+use super::PickInput;
+use crate::discovery::Worker;
+use crate::load::MAX_LOAD_KEYS;
+
+/// The most candidates one stage considers (the load store holds at most this many keys).
+pub const MAX_CANDIDATES: usize = MAX_LOAD_KEYS;
+
+/// The ranks `w` declares, ascending (PICK-04): `dp_start_rank .. dp_start_rank + dp_size`, one
+/// rank 0 without a declaration; ranks whose number would overflow `u32` are left out.
+pub(super) fn declared_ranks(w: &Worker) -> impl Iterator<Item = u32> {
+    let start = w.dp_start_rank.unwrap_or(0);
+    let size = w.dp_size.unwrap_or(1).max(1);
+    (0..size).map_while(move |k| start.checked_add(k))
+}
+
+/// Whether `w` serves `model` and may be routed.
+pub(super) fn serves(w: &Worker, model: &str) -> bool {
+    w.role.is_routable() && w.model.as_deref() == Some(model)
+}
+
+/// The end (exclusive) of the run of workers sharing `workers[start]`'s namespace. Workers are
+/// sorted by namespace (`FleetView`), so the run is found by binary search: a pick over a
+/// large namespace compares a few names, not one per worker.
+pub(super) fn run_end(workers: &[Worker], start: usize) -> usize {
+    let Some(first) = workers.get(start) else {
+        return start;
+    };
+    workers.get(start..).map_or(start, |rest| {
+        start + rest.partition_point(|w| w.namespace == first.namespace)
+    })
+}
+
+/// The namespace runs of `input.fleet.workers` in the candidate set (DISC-MULTI-05), in order:
+/// `(index of the run's first worker, the run, whether it is a prefill/decode pool for the model,
+/// i.e. has both prefill and decode workers serving it)`.
+fn candidate_runs<'a>(
+    input: &'a PickInput<'_>,
+) -> impl Iterator<Item = (usize, &'a [Worker], bool)> + 'a {
+    let workers = input.fleet.workers.as_slice();
+    let mut start = 0;
+    std::iter::from_fn(move || {
+        while start < workers.len() {
+            let end = run_end(workers, start);
+            let run = workers.get(start..end).unwrap_or(&[]);
+            let first = start;
+            start = end.max(start + 1);
+            if run
+                .first()
+                .is_some_and(|w| input.namespaces.contains_namespace(&w.namespace))
+            {
+                let (has_prefill, has_decode) = roles_in(run, input.model);
+                return Some((first, run, has_prefill && has_decode));
+            }
+        }
+        None
+    })
+}
+
+/// Which roles serve the model in a namespace run: `(has_prefill, has_decode)`.
+fn roles_in(run: &[Worker], model: &str) -> (bool, bool) {
+    let mut prefill = false;
+    let mut decode = false;
+    for w in run.iter().filter(|w| serves(w, model)) {
+        prefill |= w.role == Role::Prefill;
+        decode |= w.role == Role::Decode;
+    }
+    (prefill, decode)
+}
+
+/// One rank of a model's worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RankRef {
+    /// Index of the worker in `fleet.workers`.
+    pub worker: u32,
+    /// The declared rank.
+    pub rank: u32,
+    /// The worker's role (never `Unknown`: such workers are not routed).
+    pub role: Role,
+}
+
+/// One namespace run of a model.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Run {
+    /// Index in `fleet.workers` of the run's first worker (of any model).
+    start: usize,
+    /// Whether the namespace has both prefill and decode workers serving the model.
+    pool: bool,
+    /// The model's ranks in this run.
+    ranks: Vec<RankRef>,
+}
+
+/// Every model's runs, for one fleet view.
+#[derive(Debug, Default)]
+pub struct FleetCandidates {
+    fleet: Weak<FleetView>,
+    /// Sorted by model name.
+    models: Vec<(Box<str>, Vec<Run>)>,
+}
+
+impl FleetCandidates {
+    /// The table of `fleet` (O(workers + ranks)).
+    pub fn build(fleet: &Arc<FleetView>) -> Self {
+        let workers = fleet.workers.as_slice();
+        // (model, runs, ranks so far); a model past the cap is dropped and remembered in `over`.
+        let mut models: Vec<(Box<str>, Vec<Run>, usize)> = Vec::new();
+        let mut over: Vec<Box<str>> = Vec::new();
+        for (index, w) in workers.iter().enumerate() {
+            let Some(model) = w.model.as_deref() else {
+                continue;
+            };
+            let Ok(worker) = u32::try_from(index) else {
+                break;
+            };
+            if !w.role.is_routable() || over.iter().any(|m| **m == *model) {
+                continue;
+            }
+            let at = match models.binary_search_by(|(m, ..)| (**m).cmp(model)) {
+                Ok(i) => i,
+                Err(i) => {
+                    models.insert(i, (model.into(), Vec::new(), 0));
+                    i
+                }
+            };
+            let Some((_, runs, total)) = models.get_mut(at) else {
+                continue;
+            };
+            let n = declared_ranks(w).take(MAX_CANDIDATES + 1).count();
+            if *total + n > MAX_CANDIDATES {
+                // More ranks than a stage may hold: this model's picks scan instead.
+                over.push(model.into());
+                models.remove(at);
+                continue;
+            }
+            *total += n;
+            let same_run = runs.last().is_some_and(|r| {
+                workers
+                    .get(r.start)
+                    .is_some_and(|first| first.namespace == w.namespace)
+            });
+            if !same_run {
+                let start = workers.partition_point(|x| x.namespace < w.namespace);
+                runs.push(Run {
+                    start,
+                    pool: false,
+                    ranks: Vec::new(),
+                });
+            }
+            if let Some(run) = runs.last_mut() {
+                run.ranks.extend(declared_ranks(w).map(|rank| RankRef {
+                    worker,
+                    rank,
+                    role: w.role,
+                }));
+            }
+        }
+        let models = models
+            .into_iter()
+            .map(|(name, mut runs, _)| {
+                for r in &mut runs {
+                    let has = |role| r.ranks.iter().any(|k| k.role == role);
+                    r.pool = has(Role::Prefill) && has(Role::Decode);
+                }
+                (name, runs)
+            })
+            .collect();
+        Self {
+            fleet: Arc::downgrade(fleet),
+            models,
+        }
+    }
+
+    /// Whether this table was built from `fleet`.
+    pub fn is_for(&self, fleet: &Arc<FleetView>) -> bool {
+        std::ptr::eq(self.fleet.as_ptr(), Arc::as_ptr(fleet))
+    }
+
+    fn runs(&self, model: &str) -> Option<&[Run]> {
+        self.models
+            .binary_search_by(|(m, _)| (**m).cmp(model))
+            .ok()
+            .and_then(|i| self.models.get(i))
+            .map(|(_, runs)| runs.as_slice())
+    }
+}
+
+/// Calls `f(rank, pool)` for every rank of `input.model`'s routable workers in the candidate
+/// namespaces, in candidate order (`pool`: the rank's namespace has both prefill and decode
+/// workers for the model), until `f` breaks.
+pub(super) fn visit_ranks(
+    input: &PickInput<'_>,
+    f: &mut dyn FnMut(RankRef, bool) -> ControlFlow<()>,
+) {
+    let workers = input.fleet.workers.as_slice();
+    if let Some(runs) = input.candidates.and_then(|c| c.runs(input.model)) {
+        for run in runs {
+            let ns = workers.get(run.start).map_or("", |w| w.namespace.as_str());
+            if !input.namespaces.contains_namespace(ns) {
+                continue;
+            }
+            for &r in &run.ranks {
+                if f(r, run.pool).is_break() {
+                    return;
+                }
+            }
+        }
+        return;
+    }
+    for (start, run, pool) in candidate_runs(input) {
+        for (offset, w) in run.iter().enumerate() {
+            if !serves(w, input.model) {
+                continue;
+            }
+            let Ok(worker) = u32::try_from(start + offset) else {
+                return;
+            };
+            for rank in declared_ranks(w) {
+                let r = RankRef {
+                    worker,
+                    rank,
+                    role: w.role,
+                };
+                if f(r, pool).is_break() {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Calls `f(rank)` for every rank of `input.model`'s routable workers in the namespace run
+/// starting at `ns_start` (whatever the candidate namespaces), in order, until `f` breaks.
+pub(super) fn visit_namespace_ranks(
+    input: &PickInput<'_>,
+    ns_start: usize,
+    f: &mut dyn FnMut(RankRef) -> ControlFlow<()>,
+) {
+    let workers = input.fleet.workers.as_slice();
+    if let Some(runs) = input.candidates.and_then(|c| c.runs(input.model)) {
+        if let Ok(i) = runs.binary_search_by_key(&ns_start, |r| r.start)
+            && let Some(run) = runs.get(i)
+        {
+            for &r in &run.ranks {
+                if f(r).is_break() {
+                    return;
+                }
+            }
+        }
+        return;
+    }
+    let ns_end = run_end(workers, ns_start);
+    for (offset, w) in workers
+        .get(ns_start..ns_end)
+        .unwrap_or(&[])
+        .iter()
+        .enumerate()
+    {
+        if !serves(w, input.model) {
+            continue;
+        }
+        let Ok(worker) = u32::try_from(ns_start + offset) else {
+            return;
+        };
+        for rank in declared_ranks(w) {
+            let r = RankRef {
+                worker,
+                rank,
+                role: w.role,
+            };
+            if f(r).is_break() {
+                return;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "candidates_tests.rs"]
+mod tests;
