@@ -70,6 +70,7 @@ use super::kv_conditional::{
 };
 use super::kv_cost::{KvParams, KvTerms, UnitSource, kv_cost, softmax_sample_index};
 use super::load_based::{PickScratch, pair_decode, pick_with, push_ordered, rank_header};
+use super::rank_index::RankIndex;
 use super::{
     Chosen, DpRankHeaders, KvOutcome, MAX_CANDIDATES, MAX_PICKS, NoWorker, OverlapSource, Pick,
     PickInput, PickerCursors, Picks, PromptBlocks, SelectionReason, WorkerPicker,
@@ -122,8 +123,8 @@ pub struct ScoredCandidate {
 pub struct KvScratch {
     scored: Vec<ScoredCandidate>,
     loads: Vec<KeyLoad>,
-    /// `(block_size, key, blocks)` as reported by the overlap source.
-    matches: Vec<(u32, LoadKey, u32)>,
+    /// The candidates by rank, for the overlap source's reports.
+    ranks: RankIndex,
     rows: Vec<usize>,
     costs: Vec<f64>,
     probabilities: Vec<f64>,
@@ -165,14 +166,13 @@ fn score_with<'s>(
     let KvScratch {
         scored,
         loads,
-        matches,
+        ranks,
         ..
     } = scratch;
     scored.clear();
     loads.clear();
-    matches.clear();
     push(input, scored);
-    read_overlap(input.prompt_blocks, input.overlap, scored, matches);
+    read_overlap(input.prompt_blocks, input.overlap, scored, ranks);
     for c in scored.iter() {
         loads.push(
             input
@@ -263,8 +263,9 @@ fn read_overlap(
     prompt_blocks: &[PromptBlocks<'_>],
     overlap: &dyn OverlapSource,
     scored: &mut [ScoredCandidate],
-    matches: &mut Vec<(u32, LoadKey, u32)>,
+    ranks: &mut RankIndex,
 ) {
+    let mut indexed = false;
     for (i, pb) in prompt_blocks.iter().enumerate() {
         let first_of_size = !prompt_blocks
             .get(..i)
@@ -275,24 +276,25 @@ fn read_overlap(
         if !first_of_size || !used || pb.hashes.is_empty() || pb.block_size == 0 {
             continue;
         }
+        if !indexed {
+            ranks.rebuild(
+                scored
+                    .iter()
+                    .map(|c| LoadKey::new(c.instance_id, c.dp_rank)),
+            );
+            indexed = true;
+        }
         let cap = u32::try_from(pb.hashes.len()).unwrap_or(u32::MAX);
         overlap.find_matches(*pb, &mut |key, blocks| {
-            matches.push((pb.block_size, key, blocks.min(cap)));
+            ranks.each(key, &mut |at| {
+                // A rank reported twice keeps its largest count.
+                if let Some(c) = scored.get_mut(at)
+                    && c.block_size == pb.block_size
+                {
+                    c.overlap_blocks = c.overlap_blocks.max(blocks.min(cap));
+                }
+            });
         });
-    }
-    if matches.is_empty() {
-        return;
-    }
-    matches.sort_unstable();
-    for c in scored.iter_mut() {
-        let key = LoadKey::new(c.instance_id, c.dp_rank);
-        // Sorted by (size, key, blocks): the last entry of the rank holds its largest count.
-        let end = matches.partition_point(|m| (m.0, m.1) <= (c.block_size, key));
-        c.overlap_blocks = end
-            .checked_sub(1)
-            .and_then(|i| matches.get(i))
-            .filter(|m| (m.0, m.1) == (c.block_size, key))
-            .map_or(0, |m| m.2);
     }
 }
 

@@ -42,6 +42,7 @@ mod kv_aware;
 mod kv_conditional;
 mod kv_cost;
 mod load_based;
+mod rank_index;
 
 #[cfg(test)]
 mod diff_support;
