@@ -20,7 +20,7 @@ use std::sync::Arc;
 
 use crate::discovery::{FleetView, InstanceId};
 
-use super::{LoadKey, MAX_LOAD_KEYS};
+use super::{LoadKey, MAX_LOAD_KEYS, mix_key as mix};
 
 /// One live worker: its id, namespace and declared dp ranks.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -195,16 +195,6 @@ impl KeyIndex {
         }
         None
     }
-}
-
-/// The bucket hash of `key` under `seed` (splitmix64's finaliser).
-fn mix(key: LoadKey, seed: u64) -> usize {
-    let mut z =
-        key.worker_id.get() ^ seed ^ u64::from(key.dp_rank).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    // Truncation on 32-bit targets keeps the low bits, the ones the mask uses.
-    (z ^ (z >> 31)) as usize
 }
 
 /// What one [`super::LoadStore::set_live_and_retain`] did.

@@ -181,3 +181,14 @@ pub(crate) fn duration_nanos(d: Duration) -> u64 {
 pub(crate) fn instant(n: u64) -> Instant {
     Instant::from_origin(Duration::from_nanos(n))
 }
+
+/// A bucket hash of `key` under a table's secret `seed` (splitmix64's finaliser), for the
+/// open-addressing tables keyed by rank (the store's key index, a pick's rank index).
+pub(crate) fn mix_key(key: LoadKey, seed: u64) -> usize {
+    let mut z =
+        key.worker_id.get() ^ seed ^ u64::from(key.dp_rank).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    // Truncation on 32-bit targets keeps the low bits, the ones the masks use.
+    (z ^ (z >> 31)) as usize
+}

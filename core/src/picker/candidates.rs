@@ -232,25 +232,36 @@ pub(super) fn visit_ranks(
         return;
     }
     for (start, run, pool) in candidate_runs(input) {
-        for (offset, w) in run.iter().enumerate() {
-            if !serves(w, input.model) {
-                continue;
-            }
-            let Ok(worker) = u32::try_from(start + offset) else {
-                return;
-            };
-            for rank in declared_ranks(w) {
-                let r = RankRef {
-                    worker,
-                    rank,
-                    role: w.role,
-                };
-                if f(r, pool).is_break() {
-                    return;
-                }
-            }
+        if scan_run(run, start, input.model, &mut |r| f(r, pool)).is_break() {
+            return;
         }
     }
+}
+
+/// The scan: `f(rank)` for every rank of `model`'s routable workers in `run` (whose first worker
+/// is `fleet.workers[start]`), in order, until `f` breaks.
+fn scan_run(
+    run: &[Worker],
+    start: usize,
+    model: &str,
+    f: &mut dyn FnMut(RankRef) -> ControlFlow<()>,
+) -> ControlFlow<()> {
+    for (offset, w) in run.iter().enumerate() {
+        if !serves(w, model) {
+            continue;
+        }
+        let Ok(worker) = u32::try_from(start + offset) else {
+            return ControlFlow::Break(());
+        };
+        for rank in declared_ranks(w) {
+            f(RankRef {
+                worker,
+                rank,
+                role: w.role,
+            })?;
+        }
+    }
+    ControlFlow::Continue(())
 }
 
 /// Calls `f(rank)` for every rank of `input.model`'s routable workers in the namespace run
@@ -274,29 +285,8 @@ pub(super) fn visit_namespace_ranks(
         return;
     }
     let ns_end = run_end(workers, ns_start);
-    for (offset, w) in workers
-        .get(ns_start..ns_end)
-        .unwrap_or(&[])
-        .iter()
-        .enumerate()
-    {
-        if !serves(w, input.model) {
-            continue;
-        }
-        let Ok(worker) = u32::try_from(ns_start + offset) else {
-            return;
-        };
-        for rank in declared_ranks(w) {
-            let r = RankRef {
-                worker,
-                rank,
-                role: w.role,
-            };
-            if f(r).is_break() {
-                return;
-            }
-        }
-    }
+    let run = workers.get(ns_start..ns_end).unwrap_or(&[]);
+    let _ = scan_run(run, ns_start, input.model, f);
 }
 
 #[cfg(test)]

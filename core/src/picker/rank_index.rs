@@ -10,7 +10,7 @@
 
 use std::hash::BuildHasher as _;
 
-use crate::load::LoadKey;
+use crate::load::{LoadKey, mix_key as mix};
 
 /// `(worker, dp_rank)` → candidate positions.
 #[derive(Debug)]
@@ -75,16 +75,6 @@ impl RankIndex {
             i = (i + 1) & mask;
         }
     }
-}
-
-/// The bucket hash of `key` under `seed` (splitmix64's finaliser).
-fn mix(key: LoadKey, seed: u64) -> usize {
-    let mut z =
-        key.worker_id.get() ^ seed ^ u64::from(key.dp_rank).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    // Truncation on 32-bit targets keeps the low bits, the ones the mask uses.
-    (z ^ (z >> 31)) as usize
 }
 
 #[cfg(test)]
