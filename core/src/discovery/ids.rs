@@ -128,7 +128,8 @@ impl UnixMillis {
         let secs = self.0 / 1000;
         let days = secs / 86_400;
         let rem = secs % 86_400;
-        let (year, month, day) = civil_from_days(days);
+        // Days fit an i64 for every u64 of milliseconds.
+        let (year, month, day) = crate::clock::civil_from_days(i64::try_from(days).unwrap_or(0));
         format!(
             "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}+00:00",
             rem / 3600,
@@ -142,21 +143,6 @@ impl fmt::Display for UnixMillis {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.rfc3339())
     }
-}
-
-/// Days since 1970-01-01 to a proleptic Gregorian (year, month, day); H. Hinnant's algorithm
-/// restricted to non-negative day counts, so all arithmetic is unsigned and cannot overflow.
-fn civil_from_days(days: u64) -> (u64, u64, u64) {
-    let z = days + 719_468;
-    let era = z / 146_097;
-    let doe = z % 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + u64::from(month <= 2);
-    (year, month, day)
 }
 
 #[cfg(test)]
