@@ -210,10 +210,12 @@ impl FleetCandidates {
 }
 
 /// Calls `f(rank, pool)` for every rank of `input.model`'s routable workers in the candidate
-/// namespaces, in candidate order (`pool`: the rank's namespace has both prefill and decode
-/// workers for the model), until `f` breaks.
+/// namespaces whose role `wants(role, pool)`, in candidate order (`pool`: the rank's namespace
+/// has both prefill and decode workers for the model), until `f` breaks. A worker whose role is
+/// not wanted is skipped whole: its declared ranks (fleet-chosen, up to 2^32) are never listed.
 pub(super) fn visit_ranks(
     input: &PickInput<'_>,
+    wants: &dyn Fn(Role, bool) -> bool,
     f: &mut dyn FnMut(RankRef, bool) -> ControlFlow<()>,
 ) {
     let workers = input.fleet.workers.as_slice();
@@ -224,7 +226,7 @@ pub(super) fn visit_ranks(
                 continue;
             }
             for &r in &run.ranks {
-                if f(r, run.pool).is_break() {
+                if wants(r.role, run.pool) && f(r, run.pool).is_break() {
                     return;
                 }
             }
@@ -232,22 +234,32 @@ pub(super) fn visit_ranks(
         return;
     }
     for (start, run, pool) in candidate_runs(input) {
-        if scan_run(run, start, input.model, &mut |r| f(r, pool)).is_break() {
+        let mut each = |r| f(r, pool);
+        if scan_run(
+            run,
+            start,
+            input.model,
+            &|role| wants(role, pool),
+            &mut each,
+        )
+        .is_break()
+        {
             return;
         }
     }
 }
 
 /// The scan: `f(rank)` for every rank of `model`'s routable workers in `run` (whose first worker
-/// is `fleet.workers[start]`), in order, until `f` breaks.
+/// is `fleet.workers[start]`) whose role `wants`, in order, until `f` breaks.
 fn scan_run(
     run: &[Worker],
     start: usize,
     model: &str,
+    wants: &dyn Fn(Role) -> bool,
     f: &mut dyn FnMut(RankRef) -> ControlFlow<()>,
 ) -> ControlFlow<()> {
     for (offset, w) in run.iter().enumerate() {
-        if !serves(w, model) {
+        if !serves(w, model) || !wants(w.role) {
             continue;
         }
         let Ok(worker) = u32::try_from(start + offset) else {
@@ -264,11 +276,12 @@ fn scan_run(
     ControlFlow::Continue(())
 }
 
-/// Calls `f(rank)` for every rank of `input.model`'s routable workers in the namespace run
+/// Calls `f(rank)` for every rank of `input.model`'s `role` workers in the namespace run
 /// starting at `ns_start` (whatever the candidate namespaces), in order, until `f` breaks.
 pub(super) fn visit_namespace_ranks(
     input: &PickInput<'_>,
     ns_start: usize,
+    role: Role,
     f: &mut dyn FnMut(RankRef) -> ControlFlow<()>,
 ) {
     let workers = input.fleet.workers.as_slice();
@@ -277,7 +290,7 @@ pub(super) fn visit_namespace_ranks(
             && let Some(run) = runs.get(i)
         {
             for &r in &run.ranks {
-                if f(r).is_break() {
+                if r.role == role && f(r).is_break() {
                     return;
                 }
             }
@@ -286,7 +299,7 @@ pub(super) fn visit_namespace_ranks(
     }
     let ns_end = run_end(workers, ns_start);
     let run = workers.get(ns_start..ns_end).unwrap_or(&[]);
-    let _ = scan_run(run, ns_start, input.model, f);
+    let _ = scan_run(run, ns_start, input.model, &|r| r == role, f);
 }
 
 #[cfg(test)]

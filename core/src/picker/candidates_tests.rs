@@ -56,17 +56,27 @@ fn input<'a>(
 
 fn all(i: &PickInput<'_>) -> Vec<(RankRef, bool)> {
     let mut out = Vec::new();
-    visit_ranks(i, &mut |r, pool| {
+    visit_ranks(i, &|_, _| true, &mut |r, pool| {
         out.push((r, pool));
         ControlFlow::Continue(())
     });
     out
 }
 
-fn in_namespace(i: &PickInput<'_>, start: usize) -> Vec<RankRef> {
+fn in_namespace(i: &PickInput<'_>, start: usize, role: Role) -> Vec<RankRef> {
     let mut out = Vec::new();
-    visit_namespace_ranks(i, start, &mut |r| {
+    visit_namespace_ranks(i, start, role, &mut |r| {
         out.push(r);
+        ControlFlow::Continue(())
+    });
+    out
+}
+
+/// The ranks a stage filter keeps.
+fn wanted(i: &PickInput<'_>, wants: &dyn Fn(Role, bool) -> bool) -> Vec<(RankRef, bool)> {
+    let mut out = Vec::new();
+    visit_ranks(i, wants, &mut |r, pool| {
+        out.push((r, pool));
         ControlFlow::Continue(())
     });
     out
@@ -92,12 +102,31 @@ fn the_table_yields_what_the_scan_yields() {
             let starts: Vec<usize> = (0..f.workers.len())
                 .filter(|&i| i == 0 || f.workers[i - 1].namespace != f.workers[i].namespace)
                 .collect();
+            let stage = |role: Role, pool: bool| {
+                role == Role::Decode || (role == Role::Aggregated && !pool)
+            };
+            let got = wanted(&tab, &stage);
+            assert_eq!(
+                got,
+                wanted(&scan, &stage),
+                "case {case} model {model} stage"
+            );
+            let want: Vec<_> = all(&scan)
+                .into_iter()
+                .filter(|(r, pool)| stage(r.role, *pool))
+                .collect();
+            assert_eq!(
+                got, want,
+                "case {case} model {model}: the filter keeps exactly its ranks"
+            );
             for s in starts {
-                assert_eq!(
-                    in_namespace(&tab, s),
-                    in_namespace(&scan, s),
-                    "case {case} model {model} run {s}"
-                );
+                for role in [Role::Prefill, Role::Decode, Role::Aggregated] {
+                    assert_eq!(
+                        in_namespace(&tab, s, role),
+                        in_namespace(&scan, s, role),
+                        "case {case} model {model} run {s} {role:?}"
+                    );
+                }
             }
         }
     }
@@ -130,4 +159,39 @@ fn a_model_with_more_ranks_than_a_stage_holds_is_scanned() {
     let (t, s) = (all(&tab), all(&scan));
     assert_eq!(t.len(), MAX_CANDIDATES + 1);
     assert_eq!(t, s);
+}
+
+/// A worker the stage does not want is skipped whole, however many ranks it declares: a pool's
+/// prefill worker declaring 2^32 - 1 ranks costs the decode stage one check, not 4 billion.
+#[test]
+fn an_unwanted_worker_s_ranks_are_never_listed() {
+    let mut huge = model_worker("a", 1, Role::Prefill, "m");
+    huge.dp_size = Some(u32::MAX);
+    let decode = model_worker("a", 2, Role::Decode, "m");
+    let f = Arc::new(fleet(vec![huge, decode]));
+    let table = FleetCandidates::build(&f);
+    assert!(table.runs("m").is_none(), "over the cap: scanned");
+    let loads = MapLoads::default();
+    let namespaces = vec!["a"];
+    let scan = input(&f, &loads, "m", &namespaces, None);
+    let checks = std::cell::Cell::new(0u64);
+    let decode_only = |role: Role, _pool: bool| {
+        checks.set(checks.get() + 1);
+        role == Role::Decode
+    };
+    let got = wanted(&scan, &decode_only);
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(got[0].0.worker, 1);
+    assert!(
+        checks.get() <= 2,
+        "one check per worker, not per rank: {}",
+        checks.get()
+    );
+    let ranks = in_namespace(&scan, 0, Role::Decode);
+    assert_eq!(ranks.len(), 1);
+    // Both pickers pick the decode worker of that pool.
+    let mut cursors = super::super::PickerCursors::default();
+    let pick = super::super::pick_load_based(&scan, &mut cursors, &mut Default::default())
+        .expect("a decode worker");
+    assert_eq!(pick.decode.instance_id.get(), 2);
 }

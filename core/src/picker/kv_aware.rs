@@ -221,18 +221,13 @@ fn score_with<'s>(
 
 /// Pushes the KV-stage candidate ranks in candidate order (module docs).
 fn push_candidates(input: &PickInput<'_>, scored: &mut Vec<ScoredCandidate>) {
-    visit_ranks(input, &mut |r, pool| {
-        let candidate = match r.role {
-            Role::Prefill => pool,
-            Role::Decode | Role::Aggregated => !pool,
-            Role::Unknown => false,
-        };
-        if candidate {
-            push_rank(scored, input.fleet.workers.as_slice(), r)
-        } else {
-            ControlFlow::Continue(())
-        }
-    });
+    let kv_stage = |role: Role, pool: bool| match role {
+        Role::Prefill => pool,
+        Role::Decode | Role::Aggregated => !pool,
+        Role::Unknown => false,
+    };
+    let workers = input.fleet.workers.as_slice();
+    visit_ranks(input, &kv_stage, &mut |r, _| push_rank(scored, workers, r));
 }
 
 /// Pushes the candidate of rank `r`; breaks once [`MAX_CANDIDATES`] are held.
@@ -435,12 +430,8 @@ impl KvAwarePicker {
         let ns_start = workers.partition_point(|x| x.namespace < pw.namespace);
         let push = |input: &PickInput<'_>, scored: &mut Vec<ScoredCandidate>| {
             let workers = input.fleet.workers.as_slice();
-            visit_namespace_ranks(input, ns_start, &mut |r| {
-                if r.role == Role::Decode {
-                    push_rank(scored, workers, r)
-                } else {
-                    ControlFlow::Continue(())
-                }
+            visit_namespace_ranks(input, ns_start, Role::Decode, &mut |r| {
+                push_rank(scored, workers, r)
             });
         };
         score_with(

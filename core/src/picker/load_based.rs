@@ -204,18 +204,12 @@ pub(super) fn pick_with<'f>(
     scratch.clear();
 
     // Decode candidates across every candidate namespace (DISC-MULTI-05/07, PICK-12/13).
-    visit_ranks(input, &mut |r, pool| {
-        let candidate = match r.role {
-            Role::Decode => true,
-            Role::Aggregated => !pool,
-            Role::Prefill | Role::Unknown => false,
-        };
-        if candidate {
-            scratch.push(r)
-        } else {
-            ControlFlow::Continue(())
-        }
-    });
+    let decode_stage = |role: Role, pool: bool| match role {
+        Role::Decode => true,
+        Role::Aggregated => !pool,
+        Role::Prefill | Role::Unknown => false,
+    };
+    visit_ranks(input, &decode_stage, &mut |r, _| scratch.push(r));
     let (dindex, dslot, dreason) =
         select_stage(input, scratch, Stage::Decode, &mut cursors.decode).ok_or(NoWorker)?;
     let dw = workers.get(dslot.worker).ok_or(NoWorker)?;
@@ -253,13 +247,7 @@ pub(super) fn pick_with<'f>(
     // Prefill candidates inside the chosen namespace only (DISC-MULTI-06/07, SHIM-06).
     scratch.clear();
     let ns_start = workers.partition_point(|w| w.namespace < dw.namespace);
-    visit_namespace_ranks(input, ns_start, &mut |r| {
-        if r.role == Role::Prefill {
-            scratch.push(r)
-        } else {
-            ControlFlow::Continue(())
-        }
-    });
+    visit_namespace_ranks(input, ns_start, Role::Prefill, &mut |r| scratch.push(r));
     if let Some((_, pslot, preason)) =
         select_stage(input, scratch, Stage::Prefill, &mut cursors.prefill)
         && let Some(pw) = workers.get(pslot.worker)
@@ -288,13 +276,7 @@ pub(super) fn pair_decode(
 ) -> Option<(Slot, SelectionReason)> {
     let workers = input.fleet.workers.as_slice();
     scratch.clear();
-    visit_namespace_ranks(input, ns_start, &mut |r| {
-        if r.role == Role::Decode {
-            scratch.push(r)
-        } else {
-            ControlFlow::Continue(())
-        }
-    });
+    visit_namespace_ranks(input, ns_start, Role::Decode, &mut |r| scratch.push(r));
     let (index, slot, reason) = select_stage(input, scratch, Stage::Decode, cursor)?;
     if !alternates.is_empty() {
         let dw = workers.get(slot.worker)?;
