@@ -14,7 +14,7 @@ use continuum_core::artifacts::KvSelection;
 use continuum_core::clock::Instant;
 use continuum_core::discovery::FleetView;
 use continuum_core::headers::PinHeaders;
-use continuum_core::kv::parity::{Oracle, Predictions};
+use continuum_core::kv::parity::{Oracle, Predictions, Verdict};
 use continuum_core::kv::shared::{IndexReader, Merged};
 use continuum_core::load::{
     DispatchId, DispatchLedger, DispatchLoad, DispatchRole, InflightReader, LoadKey, LoadView,
@@ -46,8 +46,8 @@ pub struct PickerEnv {
 #[derive(Clone)]
 pub struct PickerFactory {
     name: &'static str,
-    /// What distinguishes two factories of the same picker (its parameters).
-    settings: u64,
+    /// What distinguishes two factories of the same picker: its parameters' exact bits.
+    settings: [u64; 4],
     build: Arc<BuildPicker>,
 }
 
@@ -62,14 +62,14 @@ impl PickerFactory {
     ) -> Self {
         Self {
             name,
-            settings: 0,
+            settings: [0; 4],
             build: Arc::new(build),
         }
     }
 
-    /// The same factory, told apart from others of its name by `settings` (e.g. a digest of
-    /// its parameters): a reload that changes them replaces the picker (API-06).
-    pub fn with_settings(mut self, settings: u64) -> Self {
+    /// The same factory, told apart from others of its name by `settings` (its parameters'
+    /// bits, compared exactly): a reload that changes them replaces the picker (API-06).
+    pub fn with_settings(mut self, settings: [u64; 4]) -> Self {
         self.settings = settings;
         self
     }
@@ -123,8 +123,7 @@ pub fn kv_aware_picker(params: KvParams, conditional: Option<ConditionalDisagg>)
         params.temperature,
         gate.unwrap_or(-2.0),
     ]
-    .iter()
-    .fold(0u64, |h, v| h.rotate_left(21) ^ v.to_bits());
+    .map(f64::to_bits);
     PickerFactory::new("kv_aware", move |env: &PickerEnv| {
         let start = env.shard as u64;
         let seed = prompt_seed() ^ start;
@@ -456,10 +455,18 @@ impl Dispatcher {
             signals: &self.signals,
         };
         let now = crate::clock::now();
-        self.signals
-            .kv
-            .parity
-            .record_all(|record| predictions.check(now, &oracle, record));
+        // Settle first (index reads), then take the router-wide lock only to count.
+        let mut settled: Vec<(Box<str>, Verdict)> = Vec::new();
+        predictions.check(now, &oracle, &mut |model, v| {
+            settled.push((model.into(), v))
+        });
+        if !settled.is_empty() {
+            self.signals.kv.parity.record_all(|record| {
+                for (model, v) in &settled {
+                    record(model, *v);
+                }
+            });
+        }
     }
 
     /// Mark the dispatches recorded for a pinned request finished.

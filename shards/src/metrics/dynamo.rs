@@ -7,6 +7,7 @@
 //! specification gives them (no `continuum_` prefix), so dashboards written from the spec work.
 //! No per-stage duration histogram exists: prefill and decode run inside the shim (SHIM-22).
 
+use super::bump;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
@@ -23,10 +24,6 @@ const REASONS: [&str; 5] = [
     "conditional_bypass",
 ];
 const PHASES: [ErrorPhase; 2] = [ErrorPhase::Orchestration, ErrorPhase::Decode];
-
-fn bump(c: &AtomicU64) {
-    c.store(c.load(Relaxed).wrapping_add(1), Relaxed);
-}
 
 /// The index of `r` in [`REASONS`] (a match, not a label search: this runs twice per pick).
 fn reason_index(r: SelectionReason) -> usize {

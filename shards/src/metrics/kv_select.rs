@@ -18,7 +18,7 @@ impl KvSelectionCounters {
     /// Count one selection with `result`.
     pub(crate) fn count(&self, result: KvSelection) {
         if let Some(c) = self.0.get(result.index()) {
-            c.store(c.load(Relaxed).wrapping_add(1), Relaxed);
+            super::bump(c);
         }
     }
 

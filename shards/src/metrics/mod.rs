@@ -51,7 +51,8 @@ const BUCKET_US: [u64; 16] = [
     120_000_000,
 ];
 
-fn bump(c: &AtomicU64) {
+/// Count one on a single-writer counter.
+pub(super) fn bump(c: &AtomicU64) {
     add(c, 1);
 }
 
