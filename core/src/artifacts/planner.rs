@@ -318,6 +318,9 @@ enum Reported {
 #[derive(Debug)]
 enum Entry<P> {
     Loading { bytes: u64 },
+    /// A load still running for a set no model names any more: it still counts against the
+    /// concurrency and byte limits until it ends, and its result is dropped.
+    Abandoned { bytes: u64 },
     Loaded { pipeline: Arc<P>, bytes: u64 },
     Failed { at: Instant },
 }
@@ -353,7 +356,7 @@ impl<P> Planner<P> {
     pub fn loading(&self) -> usize {
         self.entries
             .values()
-            .filter(|e| matches!(e, Entry::Loading { .. }))
+            .filter(|e| matches!(e, Entry::Loading { .. } | Entry::Abandoned { .. }))
             .count()
     }
 
@@ -374,8 +377,13 @@ impl<P> Planner<P> {
     /// A load ended: `Ok((pipeline, bytes read))` or a failure (retried after
     /// `retry_after`). Ignored for a key no longer loading (dropped meanwhile).
     pub fn finished(&mut self, key: ArtifactKey, result: Result<(P, u64), ()>, now: Instant) {
-        if !matches!(self.entries.get(&key), Some(Entry::Loading { .. })) {
-            return;
+        match self.entries.get(&key) {
+            Some(Entry::Loading { .. }) => {}
+            Some(Entry::Abandoned { .. }) => {
+                self.entries.remove(&key);
+                return;
+            }
+            _ => return,
         }
         let entry = match result {
             Ok((p, bytes)) => Entry::Loaded {
@@ -448,14 +456,28 @@ impl<P> Planner<P> {
         }
         // A model that stops naming a set may report it again if it comes back.
         self.reported.retain(|t| still_reported.contains(t));
-        // Drop what no model names any more.
-        self.entries.retain(|k, _| wanted.contains_key(k));
+        // Drop what no model names any more. A load still running is kept, abandoned, so a set
+        // that leaves and comes back is not loaded twice at once and its bytes stay counted
+        // (KV-TOK-09); a set named again takes its running load back.
+        self.entries.retain(|k, e| match *e {
+            Entry::Loading { bytes } | Entry::Abandoned { bytes } => {
+                *e = if wanted.contains_key(k) {
+                    Entry::Loading { bytes }
+                } else {
+                    Entry::Abandoned { bytes }
+                };
+                true
+            }
+            Entry::Loaded { .. } | Entry::Failed { .. } => wanted.contains_key(k),
+        });
         // Pass 2: start loads within the limits, in key order (deterministic).
         let mut held_bytes: u64 = self
             .entries
             .values()
             .map(|e| match e {
-                Entry::Loading { bytes } | Entry::Loaded { bytes, .. } => *bytes,
+                Entry::Loading { bytes }
+                | Entry::Abandoned { bytes }
+                | Entry::Loaded { bytes, .. } => *bytes,
                 Entry::Failed { .. } => 0,
             })
             .sum();
