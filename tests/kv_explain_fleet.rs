@@ -106,17 +106,25 @@ fn explain_hashes_equal_the_blocks_dynamo_1_6_1_stored_and_name_no_address() {
 
     // Admin access exactly as the other admin route: 401 without the token or with another.
     let body = json!({"model": AGG, "messages": [{"role": "user", "content": "hi"}]}).to_string();
-    let workers = get_with(r.addr(), "/admin/dynamo/workers", &[]);
     for token in [None, Some("not-the-token")] {
+        let bearer = token.map(|t| format!("Bearer {t}"));
+        let auth: Vec<(&str, &str)> = bearer
+            .iter()
+            .map(|b| ("Authorization", b.as_str()))
+            .collect();
+        let workers = get_with(r.addr(), "/admin/dynamo/workers", &auth);
         let resp = explain(&r, "", body.as_bytes(), token);
         assert_eq!(resp.status, 401, "{}", resp.text());
-        assert_eq!(resp.status, workers.status);
+        assert_eq!(
+            resp.status, workers.status,
+            "as /admin/dynamo/workers with {token:?}"
+        );
         assert_no_address(&resp.text(), &ports);
     }
 
     let requests = jsonl("dynamo-1.6.1/kv-events/requests.jsonl");
     let events = jsonl("dynamo-1.6.1/kv-events/decoded.jsonl");
-    let (mut exact, mut checked, mut beyond) = (0, 0, 0);
+    let (mut checked, mut beyond) = (0, 0);
     for req in &requests {
         let step = req["step"].as_str().unwrap();
         // The tiny-dp steps were served by another model of the same artifacts: the hashes
@@ -144,8 +152,6 @@ fn explain_hashes_equal_the_blocks_dynamo_1_6_1_stored_and_name_no_address() {
             tokens / 64,
             "{step}: complete blocks only"
         );
-        exact += 1;
-
         for e in events.iter().filter(|e| e["step"] == req["step"]) {
             let Some(stored) = e["router_event"]["event"]["data"].get("stored") else {
                 continue;
@@ -169,11 +175,9 @@ fn explain_hashes_equal_the_blocks_dynamo_1_6_1_stored_and_name_no_address() {
             }
         }
     }
-    assert_eq!((exact, requests.len()), (16, 16));
+    assert_eq!(requests.len(), 16, "the fixture's requests");
     assert_eq!((checked, beyond), (86, 2));
-    eprintln!(
-        "parity: {checked}/86 stored blocks, {exact}/16 requests ({beyond} beyond the prompt)"
-    );
+    eprintln!("parity: {checked}/86 stored blocks of 16 requests ({beyond} beyond the prompt)");
 }
 
 #[test]

@@ -22,7 +22,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use common::fleet::{Fleet, FleetSpec};
-use common::kv::wait_view;
+use common::kv::{KvView, wait_view};
 use common::kv_pick::{kv_router, system_prompt, tiny_model_digests, wait_kv_ready};
 use common::router::metric_value;
 use common::{RouterProcess, chat};
@@ -85,6 +85,7 @@ fn every_later_turn_lands_on_the_worker_that_holds_its_prefix() {
             let h = &mut histories[c];
             h.push(json!({"role": "user", "content": format!("Turn {turn} of conversation {c}: what does rule {turn} say?")}));
             let before = count(&r, "overlap");
+            let held_before = KvView::read(&r).rows;
             let (worker, answer) = send(&r, h);
             assert!(workers.contains(&worker), "{worker} not in {workers:?}");
             match homes[c] {
@@ -102,20 +103,25 @@ fn every_later_turn_lands_on_the_worker_that_holds_its_prefix() {
                 }
             }
             h.push(json!({"role": "assistant", "content": answer}));
-            // The worker announces the new blocks; let the index see them before the next turn.
-            let home = homes[c].unwrap_or(worker);
-            wait_view(
-                "the turn's blocks indexed",
-                &r,
-                Duration::from_secs(10),
-                |v| {
-                    let blocks = v.rows.get(&(home, 0)).map_or(0, |row| row.blocks);
-                    if blocks == 0 {
-                        return Err(format!("worker {home} holds no blocks yet"));
-                    }
-                    Ok(())
-                },
-            );
+            if turn == 0 {
+                // The worker announces the conversation's first blocks (a new system prompt:
+                // more than it held before); let the index see them before the next turn.
+                let held = held_before.get(&(worker, 0)).map_or(0, |row| row.blocks);
+                wait_view(
+                    "the first turn's blocks indexed",
+                    &r,
+                    Duration::from_secs(10),
+                    |v| {
+                        let blocks = v.rows.get(&(worker, 0)).map_or(0, |row| row.blocks);
+                        if blocks <= held {
+                            return Err(format!(
+                                "worker {worker} holds {blocks} blocks, had {held}"
+                            ));
+                        }
+                        Ok(())
+                    },
+                );
+            }
         }
     }
     let m = r.metrics();
@@ -185,6 +191,16 @@ fn an_unpinned_tokenizer_is_never_loaded_and_selection_stays_load_based() {
     }
     let m = r.metrics();
     assert_eq!(count(&r, "artifact_unpinned"), 4.0, "{m}");
+    let decode = |reason| {
+        metric_value(
+            &m,
+            "continuum_dynamo_selection_total",
+            &[("role", "decode"), ("reason", reason)],
+        )
+        .unwrap_or(0.0)
+    };
+    assert_eq!(decode("kv_aware"), 0.0, "{m}");
+    assert_eq!(decode("load") + decode("round_robin_stale"), 4.0, "{m}");
     assert_eq!(count(&r, "overlap") + count(&r, "no_overlap"), 0.0, "{m}");
     assert_eq!(
         metric_value(
@@ -218,6 +234,12 @@ fn an_unpinned_tokenizer_is_never_loaded_and_selection_stays_load_based() {
             && (log.contains("slot=\"tokenizer\"") || log.contains("slot=tokenizer")),
         "the log names the slot and the checksum to review:\n{log}"
     );
+    assert!(
+        ["path", "file"].iter().any(|k| {
+            log.contains(&format!("uri_kind=\"{k}\"")) || log.contains(&format!("uri_kind={k}"))
+        }),
+        "the log names the location's kind:\n{log}"
+    );
     assert_eq!(
         log.matches("pinned_artifacts").count(),
         1,
@@ -226,7 +248,7 @@ fn an_unpinned_tokenizer_is_never_loaded_and_selection_stays_load_based() {
 }
 
 #[test]
-fn a_long_cold_prompt_never_stalls_a_shard_and_is_kv_routed_once_encoded() {
+fn a_long_cold_prompt_is_load_routed_then_kv_routed_once_encoded() {
     let fleet = Fleet::start(&FleetSpec::new().agg(AGG, 2));
     let r = router_for(&fleet, &tiny_model_digests());
     r.wait_metric(

@@ -128,7 +128,8 @@ fn kv_pick_10_the_frontend_uses_the_routers_token_ids() {
     let skips = wait_skips(&fleet, expected + 1);
     assert_eq!(skips.len(), expected + 1, "{skips:?}");
     assert_eq!(skips.last().copied(), Some(prompt));
-    for r in [&with, &without] {
+    // `with` served the three asks and the last one; `without` the three controls.
+    for (r, served) in [(&with, 4.0), (&without, 3.0)] {
         let m = r.metrics();
         let kv = |result| {
             metric_value(
@@ -138,9 +139,15 @@ fn kv_pick_10_the_frontend_uses_the_routers_token_ids() {
             )
             .unwrap_or(0.0)
         };
-        assert!(
-            kv("overlap") + kv("no_overlap") >= 3.0,
-            "prepared prompts:\n{m}"
+        assert_eq!(
+            kv("overlap") + kv("no_overlap"),
+            served,
+            "every prompt prepared:\n{m}"
+        );
+        assert_eq!(
+            kv("artifact_unpinned") + kv("tokenizer_unavailable"),
+            0.0,
+            "{m}"
         );
     }
 }

@@ -209,12 +209,17 @@ pub(crate) fn run(o: &PromptOptions) -> Result<String, BenchError> {
             let t = Instant::now();
             let req = ChatRequest::parse(body);
             let parsed = t.elapsed().as_nanos() as u64;
-            if let Ok(req) = req {
-                let _ = pipeline.template().render(&req, 1_790_000_000, &mut out);
-            }
+            let req = req.map_err(|e| BenchError::Setup(format!("parse: {e}")))?;
+            pipeline
+                .template()
+                .render(&req, 1_790_000_000, &mut out)
+                .map_err(|e| BenchError::Setup(format!("render: {e}")))?;
             let rendered_ns = t.elapsed().as_nanos() as u64;
             let t = Instant::now();
-            let _ = pipeline.tokenizer().encode(text, &mut cache, &mut ids);
+            pipeline
+                .tokenizer()
+                .encode(text, &mut cache, &mut ids)
+                .map_err(|e| BenchError::Setup(format!("encode: {e}")))?;
             if measured {
                 parse.record(parsed);
                 render.record(rendered_ns);

@@ -341,8 +341,8 @@ impl PickReport {
         let _ = writeln!(
             r,
             "\nratios: p50/rr and p99/rr divide by the rr row of the same fleet; p50/10w and \
-             p99/10w by the same row at {smallest} workers. by load = decode sides chosen by load \
-             (not round-robin); prefill = picks that carried a prefill worker"
+             p99/10w by the same row at {smallest} workers. by load = decode sides chosen by the \
+             row's cost (load; kv_aware for pick kv), not round-robin; prefill = picks that carried a prefill worker"
         );
         for kind in PICK_ROWS {
             for workers in SIZES {

@@ -105,7 +105,7 @@ impl Kind {
 pub(crate) struct Outcomes {
     /// Operations run.
     pub(crate) ops: u64,
-    /// Decode sides chosen by load (`reason = load`).
+    /// Decode sides chosen by the row's cost (`reason = load`; `kv_aware` for the KV row).
     pub(crate) by_load: u64,
     /// Picks that carried a prefill worker.
     pub(crate) with_prefill: u64,
@@ -436,10 +436,14 @@ impl<'f> Sim<'f> {
         let dispatch_allocs = thread_allocations().wrapping_sub(allocs_before);
         if let Some(o) = self.outcomes.get_mut(kind as usize) {
             o.ops += 1;
-            o.by_load += u64::from(matches!(
-                d.reason,
-                SelectionReason::Load | SelectionReason::KvAware
-            ));
+            // The row's own cost decided: `load`, or `kv_aware` for the KV row (a KV pick that
+            // fell back to load would mean its fixture matched nothing).
+            let by_cost = if kind == Kind::PickKvAgg {
+                SelectionReason::KvAware
+            } else {
+                SelectionReason::Load
+            };
+            o.by_load += u64::from(d.reason == by_cost);
             o.with_prefill += u64::from(pick.prefill.is_some());
             o.dispatch_allocs += dispatch_allocs;
         }
@@ -492,7 +496,7 @@ mod tests {
         let mut sim = Sim::new(&f.view, body.as_bytes()).unwrap();
         assert_eq!(sim.keys(), f.keys);
         for _ in 0..1_000 {
-            for kind in [Kind::Rr, Kind::PickAgg, Kind::PickPd] {
+            for kind in [Kind::Rr, Kind::PickAgg, Kind::PickPd, Kind::PickKvAgg] {
                 assert!(sim.op(kind).unwrap() > 0);
             }
             sim.advance(3);
@@ -501,6 +505,8 @@ mod tests {
         let pd = sim.outcomes(Kind::PickPd);
         assert_eq!((agg.ops, agg.by_load, agg.with_prefill), (1_000, 1_000, 0));
         assert_eq!((pd.ops, pd.by_load, pd.with_prefill), (1_000, 1_000, 1_000));
+        let kv = sim.outcomes(Kind::PickKvAgg);
+        assert_eq!((kv.ops, kv.by_load, kv.with_prefill), (1_000, 1_000, 0));
         assert_eq!(sim.outcomes(Kind::Rr).ops, 1_000);
     }
 }
