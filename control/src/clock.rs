@@ -15,17 +15,6 @@ pub(crate) fn wall() -> SystemTime {
     SystemTime::now()
 }
 
-static ORIGIN: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
-
-/// Now as `continuum_core::clock::Instant` (time since this module's first use), the form core
-/// logic takes its time in.
-pub(crate) fn now() -> continuum_core::clock::Instant {
-    let origin = *ORIGIN.get_or_init(instant);
-    continuum_core::clock::Instant::from_origin(origin.elapsed())
-}
-
-/// A core instant from [`now`] as a `std` instant (to sleep until it).
-pub(crate) fn to_std(at: continuum_core::clock::Instant) -> Instant {
-    let origin = *ORIGIN.get_or_init(instant);
-    origin + at.since_origin()
-}
+/// The process clock as `continuum_core::clock::Instant`, the form core logic takes its time in,
+/// and back: the shards' one timeline, so the control thread's instants compare with theirs.
+pub(crate) use continuum_shards::clock::{now, to_std};

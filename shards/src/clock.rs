@@ -12,10 +12,17 @@ use continuum_core::clock::Instant;
 
 static ORIGIN: OnceLock<StdInstant> = OnceLock::new();
 
-/// Now, on the process clock.
-pub(crate) fn now() -> Instant {
+/// Now, on the process clock (the one timeline of the process: the control thread reads it
+/// too).
+pub fn now() -> Instant {
     let origin = *ORIGIN.get_or_init(instant);
     Instant::from_origin(origin.elapsed())
+}
+
+/// A process-clock instant as a `std` instant (to sleep until it).
+pub fn to_std(at: Instant) -> StdInstant {
+    let origin = *ORIGIN.get_or_init(instant);
+    origin + at.since_origin()
 }
 
 /// Now, as a `std` instant (deadlines, elapsed times).

@@ -65,12 +65,19 @@ pub struct Remote {
 }
 
 impl Remote {
-    /// From the environment (`HF_ENDPOINT`, `HF_TOKEN`) and the system roots.
+    /// From the environment (`HF_ENDPOINT`, `HF_TOKEN`) and the system roots (read once per
+    /// process, on the first call: reading them parses every file of the system's store).
     pub fn from_env(allow_http: bool) -> Remote {
-        let tls = crate::tls::system_roots()
-            .and_then(crate::tls::client_config)
-            .map_err(|e| tracing::debug!(error = %e, "no TLS trust for https artifacts"))
-            .ok();
+        static SYSTEM_TRUST: std::sync::OnceLock<Option<Arc<rustls::ClientConfig>>> =
+            std::sync::OnceLock::new();
+        let tls = SYSTEM_TRUST
+            .get_or_init(|| {
+                crate::tls::system_roots()
+                    .and_then(crate::tls::client_config)
+                    .map_err(|e| tracing::debug!(error = %e, "no TLS trust for https artifacts"))
+                    .ok()
+            })
+            .clone();
         Remote {
             allow_http,
             hf_endpoint: std::env::var("HF_ENDPOINT")

@@ -123,10 +123,19 @@ impl KvArtifacts {
 
     fn spawn_load(&self, job: LoadJob, config: &KvConfig) {
         let done = self.done.clone();
-        let remote = Remote::from_env(config.allow_http_artifacts);
+        let allow_http = config.allow_http_artifacts;
         let cache_dir = config.artifact_cache_dir.clone();
         tokio::spawn(async move {
             let key = job.key;
+            // Off the control loop: the first call reads the system's trust store.
+            let remote = tokio::task::spawn_blocking(move || Remote::from_env(allow_http))
+                .await
+                .unwrap_or_else(|_| Remote {
+                    allow_http,
+                    hf_endpoint: String::new(),
+                    hf_token: None,
+                    tls: None,
+                });
             let result = load(&job.set, &remote, cache_dir.as_deref()).await;
             let _ = done.send(LoadDone { key, result });
         });
