@@ -112,12 +112,11 @@ pub async fn fetch(artifact: &ArtifactRef, remote: &Remote) -> Result<Vec<u8>, F
     let bytes = match artifact.kind {
         UriKind::Path => read_file(&artifact.uri).await?,
         UriKind::File => read_file(artifact.uri.trim_start_matches("file://")).await?,
-        UriKind::Http | UriKind::Https => tokio::time::timeout(
-            FETCH_TIMEOUT,
-            get(&artifact.uri, None, remote.allow_http, remote),
-        )
-        .await
-        .map_err(|_| FetchError::Unreadable("timed out".into()))??,
+        UriKind::Http | UriKind::Https => {
+            tokio::time::timeout(FETCH_TIMEOUT, get(&artifact.uri, None, false, remote))
+                .await
+                .map_err(|_| FetchError::Unreadable("timed out".into()))??
+        }
         UriKind::Hf => {
             let url = hf_url(&artifact.uri, &remote.hf_endpoint)
                 .ok_or_else(|| FetchError::Unreadable("not hf://<org>/<repo>/<file>".into()))?;
@@ -171,18 +170,19 @@ pub fn hf_url(uri: &str, endpoint: &str) -> Option<String> {
     Some(format!("{endpoint}/{org}/{repo}/resolve/{rev}/{file}"))
 }
 
-/// GET `url`, following redirects (plain `http://` only when `allow_plain`: the artifact
-/// policy for `http(s)://` locations; always for the Hub, whose endpoint the operator names),
-/// reading at most 64 MiB.
+/// GET `url`, following redirects, reading at most 64 MiB. Plain `http://` is read only where
+/// `allow_http_artifacts` allows it, except the first hop when `plain_first` (the Hub's
+/// endpoint, which the operator names): a redirect never escapes the location policy.
 async fn get(
     url: &str,
     bearer: Option<&str>,
-    allow_plain: bool,
+    plain_first: bool,
     remote: &Remote,
 ) -> Result<Vec<u8>, FetchError> {
     let mut url = url.to_owned();
     let mut first_origin: Option<(String, u16, bool)> = None;
-    for _ in 0..=MAX_REDIRECTS {
+    for hop in 0..=MAX_REDIRECTS {
+        let allow_plain = remote.allow_http || (hop == 0 && plain_first);
         let uri: http::Uri = url
             .parse()
             .map_err(|_| FetchError::Unreadable(format!("not a URL: {url}")))?;
@@ -273,7 +273,7 @@ async fn get(
 /// [`get`] of a plain location under `remote`'s http policy (tests).
 #[cfg(test)]
 pub(super) async fn get_for_tests(url: &str, remote: &Remote) -> Result<Vec<u8>, FetchError> {
-    get(url, None, remote.allow_http, remote).await
+    get(url, None, false, remote).await
 }
 
 /// Send one request on a fresh HTTP/1.1 connection.
@@ -298,8 +298,17 @@ where
 
 /// A redirect target made absolute against the URL that answered it.
 fn absolute(base: &str, location: &str) -> String {
-    if location.contains("://") {
+    // RFC 3986: a scheme ends at the first ':' that comes before any '/', '?' or '#'.
+    let scheme = location
+        .find([':', '/', '?', '#'])
+        .filter(|&i| i > 0 && location[i..].starts_with(':'));
+    if scheme.is_some() {
         return location.to_owned();
+    }
+    if location.starts_with("//") {
+        // Scheme-relative: the base's scheme, the location's authority.
+        let scheme_end = base.find("://").map_or(0, |s| s + 1);
+        return format!("{}{location}", &base[..scheme_end]);
     }
     let origin_end = base
         .find("://")
@@ -342,6 +351,13 @@ mod tests {
         assert_eq!(absolute("http://h:1/a/b", "/c"), "http://h:1/c");
         assert_eq!(absolute("http://h:1/a/b", "c"), "http://h:1/a/c");
         assert_eq!(absolute("http://h:1", "/c"), "http://h:1/c");
+        // Scheme-relative: another authority, the base's scheme.
+        assert_eq!(absolute("https://h:1/a/b", "//x:2/y"), "https://x:2/y");
+        // A "://" in a relative location's query is not a scheme.
+        assert_eq!(
+            absolute("http://h:1/a/b", "c?next=http://x/"),
+            "http://h:1/a/c?next=http://x/"
+        );
     }
 
     #[test]

@@ -199,6 +199,20 @@ async fn hf_references_use_the_hub_route_and_send_the_token_to_the_hub_only() {
         !cdn_seen[0].to_ascii_lowercase().contains("authorization"),
         "the token stays with the Hub: {cdn_seen:?}"
     );
+    // The operator's plain-http Hub endpoint is read, but its redirect to a plain-http host is
+    // not without allow_http_artifacts.
+    let mut strict = r;
+    strict.allow_http = false;
+    assert!(matches!(
+        fetch(&a, &strict).await,
+        Err(FetchError::Refused(_))
+    ));
+    assert_eq!(hub.seen.lock().expect("log").len(), 2, "the Hub was asked");
+    assert_eq!(
+        cdn.seen.lock().expect("log").len(),
+        1,
+        "the redirect was not followed"
+    );
 }
 
 #[tokio::test]
