@@ -20,7 +20,9 @@
 //!
 //! Invariants:
 //! - at most [`PENDING`] predictions wait per shard: beyond that a pick is simply not checked (a
-//!   sample, never a queue that grows), and at most [`MAX_MODELS`] model names are kept;
+//!   sample, never a queue that grows), and at most [`MAX_MODELS`] model names are kept (those
+//!   no waiting prediction names are forgotten at each check once there are more than
+//!   [`PENDING`]);
 //! - posting allocates nothing once the ring has reached its capacity and the model is known;
 //! - nothing here reads a clock: times come in as arguments.
 
@@ -158,7 +160,33 @@ impl Predictions {
                 }
                 None => true,
             }
-        });
+        }); // Names are kept only while a prediction names them: models come and go over a
+        // process's life, and the table must not fill up for good.
+        if self.models.len() > PENDING {
+            self.compact();
+        }
+    }
+
+    /// Keep only the model names a waiting prediction names (housekeeping, never a request).
+    fn compact(&mut self) {
+        let mut remap = vec![u16::MAX; self.models.len()];
+        let mut kept: Vec<Box<str>> = Vec::with_capacity(self.pending.len());
+        for p in &mut self.pending {
+            let Some(slot) = remap.get_mut(usize::from(p.model)) else {
+                continue;
+            };
+            if *slot == u16::MAX {
+                let name = self
+                    .models
+                    .get_mut(usize::from(p.model))
+                    .map(std::mem::take)
+                    .unwrap_or_default();
+                *slot = u16::try_from(kept.len()).unwrap_or(u16::MAX);
+                kept.push(name);
+            }
+            p.model = *slot;
+        }
+        self.models = kept;
     }
 }
 
