@@ -317,12 +317,21 @@ enum Reported {
 
 #[derive(Debug)]
 enum Entry<P> {
-    Loading { bytes: u64 },
+    Loading {
+        bytes: u64,
+    },
     /// A load still running for a set no model names any more: it still counts against the
     /// concurrency and byte limits until it ends, and its result is dropped.
-    Abandoned { bytes: u64 },
-    Loaded { pipeline: Arc<P>, bytes: u64 },
-    Failed { at: Instant },
+    Abandoned {
+        bytes: u64,
+    },
+    Loaded {
+        pipeline: Arc<P>,
+        bytes: u64,
+    },
+    Failed {
+        at: Instant,
+    },
 }
 
 /// The supervisor's memory between plans.

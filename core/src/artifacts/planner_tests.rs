@@ -254,16 +254,28 @@ fn a_set_that_leaves_and_returns_while_loading_is_not_loaded_twice() {
     let cfg = pinned(&[1, 2, 3, 4]);
     assert_eq!(p.plan(&[model("a", a.clone())], &cfg, at(0)).start.len(), 1);
     // `a` leaves while its load runs: the load still holds the one concurrency slot.
-    assert!(p.plan(&[model("b", b.clone())], &cfg, at(1)).start.is_empty());
+    assert!(
+        p.plan(&[model("b", b.clone())], &cfg, at(1))
+            .start
+            .is_empty()
+    );
     assert_eq!(p.loading(), 1);
     // `a` comes back: its running load is taken back, not started again.
-    assert!(p.plan(&[model("a", a.clone())], &cfg, at(2)).start.is_empty());
+    assert!(
+        p.plan(&[model("a", a.clone())], &cfg, at(2))
+            .start
+            .is_empty()
+    );
     p.finished(a.key(), Ok(("a", 1)), at(3));
     assert_eq!((p.loading(), p.loaded()), (0, 1));
     // `a` is dropped and `b` loads; `b` leaves mid-load: its result is dropped when it ends,
     // and only then does the slot free.
     assert_eq!(p.plan(&[model("b", b.clone())], &cfg, at(4)).start.len(), 1);
-    assert!(p.plan(&[model("a", a.clone())], &cfg, at(5)).start.is_empty());
+    assert!(
+        p.plan(&[model("a", a.clone())], &cfg, at(5))
+            .start
+            .is_empty()
+    );
     p.finished(b.key(), Ok(("b", 1)), at(6));
     assert_eq!((p.loading(), p.loaded()), (0, 0));
     assert_eq!(p.plan(&[model("a", a)], &cfg, at(7)).start.len(), 1);
