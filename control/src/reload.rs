@@ -186,6 +186,7 @@ impl State {
                 self.publisher_addrs.clone(),
                 Some(&previous),
             )
+            .with_load_slots(&self.params.load_store.view())
             .with_prompts(self.kv.table()),
         );
         self.params.shards.reload_all();

@@ -21,6 +21,7 @@ use crate::auth::AuthTable;
 use crate::config::{BackendConfig, Config};
 use crate::discovery::{FleetView, PublisherId};
 use crate::health::HealthTable;
+use crate::load::LoadView;
 use crate::picker::FleetCandidates;
 use crate::prompt::PromptPipeline;
 use crate::shim::ShimRoutes;
@@ -180,6 +181,16 @@ impl RouterSnapshot {
             publisher_addrs,
             prompts: Arc::default(),
         }
+    }
+
+    /// The same snapshot with its candidate table's cell hints read from `load` (the control
+    /// thread calls this after the store admitted the fleet's keys); a table already bound to
+    /// `load`'s generation is kept as is.
+    pub fn with_load_slots(mut self, load: &LoadView<'_>) -> Self {
+        if self.fleet_candidates.bound_to() != Some(load.generation()) {
+            self.fleet_candidates = Arc::new(self.fleet_candidates.rebound(load));
+        }
+        self
     }
 
     /// The same snapshot with `prompts` as its prompt pipelines (the control thread's KV

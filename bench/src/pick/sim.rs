@@ -253,9 +253,11 @@ impl<'f> Sim<'f> {
         let ledger = DispatchLedger::new();
         let other = DispatchLedger::new();
         let tables = vec![ledger.table(), other.table()];
+        // Bound to the store's generation, as the control thread publishes it.
+        let candidates = FleetCandidates::build_bound(&Arc::new(fleet.clone()), &store.view());
         let mut sim = Self {
             fleet,
-            candidates: FleetCandidates::build(&Arc::new(fleet.clone())),
+            candidates,
             body,
             namespaces: [NAMESPACE],
             store,

@@ -124,6 +124,8 @@ pub(crate) struct KeyEntry {
 /// The published map of one generation.
 #[derive(Debug, Default)]
 pub(crate) struct SlotMap {
+    /// Which `set_live_and_retain` published this map (0: the empty map of a new store).
+    pub(crate) generation: u64,
     pub(crate) live: LiveSet,
     /// Sorted by key.
     pub(crate) keys: Vec<KeyEntry>,
@@ -133,9 +135,14 @@ pub(crate) struct SlotMap {
 
 impl SlotMap {
     /// The map of `keys` (sorted by key) for `live`, with its lookup index.
-    pub(crate) fn new(live: LiveSet, keys: Vec<KeyEntry>) -> Self {
+    pub(crate) fn new(generation: u64, live: LiveSet, keys: Vec<KeyEntry>) -> Self {
         let index = KeyIndex::build(&keys);
-        Self { live, keys, index }
+        Self {
+            generation,
+            live,
+            keys,
+            index,
+        }
     }
 
     /// The entry of `key`: one probe run of the hashed index (a pick looks up every candidate
@@ -302,7 +309,7 @@ mod tests {
                 .collect();
             keys.sort_by_key(|e| e.key);
             keys.dedup_by_key(|e| e.key);
-            let map = SlotMap::new(LiveSet::default(), keys.clone());
+            let map = SlotMap::new(0, LiveSet::default(), keys.clone());
             for e in &keys {
                 assert_eq!(map.entry(e.key), Some(e), "n={n}: {e:?}");
                 let by_search = keys.binary_search_by_key(&e.key, |k| k.key).ok();

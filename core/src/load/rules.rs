@@ -20,7 +20,7 @@ use std::time::Duration;
 use crate::clock::Instant;
 
 use super::dispatch::{Inflight, InflightReader};
-use super::store::{KeyRead, LoadView};
+use super::store::{KeyRead, LoadView, SlotRef};
 use super::{LoadKey, SampleView};
 
 /// A picker stage: which backlog field its cost uses.
@@ -57,6 +57,25 @@ impl KeyLoad {
             }
             Err(_) => Self::default(),
         }
+    }
+
+    /// [`KeyLoad::assess`] through a cell hint (a [`SlotRef`] read from some earlier view of
+    /// the store): the hint is used while the cell still carries its epoch, i.e. still belongs
+    /// to `key`; otherwise (or without a hint) the key is looked up.
+    pub fn assess_hinted(
+        view: &LoadView<'_>,
+        inflight: &InflightReader<'_>,
+        key: LoadKey,
+        hint: Option<SlotRef>,
+        now: Instant,
+    ) -> Self {
+        if let Some(s) = hint
+            && let Some(read) = view.read_slot_checked(s)
+        {
+            let inflight = inflight.inflight_slot(s, &read, now);
+            return Self { read, inflight };
+        }
+        Self::assess(view, inflight, key, now)
     }
 
     /// The sample, if received within `max_age`.

@@ -94,6 +94,8 @@ struct Control {
     free: Vec<u32>,
     next_unused: u32,
     next_epoch: u64,
+    /// The generation of the last published map.
+    generation: u64,
 }
 
 /// The load store (module docs: `super`).
@@ -247,7 +249,9 @@ impl LoadStore {
             removed: plan.removed.len(),
             over_capacity: plan.over_capacity,
         };
-        self.map.store(Arc::new(SlotMap::new(live.clone(), keys)));
+        ctl.generation = ctl.generation.wrapping_add(1);
+        self.map
+            .store(Arc::new(SlotMap::new(ctl.generation, live.clone(), keys)));
         report
     }
 
@@ -382,6 +386,12 @@ impl LoadView<'_> {
             (true, ApplyOutcome::Applied)
         });
         outcome.unwrap_or(ApplyOutcome::Refused(Refusal::IdentityMismatch))
+    }
+
+    /// Which admission (`set_live_and_retain` call) published this view's map: slots read from
+    /// one generation stay valid while later views report the same number.
+    pub fn generation(&self) -> u64 {
+        self.map.generation
     }
 
     /// The live set of this generation.

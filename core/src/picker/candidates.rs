@@ -17,16 +17,19 @@
 //! - a model whose ranks would exceed [`MAX_CANDIDATES`] is not tabulated (its picks scan), so a
 //!   fleet-declared `data_parallel_size` can never make the table large;
 //! - a table answers only for the fleet view it was built from ([`FleetCandidates::is_for`]): it
-//!   keeps a `Weak` of that view's allocation, so a later view can never share its address.
+//!   keeps a `Weak` of that view's allocation, so a later view can never share its address;
+//! - every rank carries the figures a pick reads ([`RankCard`]: instance id, block size,
+//!   capacities) and, when the table was built against a load-store generation, the rank's cell
+//!   ([`SlotRef`]) as a hint: a read through a hint checks the cell's epoch and falls back to the
+//!   key lookup when the cell was reassigned, so a stale hint costs a lookup, never a wrong load.
 
 use std::ops::ControlFlow;
 use std::sync::{Arc, Weak};
 
-use crate::discovery::{FleetView, Role};
+use crate::discovery::{FleetView, InstanceId, Role, Worker};
+use crate::load::{LoadKey, LoadView, MAX_LOAD_KEYS, SlotRef};
 
 use super::PickInput;
-use crate::discovery::Worker;
-use crate::load::MAX_LOAD_KEYS;
 
 /// The most candidates one stage considers (the load store holds at most this many keys).
 pub const MAX_CANDIDATES: usize = MAX_LOAD_KEYS;
@@ -102,6 +105,46 @@ pub struct RankRef {
     pub rank: u32,
     /// The worker's role (never `Unknown`: such workers are not routed).
     pub role: Role,
+    /// What a pick reads of the worker, copied so that a pick never touches `Worker`.
+    pub card: RankCard,
+}
+
+impl RankRef {
+    /// The rank `rank` of `fleet.workers[worker]`, with no cell hint.
+    pub(super) fn of(worker: u32, w: &Worker, rank: u32) -> Self {
+        Self {
+            worker,
+            rank,
+            role: w.role,
+            card: RankCard {
+                instance_id: w.instance_id,
+                block_size: w.block_size,
+                total_kv_blocks: w.capacity.total_kv_blocks,
+                max_num_batched_tokens: w.capacity.max_num_batched_tokens,
+                slot: None,
+            },
+        }
+    }
+
+    /// The load-store key of this rank.
+    pub fn key(&self) -> LoadKey {
+        LoadKey::new(self.card.instance_id, self.rank)
+    }
+}
+
+/// The figures of a rank's worker a pick reads, and the rank's load-store cell when known.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RankCard {
+    /// The worker's instance id.
+    pub instance_id: InstanceId,
+    /// `kv_cache_block_size`.
+    pub block_size: Option<u32>,
+    /// `runtime_config.total_kv_blocks`.
+    pub total_kv_blocks: Option<u64>,
+    /// `runtime_config.max_num_batched_tokens`.
+    pub max_num_batched_tokens: Option<u64>,
+    /// The rank's cell in the load-store generation the table was bound to (a hint: module docs).
+    pub slot: Option<SlotRef>,
 }
 
 /// One namespace run of a model.
@@ -119,13 +162,50 @@ struct Run {
 #[derive(Debug, Default)]
 pub struct FleetCandidates {
     fleet: Weak<FleetView>,
+    /// The load-store generation whose cells the ranks carry, if any.
+    bound: Option<u64>,
     /// Sorted by model name.
     models: Vec<(Box<str>, Vec<Run>)>,
 }
 
 impl FleetCandidates {
-    /// The table of `fleet` (O(workers + ranks)).
+    /// The table of `fleet` (O(workers + ranks)), without cell hints.
     pub fn build(fleet: &Arc<FleetView>) -> Self {
+        Self::build_with(fleet, None)
+    }
+
+    /// The table of `fleet` with every rank's cell in `load`'s generation (O(workers + ranks)
+    /// lookups). Build it after the store admitted this fleet's keys.
+    pub fn build_bound(fleet: &Arc<FleetView>, load: &LoadView<'_>) -> Self {
+        Self::build_with(fleet, Some(load))
+    }
+
+    /// This table with every rank's cell hint read from `load`'s generation (O(ranks) lookups).
+    pub fn rebound(&self, load: &LoadView<'_>) -> Self {
+        let models = self
+            .models
+            .iter()
+            .map(|(name, runs)| {
+                let mut runs = runs.clone();
+                for r in runs.iter_mut().flat_map(|run| run.ranks.iter_mut()) {
+                    r.card.slot = load.slot(r.key()).ok();
+                }
+                (name.clone(), runs)
+            })
+            .collect();
+        Self {
+            fleet: self.fleet.clone(),
+            bound: Some(load.generation()),
+            models,
+        }
+    }
+
+    /// The load-store generation this table's hints come from (`None`: no hints).
+    pub fn bound_to(&self) -> Option<u64> {
+        self.bound
+    }
+
+    fn build_with(fleet: &Arc<FleetView>, load: Option<&LoadView<'_>>) -> Self {
         let workers = fleet.workers.as_slice();
         // (model, runs, ranks so far); a model past the cap is dropped and remembered in `over`.
         let mut models: Vec<(Box<str>, Vec<Run>, usize)> = Vec::new();
@@ -172,10 +252,10 @@ impl FleetCandidates {
                 });
             }
             if let Some(run) = runs.last_mut() {
-                run.ranks.extend(declared_ranks(w).map(|rank| RankRef {
-                    worker,
-                    rank,
-                    role: w.role,
+                run.ranks.extend(declared_ranks(w).map(|rank| {
+                    let mut r = RankRef::of(worker, w, rank);
+                    r.card.slot = load.and_then(|v| v.slot(r.key()).ok());
+                    r
                 }));
             }
         }
@@ -191,6 +271,7 @@ impl FleetCandidates {
             .collect();
         Self {
             fleet: Arc::downgrade(fleet),
+            bound: load.map(LoadView::generation),
             models,
         }
     }
@@ -266,11 +347,7 @@ fn scan_run(
             return ControlFlow::Break(());
         };
         for rank in declared_ranks(w) {
-            f(RankRef {
-                worker,
-                rank,
-                role: w.role,
-            })?;
+            f(RankRef::of(worker, w, rank))?;
         }
     }
     ControlFlow::Continue(())
@@ -305,3 +382,7 @@ pub(super) fn visit_namespace_ranks(
 #[cfg(test)]
 #[path = "candidates_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "candidates_bound_tests.rs"]
+mod bound_tests;

@@ -62,7 +62,7 @@ use std::ops::ControlFlow;
 
 use crate::discovery::{InstanceId, Role, Worker};
 use crate::load::rules::{KeyLoad, Stage, Standing, any_fresh, classify, stage_backlog};
-use crate::load::{Inflight, LoadKey};
+use crate::load::{Inflight, LoadKey, SlotRef};
 
 use super::candidates::{RankRef, visit_namespace_ranks, visit_ranks};
 use super::kv_conditional::{
@@ -122,6 +122,8 @@ pub struct ScoredCandidate {
 #[derive(Debug, Default)]
 pub struct KvScratch {
     scored: Vec<ScoredCandidate>,
+    /// Each scored candidate's load-store cell hint ([`super::RankCard::slot`]).
+    hints: Vec<Option<SlotRef>>,
     loads: Vec<KeyLoad>,
     /// The candidates by rank, for the overlap source's reports.
     ranks: RankIndex,
@@ -155,30 +157,32 @@ pub fn score_candidates<'s>(
 /// The cost of one competing rank: `(params, isl, block_size, overlap_blocks, terms)`.
 type CostFn = fn(&KvParams, u64, u32, u32, KvTerms) -> Option<f64>;
 
+/// Where a push of candidates goes: the candidates and, index for index, their cell hints.
+type Pushed<'a> = (&'a mut Vec<ScoredCandidate>, &'a mut Vec<Option<SlotRef>>);
+
 /// Scores the ranks `push` adds, each group by its own backlog rules (module docs), with `cost`.
 fn score_with<'s>(
     input: &PickInput<'_>,
     params: &KvParams,
     scratch: &'s mut KvScratch,
-    push: impl FnOnce(&PickInput<'_>, &mut Vec<ScoredCandidate>),
+    push: impl FnOnce(&PickInput<'_>, Pushed<'_>),
     cost: CostFn,
 ) -> &'s [ScoredCandidate] {
     let KvScratch {
         scored,
+        hints,
         loads,
         ranks,
         ..
     } = scratch;
     scored.clear();
+    hints.clear();
     loads.clear();
-    push(input, scored);
+    push(input, (&mut *scored, &mut *hints));
     read_overlap(input.prompt_blocks, input.overlap, scored, ranks);
-    for c in scored.iter() {
-        loads.push(
-            input
-                .loads
-                .key_load(LoadKey::new(c.instance_id, c.dp_rank), input.now),
-        );
+    for (c, hint) in scored.iter().zip(hints.iter()) {
+        let key = LoadKey::new(c.instance_id, c.dp_rank);
+        loads.push(input.loads.rank_load(key, *hint, input.now));
     }
     let isl = input.prompt_tokens.get();
     for prefill_group in [true, false] {
@@ -220,31 +224,31 @@ fn score_with<'s>(
 }
 
 /// Pushes the KV-stage candidate ranks in candidate order (module docs).
-fn push_candidates(input: &PickInput<'_>, scored: &mut Vec<ScoredCandidate>) {
+fn push_candidates(input: &PickInput<'_>, (scored, hints): Pushed<'_>) {
     let kv_stage = |role: Role, pool: bool| match role {
         Role::Prefill => pool,
         Role::Decode | Role::Aggregated => !pool,
         Role::Unknown => false,
     };
-    let workers = input.fleet.workers.as_slice();
-    visit_ranks(input, &kv_stage, &mut |r, _| push_rank(scored, workers, r));
+    visit_ranks(input, &kv_stage, &mut |r, _| push_rank(scored, hints, r));
 }
 
 /// Pushes the candidate of rank `r`; breaks once [`MAX_CANDIDATES`] are held.
-fn push_rank(scored: &mut Vec<ScoredCandidate>, workers: &[Worker], r: RankRef) -> ControlFlow<()> {
+fn push_rank(
+    scored: &mut Vec<ScoredCandidate>,
+    hints: &mut Vec<Option<SlotRef>>,
+    r: RankRef,
+) -> ControlFlow<()> {
     if scored.len() >= MAX_CANDIDATES {
         return ControlFlow::Break(());
     }
-    let worker = r.worker as usize;
-    let Some(w) = workers.get(worker) else {
-        return ControlFlow::Continue(());
-    };
+    hints.push(r.card.slot);
     scored.push(ScoredCandidate {
-        worker,
-        instance_id: w.instance_id,
+        worker: r.worker as usize,
+        instance_id: r.card.instance_id,
         dp_rank: r.rank,
-        role: w.role,
-        block_size: w.block_size.unwrap_or(0),
+        role: r.role,
+        block_size: r.card.block_size.unwrap_or(0),
         overlap_blocks: 0,
         terms: KvTerms::default(),
         status: KvStatus::NoBacklog,
@@ -428,10 +432,9 @@ impl KvAwarePicker {
         let workers = input.fleet.workers.as_slice();
         let pw = workers.get(prefill.worker).ok_or(NoWorker)?;
         let ns_start = workers.partition_point(|x| x.namespace < pw.namespace);
-        let push = |input: &PickInput<'_>, scored: &mut Vec<ScoredCandidate>| {
-            let workers = input.fleet.workers.as_slice();
+        let push = |input: &PickInput<'_>, (scored, hints): Pushed<'_>| {
             visit_namespace_ranks(input, ns_start, Role::Decode, &mut |r| {
-                push_rank(scored, workers, r)
+                push_rank(scored, hints, r)
             });
         };
         score_with(

@@ -34,17 +34,18 @@ use crate::load::rules::{
 };
 use crate::load::{LoadKey, request_blocks};
 
-use super::candidates::{MAX_CANDIDATES, RankRef, visit_namespace_ranks, visit_ranks};
+use super::candidates::{MAX_CANDIDATES, RankCard, RankRef, visit_namespace_ranks, visit_ranks};
 use super::{
     Chosen, DpRankHeaders, MAX_PICKS, NoWorker, Pick, PickInput, PickerCursors, Picks,
     SelectionReason, WorkerPicker,
 };
 
-/// One candidate rank: an index into `fleet.workers` and the rank.
+/// One candidate rank: an index into `fleet.workers`, the rank and what a pick reads of it.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Slot {
     pub(super) worker: usize,
     pub(super) rank: u32,
+    pub(super) card: RankCard,
 }
 
 /// Caller-owned scratch buffers, reused across picks (one per shard). After warm-up a pick
@@ -85,6 +86,7 @@ impl PickScratch {
         self.slots.push(Slot {
             worker: r.worker as usize,
             rank: r.rank,
+            card: r.card,
         });
         ControlFlow::Continue(())
     }
@@ -142,27 +144,26 @@ fn select_stage(
     stage: Stage,
     cursor: &mut u64,
 ) -> Option<(usize, Slot, SelectionReason)> {
-    let workers = &input.fleet.workers;
     let now = input.now;
     let max_age = input.max_staleness;
     scratch.loads.clear();
     scratch.candidates.clear();
     for s in &scratch.slots {
-        let id = workers.get(s.worker)?.instance_id;
-        let load = input.loads.key_load(LoadKey::new(id, s.rank), now);
+        let key = LoadKey::new(s.card.instance_id, s.rank);
+        let load = input.loads.rank_load(key, s.card.slot, now);
         scratch.loads.push(load);
     }
     let judge = any_fresh(&scratch.loads, max_age, now);
     for (s, load) in scratch.slots.iter().zip(&scratch.loads) {
-        let w = workers.get(s.worker)?;
+        let card = &s.card;
         let standing = classify(load, max_age, now, judge);
         let b = stage_backlog(standing, &load.inflight, stage);
         let cost = b.backlog.and_then(|backlog| match stage {
-            Stage::Prefill => Cost::prefill(backlog, w.capacity.max_num_batched_tokens),
+            Stage::Prefill => Cost::prefill(backlog, card.max_num_batched_tokens),
             Stage::Decode => Cost::decode(
                 backlog,
-                request_blocks(input.prompt_tokens.get(), w.block_size)?,
-                w.capacity.total_kv_blocks,
+                request_blocks(input.prompt_tokens.get(), card.block_size)?,
+                card.total_kv_blocks,
             ),
         });
         scratch.candidates.push(Candidate {

@@ -71,9 +71,9 @@ use crate::clock::Instant;
 use crate::discovery::{FleetView, InstanceId};
 use crate::headers::PinHeaders;
 use crate::load::rules::{KeyLoad, SelectReason};
-use crate::load::{InflightReader, LoadKey, LoadView};
+use crate::load::{InflightReader, LoadKey, LoadView, SlotRef};
 
-pub use candidates::{FleetCandidates, MAX_CANDIDATES, RankRef};
+pub use candidates::{FleetCandidates, MAX_CANDIDATES, RankCard, RankRef};
 pub use estimate::{PromptTokens, estimate_prompt_tokens};
 pub use kv_aware::{KvAwarePicker, KvScratch, KvStatus, ScoredCandidate, score_candidates};
 pub use kv_conditional::{
@@ -89,6 +89,12 @@ pub use load_based::{LoadBasedPicker, PickScratch, pick_load_based};
 pub trait LoadSource {
     /// What is known about `key` at `now` (see [`KeyLoad::assess`]).
     fn key_load(&self, key: LoadKey, now: Instant) -> KeyLoad;
+
+    /// The same through a cell hint ([`RankCard::slot`]); the default ignores the hint.
+    fn rank_load(&self, key: LoadKey, hint: Option<SlotRef>, now: Instant) -> KeyLoad {
+        let _ = hint;
+        self.key_load(key, now)
+    }
 }
 
 /// The production [`LoadSource`]: a store view and every shard's in-flight tables.
@@ -114,6 +120,10 @@ impl fmt::Debug for StoreLoads<'_, '_, '_> {
 impl LoadSource for StoreLoads<'_, '_, '_> {
     fn key_load(&self, key: LoadKey, now: Instant) -> KeyLoad {
         KeyLoad::assess(self.view, self.inflight, key, now)
+    }
+
+    fn rank_load(&self, key: LoadKey, hint: Option<SlotRef>, now: Instant) -> KeyLoad {
+        KeyLoad::assess_hinted(self.view, self.inflight, key, hint, now)
     }
 }
 
