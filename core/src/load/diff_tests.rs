@@ -61,6 +61,12 @@ impl Rig {
         self.ledgers[shard].dispatch(&view, k, load, now)
     }
 
+    fn finish(&mut self, shard: usize, id: DispatchId) {
+        let now = self.now();
+        let view = self.store.view();
+        self.ledgers[shard].finish(&view, id, now);
+    }
+
     /// Refreshes every shard (as each does before a pick or on its tick), then reads.
     fn loads(&mut self, keys: &[LoadKey]) -> Vec<KeyLoad> {
         let now = self.now();
@@ -318,6 +324,81 @@ fn stall_after_five_seconds_until_a_sample_or_expiry() {
     assert_eq!(rig.standings(&keys)[0], Standing::Quiet);
 }
 
+/// The measured race on real mockers: the worker's last sample was taken while the request ran
+/// (it shows its blocks); the request finishes; the worker's idle sample comes ~2 ms later. In
+/// between, the finished request must not count against the worker (it is a credit off that
+/// sample), on every shard's reader, writer refreshed or not; the next sample ends the credit.
+#[test]
+fn a_finished_answered_request_stops_counting_before_the_worker_s_next_sample() {
+    let mut rig = Rig::new(&[(1, 1), (2, 1)]);
+    let keys = [key(1, 0), key(2, 0)];
+    rig.sample(keys[0], sample(11, 1, None, None));
+    rig.sample(keys[1], sample(12, 1, Some(0), None));
+    rig.clock.advance(Duration::from_millis(1));
+    let id = rig.dispatch(0, keys[0], aggregated(640)).unwrap(); // 40 blocks of 16
+    let other = rig.dispatch(1, keys[0], aggregated(320)).unwrap(); // 20 blocks, unanswered
+    rig.clock.advance(Duration::from_millis(1));
+    // The worker reports both requests running: 60 blocks, 960 prompt tokens in flight.
+    let mut running = sample(11, 2, Some(60), Some(960));
+    running.kv_used_blocks = Some(60);
+    rig.sample(keys[0], running);
+    rig.clock.advance(Duration::from_millis(1));
+    let late = rig.dispatch(1, keys[0], aggregated(64)).unwrap(); // after the sample: unanswered
+    let before = rig.loads(&keys)[0];
+    assert_eq!(
+        before
+            .fresh(MAX_AGE, rig.now())
+            .map(|s| s.sample.active_decode_blocks),
+        Some(Some(60))
+    );
+    assert_eq!(
+        before.inflight.decode_blocks, 4,
+        "only the dispatch after the sample is added"
+    );
+
+    rig.clock.advance(Duration::from_millis(20));
+    rig.finish(0, id);
+    rig.finish(1, late); // unanswered at its finish: it keeps counting until answered
+    for l in [rig.loads_unrefreshed(&keys)[0], rig.loads(&keys)[0]] {
+        let s = l.fresh(MAX_AGE, rig.now()).expect("fresh").sample;
+        assert_eq!(s.active_decode_blocks, Some(20), "{s:?}");
+        assert_eq!(s.kv_used_blocks, Some(20), "{s:?}");
+        assert_eq!(s.active_prefill_tokens, Some(320), "{s:?}");
+        assert_eq!(l.inflight.decode_blocks, 4);
+    }
+    // The worker's next sample (taken after the finish) ends the credit: it is read as sent.
+    rig.clock.advance(Duration::from_millis(2));
+    let mut idle = sample(11, 3, Some(20), Some(320));
+    idle.kv_used_blocks = Some(20);
+    rig.sample(keys[0], idle);
+    for l in [rig.loads_unrefreshed(&keys)[0], rig.loads(&keys)[0]] {
+        let s = l.fresh(MAX_AGE, rig.now()).expect("fresh").sample;
+        assert_eq!(
+            (s.active_decode_blocks, s.kv_used_blocks),
+            (Some(20), Some(20))
+        );
+        assert_eq!(
+            l.inflight.decode_blocks, 0,
+            "the late dispatch is answered now"
+        );
+    }
+    // A request that finishes after that sample credits again, against the new sample only.
+    rig.clock.advance(Duration::from_millis(1));
+    rig.finish(1, other);
+    let s = rig.loads(&keys)[0]
+        .fresh(MAX_AGE, rig.now())
+        .expect("fresh")
+        .sample;
+    assert_eq!(s.active_decode_blocks, Some(0));
+    assert_eq!(
+        rig.loads(&keys)[1]
+            .read
+            .sample
+            .map(|v| v.sample.active_decode_blocks),
+        Some(Some(0))
+    );
+}
+
 #[test]
 fn stall_ignores_pair_decode_and_finished_requests() {
     // LOAD-STORE-12
@@ -335,7 +416,7 @@ fn stall_ignores_pair_decode_and_finished_requests() {
     );
     rig.dispatch(0, keys[0], d);
     let id = rig.dispatch(1, keys[0], aggregated(100)).unwrap();
-    rig.ledgers[1].finish(id);
+    rig.finish(1, id);
     rig.clock.advance(secs(6));
     rig.sample(keys[1], sample(12, 1, Some(10), None));
     let l = rig.loads(&keys)[0];
@@ -408,6 +489,8 @@ struct RefDispatch {
     t: Instant,
     load: DispatchLoad,
     finished: bool,
+    /// When it finished answered and unexpired: it is then a credit of its key.
+    credited_at: Option<Instant>,
 }
 
 /// The spec, read literally, over the full history.
@@ -429,6 +512,34 @@ impl Model {
         self.held.insert(k, (s, t));
         self.receipts.push((k, t));
         ApplyOutcome::Applied
+    }
+
+    /// Finishes dispatch `i` at `now`: answered before and not expired, it becomes a credit.
+    fn finish(&mut self, i: usize, now: Instant) {
+        let d = self.dispatches[i];
+        let answered = self.receipts.iter().any(|(k, r)| *k == d.key && *r > d.t);
+        let unexpired = now < d.t.saturating_add(super::DISPATCH_TTL);
+        self.dispatches[i].finished = true;
+        self.dispatches[i].credited_at = (answered && unexpired).then_some(now);
+    }
+
+    /// What finished on `k` since its last receipt: credits whose finish is after it.
+    fn credit(&self, k: usize, stage: Stage) -> u64 {
+        let last = self
+            .receipts
+            .iter()
+            .filter(|(rk, _)| *rk == k)
+            .map(|(_, r)| *r)
+            .max();
+        self.dispatches
+            .iter()
+            .filter(|d| d.key == k)
+            .filter(|d| d.credited_at.is_some_and(|f| last.is_some_and(|r| r < f)))
+            .map(|d| match stage {
+                Stage::Prefill => d.load.prefill_tokens,
+                Stage::Decode => d.load.decode_blocks,
+            })
+            .sum()
     }
 
     fn counted(&self, d: &RefDispatch, now: Instant) -> bool {
@@ -468,17 +579,27 @@ impl Model {
                 if any_fresh && stalled {
                     return (None, false);
                 }
+                // The sample less what finished since it (credits).
+                let (pc, dc) = (
+                    self.credit(k, Stage::Prefill),
+                    self.credit(k, Stage::Decode),
+                );
+                let less = |v: Option<u64>, c: u64| v.map(|v| v.saturating_sub(c));
                 let field = |s: &Sample| match stage {
-                    Stage::Prefill => s.active_prefill_tokens,
-                    Stage::Decode => s.active_decode_blocks.or(s.kv_used_blocks),
+                    Stage::Prefill => less(s.active_prefill_tokens, pc),
+                    Stage::Decode => {
+                        less(s.active_decode_blocks, dc).or(less(s.kv_used_blocks, dc))
+                    }
                 };
                 if let Some(s) = self.fresh(k, now) {
                     return (field(&s).map(|v| v + extra), field(&s).is_some());
                 }
                 match self.held.get(&k) {
                     Some((s, _)) => {
-                        let d = s.active_decode_blocks.or(s.kv_used_blocks).unwrap_or(0);
-                        let p = s.active_prefill_tokens.unwrap_or(0);
+                        let d = less(s.active_decode_blocks, dc)
+                            .or(less(s.kv_used_blocks, dc))
+                            .unwrap_or(0);
+                        let p = less(s.active_prefill_tokens, pc).unwrap_or(0);
                         if d > 0 || p > 0 {
                             (None, false)
                         } else {
@@ -545,6 +666,7 @@ fn differential_against_a_reference_model() {
         0u64, 1, 10, 500, 1_000, 2_500, 3_000, 4_000, 5_000, 6_000, 30_000,
     ];
     let mut checks = 0u32;
+    let mut credited = 0u64;
     for seed in 1..=60u64 {
         let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
         let mut rig = Rig::new(&layout);
@@ -598,12 +720,13 @@ fn differential_against_a_reference_model() {
                         t: now,
                         load,
                         finished: false,
+                        credited_at: None,
                     });
                 }
                 6 if !ids.is_empty() => {
                     let (shard, id, i) = ids.swap_remove(rng.below(ids.len() as u64) as usize);
-                    rig.ledgers[shard].finish(id);
-                    model.dispatches[i].finished = true;
+                    rig.finish(shard, id);
+                    model.finish(i, now);
                 }
                 _ => rig.clock.advance(Duration::from_millis(
                     delays[rng.below(delays.len() as u64) as usize],
@@ -611,6 +734,7 @@ fn differential_against_a_reference_model() {
             }
             // Compare every step: standings → stage backlogs → selections.
             let now = rig.now();
+            credited += u64::from((0..4).any(|k| model.credit(k, Stage::Decode) > 0));
             let loads = rig.loads(&keys);
             let judge = any_fresh(&loads, MAX_AGE, now);
             for (si, (stage, caps)) in
@@ -643,4 +767,6 @@ fn differential_against_a_reference_model() {
         }
     }
     assert!(checks >= 36_000);
+    // Finished requests must have been credited against stale samples in many steps.
+    assert!(credited > 1_000, "{credited} steps with a credit");
 }

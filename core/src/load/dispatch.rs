@@ -11,10 +11,23 @@
 //! or until `t + 30 s`. Per key, dispatch times are ordered (one shard clock), so both ends
 //! remove a *prefix* of the key's records; the ledger keeps per-key sums and prunes prefixes.
 //!
-//! Summary words: `[epoch, prefill_sum, decode_sum, newest_t, earliest_eligible_t,
-//! latest_eligible_t]` (times in ns, `u64::MAX` = none). A reader applies two exact corrections
-//! the writer has not yet made: every record answered (a receipt after `newest_t`) or every record
-//! expired (`newest_t + 30 s <= now`) counts zero.
+//! Finished requests (beyond the spec; docs/decisions.md): a dispatch that a sample has answered
+//! is kept, uncounted, until it finishes; when it finishes it becomes a **credit** of its key: the
+//! worker's last sample was taken while the request was in flight, so until the worker's next
+//! sample the router subtracts the finished request's tokens and blocks from that sample
+//! ([`Finished`], applied by [`super::rules::KeyLoad`]). Measured on real 1.6.1 mockers: a worker
+//! publishes its idle sample ~2 ms after the client has the last byte, so a conversation's next
+//! turn, sent at once, found its own finished turn still counted against the worker holding its
+//! prefix and moved away. A credit counts while no sample of the key was received after the
+//! (latest) finish (one at the very instant of the finish counts as after it); an answered record
+//! that never finishes leaves at the 30 s expiry.
+//!
+//! Summary words: `[epoch, sums, newest_t, earliest_eligible_t, latest_eligible_t, credits,
+//! credit_t]` (times in ns, `u64::MAX` = none; `sums` and `credits` pack prefill tokens in the
+//! high and blocks in the low 32 bits, each saturating at `u32::MAX`, so a cell stays one cache
+//! line). A reader applies the exact corrections the writer has not yet made: every record
+//! answered (a receipt after `newest_t`) or expired (`newest_t + 30 s <= now`) counts zero, and
+//! credits count zero once a receipt is at or after `credit_t`.
 //!
 //! Invariants:
 //! - right after [`DispatchLedger::refresh`] the published summary is exact for that `now` (sums
@@ -40,7 +53,16 @@ use super::{DISPATCH_TTL, LoadKey, STALL_AFTER, STALL_MIN_BLOCKS, duration_nanos
 pub const MAX_RECORDS_PER_KEY: usize = 4096;
 
 const NONE: u64 = u64::MAX;
-const WORDS: usize = 6;
+const WORDS: usize = 7;
+
+/// `(high, low)` in one word, each saturated at `u32::MAX`.
+fn pack(high: u64, low: u64) -> u64 {
+    high.min(u64::from(u32::MAX)) << 32 | low.min(u64::from(u32::MAX))
+}
+
+fn unpack(w: u64) -> (u64, u64) {
+    (w >> 32, w & u64::from(u32::MAX))
+}
 
 /// `ceil(prompt_tokens / block_size)`, the request size in blocks (PICK-01, Q-28); `None` without
 /// a usable block size.
@@ -119,6 +141,16 @@ pub struct Inflight {
     pub stalled: bool,
 }
 
+/// What the router knows finished on a key since the worker's last sample: subtracted from that
+/// sample (summed over shards).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Finished {
+    /// Prompt tokens of finished requests (off `active_prefill_tokens`).
+    pub prefill_tokens: u64,
+    /// Blocks of finished requests (off `active_decode_blocks` and `kv_used_blocks`).
+    pub decode_blocks: u64,
+}
+
 /// One shard's published per-key summaries (single writer: that shard's ledger).
 #[derive(Debug)]
 pub struct InflightTable {
@@ -137,10 +169,46 @@ struct Record {
 #[derive(Debug)]
 struct SlotLedger {
     epoch: u64,
+    /// Ordered by time; the first `answered` records are answered (kept only to be credited when
+    /// they finish, not in the sums).
     records: VecDeque<Record>,
+    answered: usize,
     prefill: u64,
     decode: u64,
+    /// Credits of finished answered records, and the latest of their finish times.
+    credit: Finished,
+    credit_t: u64,
     published: [u64; WORDS],
+}
+
+impl SlotLedger {
+    fn new(epoch: u64) -> Self {
+        Self {
+            epoch,
+            records: VecDeque::new(),
+            answered: 0,
+            prefill: 0,
+            decode: 0,
+            credit: Finished::default(),
+            credit_t: NONE,
+            published: [0; WORDS],
+        }
+    }
+
+    fn reset(&mut self, epoch: u64) {
+        self.epoch = epoch;
+        self.records.clear();
+        self.answered = 0;
+        self.prefill = 0;
+        self.decode = 0;
+        self.credit = Finished::default();
+        self.credit_t = NONE;
+    }
+
+    /// Whether nothing is left to publish.
+    fn is_empty(&self) -> bool {
+        self.records.is_empty() && self.credit_t == NONE
+    }
 }
 
 /// One shard's exact dispatch records (module docs: `super`).
@@ -192,23 +260,23 @@ impl DispatchLedger {
         let seq = self.next_seq;
         self.next_seq = seq.wrapping_add(1);
         let t = nanos(now);
-        let entry = self.slots.entry(slot.slot).or_insert_with(|| SlotLedger {
-            epoch: slot.epoch,
-            records: VecDeque::new(),
-            prefill: 0,
-            decode: 0,
-            published: [0; WORDS],
-        });
+        let entry = self
+            .slots
+            .entry(slot.slot)
+            .or_insert_with(|| SlotLedger::new(slot.epoch));
         if entry.epoch != slot.epoch {
-            entry.epoch = slot.epoch;
-            entry.records.clear();
-            entry.prefill = 0;
-            entry.decode = 0;
+            entry.reset(slot.epoch);
         }
         entry.prune(&read, t);
         entry.prefill = entry.prefill.saturating_add(load.prefill_tokens);
         entry.decode = entry.decode.saturating_add(load.decode_blocks);
-        let full = entry.records.len() >= MAX_RECORDS_PER_KEY;
+        let mut full = entry.records.len() >= MAX_RECORDS_PER_KEY;
+        if full && entry.answered > 0 && entry.records.len() == entry.answered {
+            // Every kept record is answered: the oldest gives up its future credit.
+            entry.records.pop_front();
+            entry.answered -= 1;
+            full = false;
+        }
         match entry.records.back_mut() {
             Some(last) if full => {
                 last.t = last.t.max(t);
@@ -229,21 +297,36 @@ impl DispatchLedger {
         Some(DispatchId { slot, seq })
     }
 
-    /// Marks a dispatch finished (completed, rejected, failed or cancelled): it leaves the stall
-    /// judgement but keeps counting as backlog until answered or expired (LOAD-STORE-10/12).
-    pub fn finish(&mut self, id: DispatchId) {
+    /// Marks a dispatch finished (completed, rejected, failed or cancelled) at `now`. An
+    /// unanswered one leaves the stall judgement but keeps counting as backlog until answered or
+    /// expired (LOAD-STORE-10/12); an answered one becomes a credit of its key (module docs).
+    pub fn finish(&mut self, view: &LoadView<'_>, id: DispatchId, now: Instant) {
         let Some(entry) = self.slots.get_mut(&id.slot.slot) else {
             return;
         };
         if entry.epoch != id.slot.epoch {
             return;
         }
-        if let Ok(i) = entry.records.binary_search_by_key(&id.seq, |r| r.seq)
-            && let Some(r) = entry.records.get_mut(i)
-        {
-            r.eligible = false;
+        let Some(read) = view.read_slot_checked(id.slot) else {
+            return;
+        };
+        let t = nanos(now);
+        entry.prune(&read, t);
+        let Ok(i) = entry.records.binary_search_by_key(&id.seq, |r| r.seq) else {
             entry.publish(&self.table, id.slot.slot);
+            return;
+        };
+        if i < entry.answered {
+            if let Some(r) = entry.records.remove(i) {
+                entry.answered -= 1;
+                entry.credit.prefill_tokens = entry.credit.prefill_tokens.saturating_add(r.prefill);
+                entry.credit.decode_blocks = entry.credit.decode_blocks.saturating_add(r.decode);
+                entry.credit_t = t;
+            }
+        } else if let Some(r) = entry.records.get_mut(i) {
+            r.eligible = false;
         }
+        entry.publish(&self.table, id.slot.slot);
     }
 
     /// Drops answered and expired records of every key, forgets departed keys and republishes
@@ -262,13 +345,12 @@ impl DispatchLedger {
                     true
                 }
                 None => {
-                    entry.records.clear();
+                    entry.reset(entry.epoch);
                     false
                 }
             };
-            if entry.records.is_empty() {
-                entry.prefill = 0;
-                entry.decode = 0;
+            if entry.is_empty() {
+                entry.reset(entry.epoch);
                 entry.publish_words(table, *slot, [0; WORDS]);
                 // A live key keeps its (empty) entry and its queue's capacity, so the next
                 // dispatch to it allocates nothing; a departed key's entry goes.
@@ -292,38 +374,53 @@ impl DispatchLedger {
 impl SlotLedger {
     fn prune(&mut self, read: &KeyRead, now: u64) {
         let receipt = read.last_receipt.map(nanos);
+        // Expired records leave (a prefix: records are in time order).
         while let Some(r) = self.records.front() {
-            let answered = receipt.is_some_and(|rc| rc > r.t);
-            let expired = r.t.saturating_add(ttl_ns()) <= now;
-            if !(answered || expired) {
+            if r.t.saturating_add(ttl_ns()) > now {
+                break;
+            }
+            if self.answered > 0 {
+                self.answered -= 1;
+            } else {
+                self.prefill = self.prefill.saturating_sub(r.prefill);
+                self.decode = self.decode.saturating_sub(r.decode);
+            }
+            self.records.pop_front();
+        }
+        // Newly answered records leave the sums (the next prefix) and wait for their finish.
+        while let Some(r) = self.records.get(self.answered) {
+            if receipt.is_none_or(|rc| rc <= r.t) {
                 break;
             }
             self.prefill = self.prefill.saturating_sub(r.prefill);
             self.decode = self.decode.saturating_sub(r.decode);
-            self.records.pop_front();
+            self.answered += 1;
+        }
+        // A sample after the latest finish already shows every credited request gone.
+        // (A sample at the very instant of the finish counts as after it.)
+        if receipt.is_some_and(|rc| rc >= self.credit_t) || self.credit_t == NONE {
+            self.credit = Finished::default();
+            self.credit_t = NONE;
         }
     }
 
     fn publish(&mut self, table: &InflightTable, slot: u32) {
-        let newest = self.records.back().map_or(NONE, |r| r.t);
-        let earliest = self
+        let counted = self.records.range(self.answered..);
+        let newest = self
             .records
-            .iter()
-            .find(|r| r.eligible)
+            .back()
+            .filter(|_| self.records.len() > self.answered)
             .map_or(NONE, |r| r.t);
-        let latest = self
-            .records
-            .iter()
-            .rev()
-            .find(|r| r.eligible)
-            .map_or(NONE, |r| r.t);
+        let earliest = counted.clone().find(|r| r.eligible).map_or(NONE, |r| r.t);
+        let latest = counted.rev().find(|r| r.eligible).map_or(NONE, |r| r.t);
         let words = [
             self.epoch,
-            self.prefill,
-            self.decode,
+            pack(self.prefill, self.decode),
             newest,
             earliest,
             latest,
+            pack(self.credit.prefill_tokens, self.credit.decode_blocks),
+            self.credit_t,
         ];
         self.publish_words(table, slot, words);
     }
@@ -369,6 +466,17 @@ impl<'a> InflightReader<'a> {
 
     /// [`InflightReader::inflight`] for a known cell.
     pub fn inflight_slot(&self, slot: SlotRef, read: &KeyRead, now: Instant) -> Inflight {
+        self.summary_slot(slot, read, now).0
+    }
+
+    /// The in-flight additions of a known cell and what finished on it since the worker's last
+    /// sample (module docs).
+    pub fn summary_slot(
+        &self,
+        slot: SlotRef,
+        read: &KeyRead,
+        now: Instant,
+    ) -> (Inflight, Finished) {
         let now = nanos(now);
         let receipt = read.last_receipt.map(nanos);
         let live = |t: u64| {
@@ -376,17 +484,27 @@ impl<'a> InflightReader<'a> {
         };
         let stall_ns = duration_nanos(STALL_AFTER);
         let mut out = Inflight::default();
+        let mut finished = Finished::default();
         for table in self.tables {
             let w = table.cells.read(slot.slot);
-            if w[0] != slot.epoch || !live(w[3]) {
+            if w[0] != slot.epoch {
                 continue;
             }
-            out.prefill_tokens = out.prefill_tokens.saturating_add(w[1]);
-            out.decode_blocks = out.decode_blocks.saturating_add(w[2]);
-            out.stalled |= [w[4], w[5]]
+            if w[6] != NONE && receipt.is_some_and(|rc| rc < w[6]) {
+                let (p, d) = unpack(w[5]);
+                finished.prefill_tokens = finished.prefill_tokens.saturating_add(p);
+                finished.decode_blocks = finished.decode_blocks.saturating_add(d);
+            }
+            if !live(w[2]) {
+                continue;
+            }
+            let (p, d) = unpack(w[1]);
+            out.prefill_tokens = out.prefill_tokens.saturating_add(p);
+            out.decode_blocks = out.decode_blocks.saturating_add(d);
+            out.stalled |= [w[3], w[4]]
                 .into_iter()
                 .any(|t| live(t) && t.saturating_add(stall_ns) <= now);
         }
-        out
+        (out, finished)
     }
 }

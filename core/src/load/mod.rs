@@ -64,7 +64,7 @@ use crate::discovery::{InstanceId, PublisherId};
 
 pub use cursor::{CursorVerdict, SubscriptionCursor};
 pub use dispatch::{
-    DispatchId, DispatchLedger, DispatchLoad, DispatchRole, Inflight, InflightReader,
+    DispatchId, DispatchLedger, DispatchLoad, DispatchRole, Finished, Inflight, InflightReader,
     InflightTable, MAX_RECORDS_PER_KEY, request_blocks,
 };
 pub use live::{LiveSet, LiveWorker, RetainReport};

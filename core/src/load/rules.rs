@@ -50,11 +50,7 @@ impl KeyLoad {
         now: Instant,
     ) -> Self {
         match view.slot(key) {
-            Ok(s) => {
-                let read = view.read_slot(s);
-                let inflight = inflight.inflight_slot(s, &read, now);
-                Self { read, inflight }
-            }
+            Ok(s) => Self::of_slot(view.read_slot(s), inflight, s, now),
             Err(_) => Self::default(),
         }
     }
@@ -72,10 +68,24 @@ impl KeyLoad {
         if let Some(s) = hint
             && let Some(read) = view.read_slot_checked(s)
         {
-            let inflight = inflight.inflight_slot(s, &read, now);
-            return Self { read, inflight };
+            return Self::of_slot(read, inflight, s, now);
         }
         Self::assess(view, inflight, key, now)
+    }
+
+    /// The load of one cell: the store's read, less what the router knows finished since that
+    /// sample ([`super::Finished`]), and the unanswered additions.
+    fn of_slot(mut read: KeyRead, inflight: &InflightReader<'_>, s: SlotRef, now: Instant) -> Self {
+        let (inflight, finished) = inflight.summary_slot(s, &read, now);
+        if let Some(view) = read.sample.as_mut() {
+            let less = |v: Option<u64>, by: u64| v.map(|v| v.saturating_sub(by));
+            let sample = &mut view.sample;
+            sample.active_prefill_tokens =
+                less(sample.active_prefill_tokens, finished.prefill_tokens);
+            sample.active_decode_blocks = less(sample.active_decode_blocks, finished.decode_blocks);
+            sample.kv_used_blocks = less(sample.kv_used_blocks, finished.decode_blocks);
+        }
+        Self { read, inflight }
     }
 
     /// The sample, if received within `max_age`.

@@ -471,9 +471,11 @@ impl Dispatcher {
 
     /// Mark the dispatches recorded for a pinned request finished.
     pub(super) fn finish(&self, dispatched: [Option<DispatchId>; 2]) {
+        let view = self.signals.store.view();
+        let now = crate::clock::now();
         let mut st = self.picking.borrow_mut();
         for id in dispatched.into_iter().flatten() {
-            st.ledger.finish(id);
+            st.ledger.finish(&view, id, now);
         }
     }
 }
