@@ -371,11 +371,15 @@ fn a_finished_answered_request_stops_counting_before_the_worker_s_next_sample() 
     let mut idle = sample(11, 3, Some(20), Some(320));
     idle.kv_used_blocks = Some(20);
     rig.sample(keys[0], idle);
-    for l in [rig.loads_unrefreshed(&keys)[0], rig.loads(&keys)[0]] {
+    // (Unrefreshed, the late request that finished unanswered still floors: 20 + 4.)
+    for (l, blocks) in [
+        (rig.loads_unrefreshed(&keys)[0], 24),
+        (rig.loads(&keys)[0], 20),
+    ] {
         let s = l.fresh(MAX_AGE, rig.now()).expect("fresh").sample;
         assert_eq!(
             (s.active_decode_blocks, s.kv_used_blocks),
-            (Some(20), Some(20))
+            (Some(blocks), Some(blocks))
         );
         assert_eq!(
             l.inflight.decode_blocks, 0,
@@ -396,6 +400,52 @@ fn a_finished_answered_request_stops_counting_before_the_worker_s_next_sample() 
             .sample
             .map(|v| v.sample.active_decode_blocks),
         Some(Some(0))
+    );
+}
+
+/// Real 1.6.1 mockers publish a sample as a request arrives, before it is scheduled: it answers
+/// the dispatch but shows none of its blocks. The router's running request floors the sample's
+/// blocks until it finishes; a sample showing more (another router's load) wins; a request
+/// finished before any sample answered it never floors anything.
+#[test]
+fn a_running_request_floors_a_sample_taken_before_it_was_scheduled() {
+    let mut rig = Rig::new(&[(1, 1), (2, 1)]);
+    let keys = [key(1, 0), key(2, 0)];
+    rig.sample(keys[0], sample(11, 1, Some(0), None));
+    rig.sample(keys[1], sample(12, 1, Some(0), None));
+    rig.clock.advance(Duration::from_millis(1));
+    let id = rig.dispatch(0, keys[0], aggregated(640)).unwrap(); // 40 blocks of 16
+    let gone = rig.dispatch(1, keys[1], aggregated(320)).unwrap();
+    rig.finish(1, gone); // finished unanswered: it counts until answered, then leaves
+    rig.clock.advance(Duration::from_millis(1));
+    rig.sample(keys[0], sample(11, 2, Some(0), None)); // the arrival sample
+    rig.sample(keys[1], sample(12, 2, Some(0), None));
+    let decode = |l: &KeyLoad| l.read.sample.and_then(|s| s.sample.active_decode_blocks);
+    // Another shard's reader before the writers refresh: answered records run on, including the
+    // one that finished unanswered (an over-count until the refresh).
+    let l = rig.loads_unrefreshed(&keys);
+    assert_eq!(
+        l[0].inflight.decode_blocks, 0,
+        "answered by the arrival sample"
+    );
+    assert_eq!(decode(&l[0]), Some(40), "floored by the running request");
+    assert_eq!((decode(&l[1]), l[1].inflight.decode_blocks), (Some(20), 0));
+    let l = rig.loads(&keys);
+    assert_eq!((decode(&l[0]), l[0].inflight.decode_blocks), (Some(40), 0));
+    assert_eq!((decode(&l[1]), l[1].inflight.decode_blocks), (Some(0), 0));
+    rig.clock.advance(Duration::from_millis(1));
+    rig.sample(keys[0], sample(11, 3, Some(55), None));
+    assert_eq!(
+        decode(&rig.loads(&keys)[0]),
+        Some(55),
+        "a larger sample wins"
+    );
+    rig.clock.advance(Duration::from_millis(1));
+    rig.finish(0, id);
+    assert_eq!(
+        decode(&rig.loads(&keys)[0]),
+        Some(15),
+        "floor gone, credit off the sample"
     );
 }
 
@@ -542,6 +592,17 @@ impl Model {
             .sum()
     }
 
+    /// The blocks of `k`'s answered, unfinished, unexpired dispatches (the floor).
+    fn running(&self, k: usize, now: Instant) -> u64 {
+        self.dispatches
+            .iter()
+            .filter(|d| d.key == k && !d.finished)
+            .filter(|d| self.receipts.iter().any(|(rk, r)| *rk == k && *r > d.t))
+            .filter(|d| now < d.t.saturating_add(super::DISPATCH_TTL))
+            .map(|d| d.load.decode_blocks)
+            .sum()
+    }
+
     fn counted(&self, d: &RefDispatch, now: Instant) -> bool {
         let answered = self.receipts.iter().any(|(k, r)| *k == d.key && *r > d.t);
         !answered && now < d.t.saturating_add(super::DISPATCH_TTL)
@@ -584,20 +645,21 @@ impl Model {
                     self.credit(k, Stage::Prefill),
                     self.credit(k, Stage::Decode),
                 );
+                // ... with the router's running requests' blocks as a floor under its blocks.
+                let floor = self.running(k, now);
                 let less = |v: Option<u64>, c: u64| v.map(|v| v.saturating_sub(c));
+                let blocks = |v: Option<u64>| less(v, dc).map(|v| v.max(floor));
                 let field = |s: &Sample| match stage {
                     Stage::Prefill => less(s.active_prefill_tokens, pc),
-                    Stage::Decode => {
-                        less(s.active_decode_blocks, dc).or(less(s.kv_used_blocks, dc))
-                    }
+                    Stage::Decode => blocks(s.active_decode_blocks).or(blocks(s.kv_used_blocks)),
                 };
                 if let Some(s) = self.fresh(k, now) {
                     return (field(&s).map(|v| v + extra), field(&s).is_some());
                 }
                 match self.held.get(&k) {
                     Some((s, _)) => {
-                        let d = less(s.active_decode_blocks, dc)
-                            .or(less(s.kv_used_blocks, dc))
+                        let d = blocks(s.active_decode_blocks)
+                            .or(blocks(s.kv_used_blocks))
                             .unwrap_or(0);
                         let p = less(s.active_prefill_tokens, pc).unwrap_or(0);
                         if d > 0 || p > 0 {
@@ -667,6 +729,7 @@ fn differential_against_a_reference_model() {
     ];
     let mut checks = 0u32;
     let mut credited = 0u64;
+    let mut floored = 0u64;
     for seed in 1..=60u64 {
         let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
         let mut rig = Rig::new(&layout);
@@ -735,6 +798,7 @@ fn differential_against_a_reference_model() {
             // Compare every step: standings → stage backlogs → selections.
             let now = rig.now();
             credited += u64::from((0..4).any(|k| model.credit(k, Stage::Decode) > 0));
+            floored += u64::from((0..4).any(|k| model.running(k, now) > 0));
             let loads = rig.loads(&keys);
             let judge = any_fresh(&loads, MAX_AGE, now);
             for (si, (stage, caps)) in
@@ -769,4 +833,5 @@ fn differential_against_a_reference_model() {
     assert!(checks >= 36_000);
     // Finished requests must have been credited against stale samples in many steps.
     assert!(credited > 1_000, "{credited} steps with a credit");
+    assert!(floored > 1_000, "{floored} steps with a floor");
 }

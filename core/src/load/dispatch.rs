@@ -22,12 +22,20 @@
 //! (latest) finish (one at the very instant of the finish counts as after it); an answered record
 //! that never finishes leaves at the 30 s expiry.
 //!
+//! Running requests (beyond the spec; docs/decisions.md): the blocks of answered, unfinished
+//! dispatches are a **floor** under the worker's block figures. Real 1.6.1 mockers publish a
+//! sample as a request arrives, before it is scheduled: that sample answers the dispatch while
+//! showing none of its blocks, so eight simultaneous first turns were spread 3/2/2/1 instead of
+//! 2/2/2/2. The floor is what the router itself still has running there; a sample showing more
+//! (another router's requests) wins. Prompt tokens get no floor (the router does not see a
+//! request's prefill end).
+//!
 //! Summary words: `[epoch, sums, newest_t, earliest_eligible_t, latest_eligible_t, credits,
-//! credit_t]` (times in ns, `u64::MAX` = none; `sums` and `credits` pack prefill tokens in the
-//! high and blocks in the low 32 bits, each saturating at `u32::MAX`, so a cell stays one cache
-//! line). A reader applies the exact corrections the writer has not yet made: every record
-//! answered (a receipt after `newest_t`) or expired (`newest_t + 30 s <= now`) counts zero, and
-//! credits count zero once a receipt is at or after `credit_t`.
+//! credit_t, running]` (times in ns, `u64::MAX` = none; `sums`, `credits` and `running` pack
+//! prefill tokens in the high and blocks in the low 32 bits, each saturating at `u32::MAX`). A
+//! reader applies the corrections the writer has not yet made: every record answered (a receipt
+//! after `newest_t`) counts as running instead of unanswered, every record expired (`newest_t +
+//! 30 s <= now`) counts zero, and credits count zero once a receipt is at or after `credit_t`.
 //!
 //! Invariants:
 //! - right after [`DispatchLedger::refresh`] the published summary is exact for that `now` (sums
@@ -53,7 +61,7 @@ use super::{DISPATCH_TTL, LoadKey, STALL_AFTER, STALL_MIN_BLOCKS, duration_nanos
 pub const MAX_RECORDS_PER_KEY: usize = 4096;
 
 const NONE: u64 = u64::MAX;
-const WORDS: usize = 7;
+const WORDS: usize = 8;
 
 /// `(high, low)` in one word, each saturated at `u32::MAX`.
 fn pack(high: u64, low: u64) -> u64 {
@@ -141,14 +149,33 @@ pub struct Inflight {
     pub stalled: bool,
 }
 
-/// What the router knows finished on a key since the worker's last sample: subtracted from that
-/// sample (summed over shards).
+/// Request sizes summed over shards: what finished on a key since the worker's last sample
+/// (subtracted from that sample), or what is still running there after a sample answered it (a
+/// floor under the sample's blocks).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Finished {
     /// Prompt tokens of finished requests (off `active_prefill_tokens`).
     pub prefill_tokens: u64,
     /// Blocks of finished requests (off `active_decode_blocks` and `kv_used_blocks`).
     pub decode_blocks: u64,
+}
+
+impl Finished {
+    fn add(&mut self, (prefill, decode): (u64, u64)) {
+        self.prefill_tokens = self.prefill_tokens.saturating_add(prefill);
+        self.decode_blocks = self.decode_blocks.saturating_add(decode);
+    }
+}
+
+/// Everything the ledgers say about one key (see [`InflightReader::summary_slot`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Summary {
+    /// Unanswered additions and the stall input.
+    pub inflight: Inflight,
+    /// Finished since the worker's last sample (credits).
+    pub finished: Finished,
+    /// Answered and still running (the floor under the sample's blocks).
+    pub running: Finished,
 }
 
 /// One shard's published per-key summaries (single writer: that shard's ledger).
@@ -164,6 +191,8 @@ struct Record {
     prefill: u64,
     decode: u64,
     eligible: bool,
+    /// Finished while unanswered: it leaves when answered instead of running on.
+    finished: bool,
 }
 
 #[derive(Debug)]
@@ -178,6 +207,8 @@ struct SlotLedger {
     /// Credits of finished answered records, and the latest of their finish times.
     credit: Finished,
     credit_t: u64,
+    /// The sums of the answered (running) records.
+    running: Finished,
     published: [u64; WORDS],
 }
 
@@ -191,6 +222,7 @@ impl SlotLedger {
             decode: 0,
             credit: Finished::default(),
             credit_t: NONE,
+            running: Finished::default(),
             published: [0; WORDS],
         }
     }
@@ -203,6 +235,13 @@ impl SlotLedger {
         self.decode = 0;
         self.credit = Finished::default();
         self.credit_t = NONE;
+        self.running = Finished::default();
+    }
+
+    /// Takes an answered record's size off the running sums.
+    fn stop_running(&mut self, r: &Record) {
+        self.running.prefill_tokens = self.running.prefill_tokens.saturating_sub(r.prefill);
+        self.running.decode_blocks = self.running.decode_blocks.saturating_sub(r.decode);
     }
 
     /// Whether nothing is left to publish.
@@ -272,8 +311,10 @@ impl DispatchLedger {
         entry.decode = entry.decode.saturating_add(load.decode_blocks);
         let mut full = entry.records.len() >= MAX_RECORDS_PER_KEY;
         if full && entry.answered > 0 && entry.records.len() == entry.answered {
-            // Every kept record is answered: the oldest gives up its future credit.
-            entry.records.pop_front();
+            // Every kept record is answered: the oldest gives up its floor and future credit.
+            if let Some(r) = entry.records.pop_front() {
+                entry.stop_running(&r);
+            }
             entry.answered -= 1;
             full = false;
         }
@@ -291,6 +332,7 @@ impl DispatchLedger {
                 prefill: load.prefill_tokens,
                 decode: load.decode_blocks,
                 eligible: load.stall_eligible,
+                finished: false,
             }),
         }
         entry.publish(&self.table, slot.slot);
@@ -319,12 +361,14 @@ impl DispatchLedger {
         if i < entry.answered {
             if let Some(r) = entry.records.remove(i) {
                 entry.answered -= 1;
+                entry.stop_running(&r);
                 entry.credit.prefill_tokens = entry.credit.prefill_tokens.saturating_add(r.prefill);
                 entry.credit.decode_blocks = entry.credit.decode_blocks.saturating_add(r.decode);
                 entry.credit_t = t;
             }
         } else if let Some(r) = entry.records.get_mut(i) {
             r.eligible = false;
+            r.finished = true;
         }
         entry.publish(&self.table, id.slot.slot);
     }
@@ -381,6 +425,8 @@ impl SlotLedger {
             }
             if self.answered > 0 {
                 self.answered -= 1;
+                self.running.prefill_tokens = self.running.prefill_tokens.saturating_sub(r.prefill);
+                self.running.decode_blocks = self.running.decode_blocks.saturating_sub(r.decode);
             } else {
                 self.prefill = self.prefill.saturating_sub(r.prefill);
                 self.decode = self.decode.saturating_sub(r.decode);
@@ -394,6 +440,13 @@ impl SlotLedger {
             }
             self.prefill = self.prefill.saturating_sub(r.prefill);
             self.decode = self.decode.saturating_sub(r.decode);
+            if r.finished {
+                // Nothing of it runs any more: it leaves (and credits nothing).
+                self.records.remove(self.answered);
+                continue;
+            }
+            self.running.prefill_tokens = self.running.prefill_tokens.saturating_add(r.prefill);
+            self.running.decode_blocks = self.running.decode_blocks.saturating_add(r.decode);
             self.answered += 1;
         }
         // A sample after the latest finish already shows every credited request gone.
@@ -421,6 +474,7 @@ impl SlotLedger {
             latest,
             pack(self.credit.prefill_tokens, self.credit.decode_blocks),
             self.credit_t,
+            pack(self.running.prefill_tokens, self.running.decode_blocks),
         ];
         self.publish_words(table, slot, words);
     }
@@ -466,45 +520,45 @@ impl<'a> InflightReader<'a> {
 
     /// [`InflightReader::inflight`] for a known cell.
     pub fn inflight_slot(&self, slot: SlotRef, read: &KeyRead, now: Instant) -> Inflight {
-        self.summary_slot(slot, read, now).0
+        self.summary_slot(slot, read, now).inflight
     }
 
-    /// The in-flight additions of a known cell and what finished on it since the worker's last
-    /// sample (module docs).
-    pub fn summary_slot(
-        &self,
-        slot: SlotRef,
-        read: &KeyRead,
-        now: Instant,
-    ) -> (Inflight, Finished) {
+    /// The in-flight additions of a known cell, what finished on it since the worker's last
+    /// sample, and what still runs on it after a sample answered it (module docs).
+    pub fn summary_slot(&self, slot: SlotRef, read: &KeyRead, now: Instant) -> Summary {
         let now = nanos(now);
         let receipt = read.last_receipt.map(nanos);
         let live = |t: u64| {
             t != NONE && receipt.is_none_or(|rc| rc <= t) && t.saturating_add(ttl_ns()) > now
         };
         let stall_ns = duration_nanos(STALL_AFTER);
-        let mut out = Inflight::default();
-        let mut finished = Finished::default();
+        let mut out = Summary::default();
         for table in self.tables {
             let w = table.cells.read(slot.slot);
             if w[0] != slot.epoch {
                 continue;
             }
             if w[6] != NONE && receipt.is_some_and(|rc| rc < w[6]) {
-                let (p, d) = unpack(w[5]);
-                finished.prefill_tokens = finished.prefill_tokens.saturating_add(p);
-                finished.decode_blocks = finished.decode_blocks.saturating_add(d);
+                out.finished.add(unpack(w[5]));
             }
+            out.running.add(unpack(w[7]));
             if !live(w[2]) {
+                // Answered since the writer's last refresh: the records run on (those that
+                // finished unanswered included, an over-count until that refresh).
+                let answered = receipt.is_some_and(|rc| w[2] != NONE && rc > w[2]);
+                if answered && w[2].saturating_add(ttl_ns()) > now {
+                    out.running.add(unpack(w[1]));
+                }
                 continue;
             }
             let (p, d) = unpack(w[1]);
-            out.prefill_tokens = out.prefill_tokens.saturating_add(p);
-            out.decode_blocks = out.decode_blocks.saturating_add(d);
-            out.stalled |= [w[3], w[4]]
+            let inflight = &mut out.inflight;
+            inflight.prefill_tokens = inflight.prefill_tokens.saturating_add(p);
+            inflight.decode_blocks = inflight.decode_blocks.saturating_add(d);
+            inflight.stalled |= [w[3], w[4]]
                 .into_iter()
                 .any(|t| live(t) && t.saturating_add(stall_ns) <= now);
         }
-        (out, finished)
+        out
     }
 }

@@ -65,7 +65,7 @@ use crate::discovery::{InstanceId, PublisherId};
 pub use cursor::{CursorVerdict, SubscriptionCursor};
 pub use dispatch::{
     DispatchId, DispatchLedger, DispatchLoad, DispatchRole, Finished, Inflight, InflightReader,
-    InflightTable, MAX_RECORDS_PER_KEY, request_blocks,
+    InflightTable, MAX_RECORDS_PER_KEY, Summary, request_blocks,
 };
 pub use live::{LiveSet, LiveWorker, RetainReport};
 pub use store::{ApplyOutcome, KeyRead, LoadStore, LoadView, Refusal, SlotRef};

@@ -74,18 +74,24 @@ impl KeyLoad {
     }
 
     /// The load of one cell: the store's read, less what the router knows finished since that
-    /// sample ([`super::Finished`]), and the unanswered additions.
+    /// sample and with the router's running requests' blocks as a floor under its block figures
+    /// ([`super::Summary`]), and the unanswered additions.
     fn of_slot(mut read: KeyRead, inflight: &InflightReader<'_>, s: SlotRef, now: Instant) -> Self {
-        let (inflight, finished) = inflight.summary_slot(s, &read, now);
+        let sum = inflight.summary_slot(s, &read, now);
         if let Some(view) = read.sample.as_mut() {
+            let (finished, floor) = (sum.finished, sum.running.decode_blocks);
             let less = |v: Option<u64>, by: u64| v.map(|v| v.saturating_sub(by));
+            let blocks = |v: Option<u64>| less(v, finished.decode_blocks).map(|v| v.max(floor));
             let sample = &mut view.sample;
             sample.active_prefill_tokens =
                 less(sample.active_prefill_tokens, finished.prefill_tokens);
-            sample.active_decode_blocks = less(sample.active_decode_blocks, finished.decode_blocks);
-            sample.kv_used_blocks = less(sample.kv_used_blocks, finished.decode_blocks);
+            sample.active_decode_blocks = blocks(sample.active_decode_blocks);
+            sample.kv_used_blocks = blocks(sample.kv_used_blocks);
         }
-        Self { read, inflight }
+        Self {
+            read,
+            inflight: sum.inflight,
+        }
     }
 
     /// The sample, if received within `max_age`.
