@@ -12,6 +12,13 @@
 # workers): it builds the router with `--features dynamo` (needs protoc) but
 # needs no venv, e.g.:
 #   bench/run.sh --sim --duration 5
+# Opt-in: `bench/run.sh --kv-route [kv-route options]` runs `kv-route` instead
+# (the router's KV-aware picks vs Dynamo's own KV router and per-conversation
+# pinning, each on a fresh Dynamo 1.6.1 mocker fleet): it builds the router
+# with `--features dynamo-kv` (needs protoc) and makes sure the fleet venv
+# exists, e.g.:
+#   bench/run.sh --kv-route --rounds 2
+#   bench/run.sh --kv-route --quick          # CI smoke: 2 turns of 4 conversations
 # Invariant: writes nothing into the repo besides cargo's target dir; if the
 # router does not build, the baseline (nginx, the direct frontend or shim) is
 # still measured and the driver says why the router row is missing (or
@@ -32,6 +39,11 @@ elif [ "${1:-}" = "--fleet" ]; then
     shift
     bench=fleet-hop
     features=(--features continuum-router/dynamo)
+    tests/fleet/install.sh
+elif [ "${1:-}" = "--kv-route" ]; then
+    shift
+    bench=kv-route
+    features=(--features continuum-router/dynamo-kv)
     tests/fleet/install.sh
 elif [ "${1:-}" = "--sim" ]; then
     shift

@@ -14,6 +14,8 @@ usage:
   continuum-bench http-hop [options]   router hop vs nginx hop, same backend, same load
   continuum-bench fleet-hop [options]  router vs direct-to-frontend on a real Dynamo fleet (needs the fleet venv)
   continuum-bench sim-hop [options]    router vs direct-to-shim on the simulated fleet at 10, 100, 1000 workers
+  continuum-bench kv-route [options]   KV-aware picks of the router vs Dynamo's own KV router, and per-
+                                       conversation pinning, on a real Dynamo fleet (needs the fleet venv)
   continuum-bench backend --port N     the fast OpenAI-ish backend alone (pinning is up to you)
   continuum-bench resync [--workers N] [--rounds N]
                                        discovery resync time and registry memory (default 16384 workers)
@@ -73,6 +75,24 @@ sim-hop options:
   --router-nofile N    the router's soft RLIMIT_NOFILE (default: inherited from the bench)
   --nice N             nice value of every process of the run (default 0 = unchanged)
 
+kv-route options (every row on a fresh fleet):
+  --workers N          mocker workers of each fleet (default 4, max 8)
+  --speedup-ratio N    the mockers' --speedup-ratio (default 1)
+  --conversations N    concurrent conversations, one client thread each (default 8, max 64)
+  --turns N            turns per conversation (default 8, max 64)
+  --max-tokens N       max_tokens of every request (default 16)
+  --seed N             workload seed (default 1)
+  --rounds N           repetitions of the three rows, order alternating (default 1, max 10)
+  --quick              CI smoke sizes: 2 turns of 4 conversations (later flags still apply)
+  --router-bin PATH    router built with --features dynamo-kv (default: continuum-router next to this binary)
+  --python PATH        the fleet venv's python (default as fleet-hop)
+  --fleet-script PATH  tests/fleet/fleet.py (default: the one of this source tree)
+  --model-dir DIR      the tiny model whose tokenizer artifacts the router pins
+                       (default: ../shared/fixtures/tiny-model)
+  --ready-timeout SECS how long each fleet, then the router, may take to be ready (default 60)
+  --request-timeout SECS  socket timeout of every request (default 60)
+  --row-timeout SECS   wall time of one row's load (default 600)
+
 zmtp-ingest options:
   --messages N         messages per subscriber (default 2000000, min 1000)
   --batch N            messages per publisher write (default 1024)
@@ -99,6 +119,8 @@ pub(crate) enum Command {
     FleetHop(crate::fleet_hop::FleetHopOptions),
     /// Run the router-vs-direct comparison on simulated fleets of several sizes.
     SimHop(crate::sim_hop::SimHopOptions),
+    /// Compare the router's KV-aware picks with Dynamo's KV router on a real fleet.
+    KvRoute(crate::kv_route::KvRouteOptions),
     /// Measure a discovery resync.
     Resync(crate::resync::ResyncOptions),
     /// Compare the router's kv_metrics SUB path with the zeromq crate's.
@@ -158,6 +180,7 @@ pub(crate) fn parse(args: impl IntoIterator<Item = String>) -> Result<Command, U
         "http-hop" => parse_hop(args).map(Command::HttpHop),
         "fleet-hop" => parse_fleet_hop(args).map(Command::FleetHop),
         "sim-hop" => parse_sim_hop(args).map(Command::SimHop),
+        "kv-route" => parse_kv_route(args).map(Command::KvRoute),
         "resync" => parse_resync(args),
         "zmtp-ingest" => parse_ingest(args).map(Command::ZmtpIngest),
         "pick" => parse_pick(args).map(Command::Pick),
@@ -327,6 +350,37 @@ fn parse_sim_hop(
             "--router-cpu" => opts.router_cpu = small(&flag, v?, 0, 1)? as usize,
             "--router-nofile" => opts.router_nofile = Some(number(&flag, v?, 16, 1 << 20)?),
             "--nice" => opts.nice = nice(&flag, v?)?,
+            _ => return Err(UsageError::UnknownFlag(flag)),
+        }
+    }
+    Ok(opts)
+}
+
+fn parse_kv_route(
+    mut args: impl Iterator<Item = String>,
+) -> Result<crate::kv_route::KvRouteOptions, UsageError> {
+    let mut opts = crate::kv_route::KvRouteOptions::default();
+    while let Some(flag) = args.next() {
+        if flag == "--quick" {
+            opts.quick();
+            continue;
+        }
+        let v = value(&flag, &mut args);
+        match flag.as_str() {
+            "--workers" => opts.workers = small(&flag, v?, 1, 8)?,
+            "--speedup-ratio" => opts.speedup_ratio = number(&flag, v?, 1, 1_000_000)?,
+            "--conversations" => opts.conversations = number(&flag, v?, 1, 64)? as usize,
+            "--turns" => opts.turns = number(&flag, v?, 1, 64)? as usize,
+            "--max-tokens" => opts.max_tokens = small(&flag, v?, 1, 4096)?,
+            "--seed" => opts.seed = number(&flag, v?, 0, u64::MAX)?,
+            "--rounds" => opts.rounds = small(&flag, v?, 1, 10)?,
+            "--router-bin" => opts.router_bin = Some(PathBuf::from(v?)),
+            "--python" => opts.python = Some(PathBuf::from(v?)),
+            "--fleet-script" => opts.fleet_script = PathBuf::from(v?),
+            "--model-dir" => opts.model_dir = PathBuf::from(v?),
+            "--ready-timeout" => opts.ready_timeout_secs = number(&flag, v?, 1, 600)?,
+            "--request-timeout" => opts.request_timeout_secs = number(&flag, v?, 1, 600)?,
+            "--row-timeout" => opts.row_timeout_secs = number(&flag, v?, 1, 3600)?,
             _ => return Err(UsageError::UnknownFlag(flag)),
         }
     }
@@ -548,6 +602,39 @@ mod tests {
             "sim-hop --router-cpu 2",
             "sim-hop --idle 0",
             "sim-hop --shards 1",
+        ] {
+            assert!(parse(args(bad)).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn kv_route_options() {
+        let Ok(Command::KvRoute(o)) = parse(args("kv-route")) else {
+            panic!("expected kv-route");
+        };
+        assert_eq!((o.workers, o.speedup_ratio, o.rounds), (4, 1, 1));
+        assert_eq!(
+            (o.conversations, o.turns, o.max_tokens, o.seed),
+            (8, 8, 16, 1)
+        );
+        assert!(o.fleet_script.ends_with("tests/fleet/fleet.py"));
+        assert!(o.model_dir.ends_with("shared/fixtures/tiny-model"));
+        let Ok(Command::KvRoute(o)) = parse(args("kv-route --quick --rounds 2 --seed 7")) else {
+            panic!("expected kv-route");
+        };
+        assert_eq!((o.conversations, o.turns, o.rounds, o.seed), (4, 2, 2, 7));
+        let Ok(Command::KvRoute(o)) = parse(args("kv-route --quick --turns 3")) else {
+            panic!("expected kv-route");
+        };
+        assert_eq!((o.conversations, o.turns), (4, 3));
+        for bad in [
+            "kv-route --workers 0",
+            "kv-route --workers 9",
+            "kv-route --turns 0",
+            "kv-route --conversations 65",
+            "kv-route --rounds 11",
+            "kv-route --seed",
+            "kv-route --duration 3",
         ] {
             assert!(parse(args(bad)).is_err(), "{bad}");
         }

@@ -91,6 +91,9 @@ pub(crate) enum BenchError {
     /// `sim-hop`'s simulated fleet could not be started or checked.
     #[error("sim-hop: {0}")]
     SimHop(#[from] crate::sim_hop::SimHopError),
+    /// `kv-route` could not measure its baseline.
+    #[error("kv-route: {0}")]
+    KvRoute(#[from] crate::kv_route::KvRouteError),
     /// `prompt` could not set up its pipeline or workload.
     #[error("prompt: {0}")]
     Setup(String),

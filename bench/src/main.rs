@@ -4,7 +4,9 @@
 //! Subcommands: `http-hop` (router hop vs nginx hop, see `hop`), `fleet-hop`
 //! (router vs direct-to-frontend on a real Dynamo fleet, see `fleet_hop`),
 //! `sim-hop` (the same on the simulated fleet at 10, 100 and 1,000 workers,
-//! see `sim_hop`), `resync`
+//! see `sim_hop`), `kv-route` (the router's KV-aware picks against Dynamo's
+//! own KV router on a real fleet: cached share, balance, TTFT; see
+//! `kv_route`), `resync`
 //! (discovery resync time and registry memory, see `resync`), `zmtp-ingest`
 //! (the router's kv_metrics SUB path vs the zeromq crate, see `zmtp_ingest`),
 //! `pick` (one worker pick at 10, 100 and 1,000 workers vs round-robin, see
@@ -25,6 +27,7 @@ mod error;
 mod fleet_hop;
 mod hop;
 mod hop_run;
+mod kv_route;
 mod numbers;
 mod pick;
 mod probe;
@@ -96,6 +99,10 @@ fn run() -> Result<(), BenchError> {
         cli::Command::SimHop(opts) => {
             signals::install();
             sim_hop::run(&opts)
+        }
+        cli::Command::KvRoute(opts) => {
+            signals::install();
+            kv_route::run(&opts)
         }
     }
 }

@@ -94,6 +94,8 @@ pub(crate) struct FleetInfo {
     pub(crate) frontend_port: u16,
     /// Pid of the frontend process.
     pub(crate) frontend_pid: i32,
+    /// The frontend's log file (stdout and stderr), in fleet.py's temp dir.
+    pub(crate) frontend_log: PathBuf,
     /// The model's aggregated workers, in fleet.py's order.
     pub(crate) workers: Vec<Worker>,
     /// fleet.py's temp dir (logs, etcd data).
@@ -113,6 +115,10 @@ pub(crate) struct FleetSpec<'a> {
     pub(crate) workers: u32,
     /// `--speedup-ratio` of every mocker.
     pub(crate) speedup_ratio: u64,
+    /// Extra arguments of every frontend (fleet.py's `--frontend-args`, one
+    /// string; argparse keeps the last of a repeated flag, so
+    /// `--router-mode kv` overrides fleet.py's `direct`); empty = none.
+    pub(crate) frontend_args: &'a str,
     /// CPUs fleet.py (and so the whole fleet) is pinned to.
     pub(crate) cpus: &'a [usize],
     /// How long the fleet may take to be ready.
@@ -140,6 +146,9 @@ impl Fleet {
             .arg(spec.speedup_ratio.to_string())
             .arg("--startup-timeout")
             .arg(spec.ready_timeout.as_secs().to_string());
+        if !spec.frontend_args.is_empty() {
+            cmd.arg(format!("--frontend-args={}", spec.frontend_args));
+        }
         set_log(&mut cmd, spec.log)?;
         let (mut proc, stdin, stdout) =
             Supervised::spawn_piped("fleet.py", cmd, spec.cpus, Some(spec.log))?;
@@ -256,12 +265,17 @@ pub(crate) fn parse_info(line: &str, model: &str) -> Result<FleetInfo, FleetErro
         .strip_prefix("http://127.0.0.1:")
         .and_then(|p| p.trim_end_matches('/').parse().ok())
         .ok_or_else(|| FleetError::Url(frontend_url.clone()))?;
-    let frontend_pid = v
+    let frontend = v
         .get("frontend_processes")
         .and_then(Value::as_array)
-        .and_then(|fes| fes.iter().find(|fe| fe["url"] == frontend_url.as_str()))
+        .and_then(|fes| fes.iter().find(|fe| fe["url"] == frontend_url.as_str()));
+    let frontend_pid = frontend
         .and_then(|fe| pid(&fe["pid"]))
         .ok_or_else(|| missing("the pid of the frontend process"))?;
+    let frontend_log = frontend
+        .and_then(|fe| fe["log"].as_str())
+        .map(PathBuf::from)
+        .ok_or_else(|| missing("the log of the frontend process"))?;
     let workers: Vec<Worker> = v
         .get("workers")
         .and_then(Value::as_array)
@@ -286,6 +300,7 @@ pub(crate) fn parse_info(line: &str, model: &str) -> Result<FleetInfo, FleetErro
         frontend_url,
         frontend_port,
         frontend_pid,
+        frontend_log,
         workers,
         dir: PathBuf::from(str_at("/dir")?),
     })
@@ -301,7 +316,8 @@ mod tests {
 
     const LINE: &str = r#"{"etcd": {"endpoint": "http://127.0.0.1:36957", "pid": 28800},
         "frontends": {"agg": ["http://127.0.0.1:37695"]},
-        "frontend_processes": [{"url": "http://127.0.0.1:37695", "namespace": "agg", "pid": 28837}],
+        "frontend_processes": [{"url": "http://127.0.0.1:37695", "namespace": "agg", "pid": 28837,
+          "log": "/tmp/continuum-fleet-byyfyqfj/frontend1-agg.log"}],
         "workers": [
           {"namespace": "agg", "role": "aggregated", "model": "tiny-agg",
            "instance_id": 545958299087899693, "pid": 28834},
@@ -316,6 +332,10 @@ mod tests {
         assert_eq!(info.namespace, "agg");
         assert_eq!(info.frontend_port, 37695);
         assert_eq!(info.frontend_pid, 28837);
+        assert_eq!(
+            info.frontend_log,
+            PathBuf::from("/tmp/continuum-fleet-byyfyqfj/frontend1-agg.log")
+        );
         assert_eq!(info.etcd_endpoint, "http://127.0.0.1:36957");
         assert_eq!(
             info.workers,

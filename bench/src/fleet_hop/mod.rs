@@ -21,10 +21,10 @@
 //! owned by a [`Supervised`] or the [`Fleet`] and torn down on any exit
 //! path (router first, then the fleet); every wait is bounded.
 
-mod fleet;
+pub(crate) mod fleet;
 mod load;
 mod report;
-mod router;
+pub(crate) mod router;
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -134,6 +134,7 @@ pub(crate) fn run(opts: &FleetHopOptions) -> Result<(), BenchError> {
         model: MODEL,
         workers: opts.workers,
         speedup_ratio: opts.speedup_ratio,
+        frontend_args: "",
         cpus: &load_cpus,
         ready_timeout: ready,
         log: &dir.path().join("fleet.log"),
@@ -311,7 +312,7 @@ fn selections(out: &mut impl Write, port: u16) -> std::io::Result<()> {
 }
 
 /// `$CONTINUUM_FLEET_VENV/bin/python`, else `~/.cache/continuum-fleet/venv/bin/python`.
-fn default_python() -> PathBuf {
+pub(crate) fn default_python() -> PathBuf {
     let venv = std::env::var_os("CONTINUUM_FLEET_VENV")
         .map(PathBuf::from)
         .unwrap_or_else(|| {

@@ -66,9 +66,32 @@ pub(crate) fn start(
     chat_body: &str,
     ready: Duration,
 ) -> Result<(Supervised, u16), BenchError> {
+    start_with(bin, dir, cpu, fleet, model, chat_body, ready, "")
+}
+
+/// [`start`], with `dynamo_extra` appended to the config's `dynamo:`
+/// section (lines indented by two spaces, e.g. a `kv:` block), and the
+/// config and log named after the router's port, so several routers can
+/// share `dir`.
+#[allow(clippy::too_many_arguments)] // start's arguments plus the extra section
+pub(crate) fn start_with(
+    bin: &Path,
+    dir: &TempDir,
+    cpu: usize,
+    fleet: &FleetInfo,
+    model: &str,
+    chat_body: &str,
+    ready: Duration,
+    dynamo_extra: &str,
+) -> Result<(Supervised, u16), BenchError> {
     let port = probe::free_port()?;
-    let conf = dir.write("router.yaml", &yaml(port, cpu, fleet, model))?;
-    let log = dir.path().join("router.log");
+    let (conf, log) = if dynamo_extra.is_empty() {
+        ("router.yaml".to_owned(), "router.log".to_owned())
+    } else {
+        (format!("router-{port}.yaml"), format!("router-{port}.log"))
+    };
+    let conf = dir.write(&conf, &(yaml(port, cpu, fleet, model) + dynamo_extra))?;
+    let log = dir.path().join(log);
     let cmd = router_command(bin, &conf, &log)?;
     let mut router = Supervised::spawn("router", cmd, &[cpu], Some(&log))?;
     probe::wait_ready(&mut router, port, probe::HEALTH, ready)?;
@@ -93,6 +116,7 @@ mod tests {
             frontend_url: "http://127.0.0.1:8000".into(),
             frontend_port: 8000,
             frontend_pid: 1,
+            frontend_log: "/tmp/continuum-fleet-x/frontend1-agg.log".into(),
             workers: vec![Worker {
                 instance_id: 42,
                 pid: 2,

@@ -1,0 +1,453 @@
+//! `kv-route`: the routing quality of the router's KV-aware picking against Dynamo's own KV
+//! router, on a REAL Dynamo 1.6.1 mocker fleet (`--speedup-ratio 1`, so prefill time follows the
+//! uncached prompt tokens), with the same seeded multi-turn workload ([`workload`]) in every row:
+//!
+//! - `dynamo kv`: clients → `dynamo.frontend --router-mode kv`; the worker of each request comes
+//!   from that frontend's `route request completed` log line ([`dynamo_log`]);
+//! - `router kv`: clients → continuum-router (`dynamo.kv` on, the tiny model's artifacts pinned)
+//!   → `dynamo.frontend --router-mode direct`; the worker from `x-continuum-worker-instance-id`,
+//!   which the router sends because the clients send an empty `x-backend` ([`router`]);
+//! - `pinned`: clients → the direct-mode frontend, conversation `c` pinned to worker `c mod N`:
+//!   the reference a client gets by pinning each conversation itself.
+//!
+//! Each row runs on a fresh fleet (fleet.py started, loaded, torn down), so no row inherits
+//! another's caches. `--rounds N` repeats the three rows, alternating their order. The load
+//! ([`load`]) is one client thread per conversation, all concurrent, each sending its turns in
+//! order, streamed with `include_usage` ([`stream`]); the report ([`report`]) gives per row the
+//! cached share of prompt tokens, the requests per worker and TTFT p50/p99, then the
+//! router/dynamo ratios and the issue's targets.
+//!
+//! Invariants: every child is owned by a [`Supervised`] or a [`Fleet`] and torn down on every
+//! exit path (router first, then the fleet); every wait is bounded (fleet and router readiness by
+//! the ready timeout, each request by its socket timeout, each row's load by the row timeout);
+//! the load is bounded by `conversations × turns` requests per row; all traffic is on 127.0.0.1;
+//! exit code 0 only if the `dynamo kv` baseline was measured.
+
+mod dynamo_log;
+mod load;
+mod report;
+mod router;
+mod stream;
+mod workload;
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use crate::child::{self, Supervised};
+use crate::cpu;
+use crate::error::BenchError;
+use crate::fleet_hop::default_python;
+use crate::fleet_hop::fleet::{Fleet, FleetError, FleetInfo, FleetSpec};
+use crate::router_probe::{self, decode_selections};
+use crate::shim_load;
+use crate::tempdir::TempDir;
+use load::{LoadSpec, Loaded};
+use report::{Kind, Record, RowRun};
+use workload::MODEL;
+
+/// The header naming the worker the router picked.
+const WORKER_HEADER: &str = "x-continuum-worker-instance-id";
+/// The extra frontend arguments of the `dynamo kv` row.
+const KV_FRONTEND_ARGS: &str = "--router-mode kv";
+/// How long the frontend's log may take to show every request's route line.
+const LOG_WAIT: Duration = Duration::from_secs(10);
+
+/// What went wrong in `kv-route` beyond a child or an I/O failure.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum KvRouteError {
+    /// The baseline row never ran to the end.
+    #[error("the `dynamo kv` baseline was not measured: {0}")]
+    NoBaseline(String),
+}
+
+/// Options of `kv-route`.
+#[derive(Debug, Clone)]
+pub(crate) struct KvRouteOptions {
+    /// Mocker workers of each fleet.
+    pub(crate) workers: u32,
+    /// `--speedup-ratio` of the mockers.
+    pub(crate) speedup_ratio: u64,
+    /// Concurrent conversations (client threads).
+    pub(crate) conversations: usize,
+    /// Turns per conversation.
+    pub(crate) turns: usize,
+    /// `max_tokens` of every request.
+    pub(crate) max_tokens: u32,
+    /// Workload seed.
+    pub(crate) seed: u64,
+    /// Repetitions of the three rows, alternating their order.
+    pub(crate) rounds: u32,
+    /// Router binary; `None` means next to the current executable.
+    pub(crate) router_bin: Option<PathBuf>,
+    /// The fleet venv's python; `None` as `fleet-hop`.
+    pub(crate) python: Option<PathBuf>,
+    /// `tests/fleet/fleet.py`.
+    pub(crate) fleet_script: PathBuf,
+    /// The model directory whose tokenizer artifacts the router pins.
+    pub(crate) model_dir: PathBuf,
+    /// Seconds the fleet, then the router, may take to be ready.
+    pub(crate) ready_timeout_secs: u64,
+    /// Socket timeout of every request, seconds.
+    pub(crate) request_timeout_secs: u64,
+    /// Wall time a row's load may take, seconds.
+    pub(crate) row_timeout_secs: u64,
+}
+
+impl Default for KvRouteOptions {
+    fn default() -> Self {
+        Self {
+            workers: 4,
+            speedup_ratio: 1,
+            conversations: 8,
+            turns: 8,
+            max_tokens: 16,
+            seed: 1,
+            rounds: 1,
+            router_bin: None,
+            python: None,
+            fleet_script: PathBuf::from(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../tests/fleet/fleet.py"
+            )),
+            model_dir: PathBuf::from(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../../shared/fixtures/tiny-model"
+            )),
+            ready_timeout_secs: 60,
+            request_timeout_secs: 60,
+            row_timeout_secs: 600,
+        }
+    }
+}
+
+impl KvRouteOptions {
+    /// The CI smoke sizes: 2 turns of 4 conversations.
+    pub(crate) fn quick(&mut self) {
+        self.turns = 2;
+        self.conversations = 4;
+    }
+}
+
+/// Everything a row needs besides its kind and round.
+struct Setup<'a> {
+    opts: &'a KvRouteOptions,
+    python: PathBuf,
+    /// The router binary and the pinned digests, or why the router row cannot run.
+    router: Result<(PathBuf, Vec<String>), String>,
+    dir: TempDir,
+    fleet_cpus: Vec<usize>,
+}
+
+/// Runs the benchmark and prints the report on stdout.
+pub(crate) fn run(opts: &KvRouteOptions) -> Result<(), BenchError> {
+    let python = opts.python.clone().unwrap_or_else(default_python);
+    if !python.is_file() {
+        return Err(FleetError::NoPython(python).into());
+    }
+    if !opts.fleet_script.is_file() {
+        return Err(FleetError::NoScript(opts.fleet_script.clone()).into());
+    }
+    let bin = child::sibling_or(opts.router_bin.as_deref(), "continuum-router")?;
+    let router = if bin.is_file() {
+        router::digests(&opts.model_dir)
+            .map(|d| (bin, d))
+            .map_err(|e| e.to_string())
+    } else {
+        Err(format!(
+            "{} not found; run `cargo build --release -p continuum-router --features dynamo-kv`",
+            bin.display()
+        ))
+    };
+    if let Err(why) = &router {
+        eprintln!("router: {why}. Reporting the Dynamo and pinned rows only.");
+    }
+    let setup = Setup {
+        opts,
+        python,
+        router,
+        dir: TempDir::new()?,
+        fleet_cpus: (0..child::available_cpus().max(1)).collect(),
+    };
+    let mut out = std::io::stdout().lock();
+    header(&mut out, &setup).map_err(BenchError::io("writing the report"))?;
+    let mut rows = Vec::new();
+    let mut missing: Vec<(Kind, String)> = Vec::new();
+    for round in 1..=opts.rounds {
+        for kind in report::round_order(round) {
+            if missing.iter().any(|(k, _)| *k == kind) {
+                continue;
+            }
+            eprintln!("kv-route: round {round}: {} ...", kind.label());
+            match run_row(&setup, kind, round) {
+                Ok(row) => rows.push(row),
+                Err(BenchError::Interrupted) => return Err(BenchError::Interrupted),
+                Err(e) => {
+                    eprintln!("kv-route: {} failed: {e}", kind.label());
+                    let first = e.to_string().lines().next().unwrap_or_default().to_owned();
+                    missing.push((kind, first));
+                }
+            }
+        }
+    }
+    if let Err(why) = &setup.router
+        && !missing.iter().any(|(k, _)| *k == Kind::Router)
+    {
+        missing.push((Kind::Router, why.clone()));
+    }
+    report::render(&mut out, &rows, &missing).map_err(BenchError::io("writing the report"))?;
+    match missing.iter().find(|(k, _)| *k == Kind::Dynamo) {
+        Some((_, why)) => Err(KvRouteError::NoBaseline(why.clone()).into()),
+        None => Ok(()),
+    }
+}
+
+/// One row on a fresh fleet: start it (and the router), load it, attribute every request to
+/// its worker, tear everything down.
+fn run_row(setup: &Setup<'_>, kind: Kind, round: u32) -> Result<RowRun, BenchError> {
+    let opts = setup.opts;
+    let router_parts = match (kind, &setup.router) {
+        (Kind::Router, Ok(parts)) => Some(parts),
+        (Kind::Router, Err(why)) => {
+            return Err(BenchError::io("starting the router")(
+                std::io::Error::other(why.clone()),
+            ));
+        }
+        _ => None,
+    };
+    let ready = Duration::from_secs(opts.ready_timeout_secs);
+    let log = setup.dir.path().join(format!(
+        "fleet-{}-{round}.log",
+        kind.label().replace(' ', "-")
+    ));
+    let mut fleet = Fleet::start(&FleetSpec {
+        python: &setup.python,
+        script: &opts.fleet_script,
+        model: MODEL,
+        workers: opts.workers,
+        speedup_ratio: opts.speedup_ratio,
+        frontend_args: if kind == Kind::Dynamo {
+            KV_FRONTEND_ARGS
+        } else {
+            ""
+        },
+        cpus: &setup.fleet_cpus,
+        ready_timeout: ready,
+        log: &log,
+    })?;
+    let info = fleet.info().clone();
+    let ids: Vec<u64> = info.workers.iter().map(|w| w.instance_id).collect();
+    let probe_body = shim_load::chat_body(MODEL, 1);
+    let worker_pins = shim_load::decimal_pins(ids.iter().copied());
+    let mut notes = Vec::new();
+    // Declared after `fleet`, so dropped (stopped) before the fleet's teardown.
+    let mut routed: Option<(Supervised, u16)> = None;
+    let (port, pins, worker_header) = match kind {
+        Kind::Dynamo => {
+            await_frontend(&info, &[Vec::new()], &probe_body, ready)?;
+            (info.frontend_port, Vec::new(), None)
+        }
+        Kind::Pinned => {
+            await_frontend(&info, &worker_pins, &probe_body, ready)?;
+            notes.push(format!(
+                "conversation c pinned to worker c mod {} ({} + {} 0)",
+                ids.len(),
+                shim_load::WORKER_PIN,
+                shim_load::DP_RANK_PIN
+            ));
+            (info.frontend_port, worker_pins, None)
+        }
+        Kind::Router => {
+            let Some((bin, pinned)) = router_parts else {
+                return Err(BenchError::io("starting the router")(
+                    std::io::Error::other("no router binary"),
+                ));
+            };
+            await_frontend(&info, &worker_pins, &probe_body, ready)?;
+            eprintln!("kv-route: starting the router and waiting for discovery and KV ...");
+            let (r, port) = router::start(bin, &setup.dir, 0, &info, &probe_body, ready, pinned)?;
+            routed = Some((r, port));
+            // An `x-backend` (even empty) makes the router name the picked worker (SHIM-15).
+            let disclose = vec![vec![("x-backend", String::new())]];
+            (port, disclose, Some(WORKER_HEADER))
+        }
+    };
+    let before = routed.as_ref().map(|(_, p)| router::metrics(*p));
+    let loaded = load::run(&LoadSpec {
+        port,
+        pins: &pins,
+        worker_header,
+        seed: opts.seed,
+        conversations: opts.conversations,
+        turns: opts.turns,
+        max_tokens: opts.max_tokens,
+        io_timeout: Duration::from_secs(opts.request_timeout_secs),
+        deadline: Instant::now() + Duration::from_secs(opts.row_timeout_secs),
+    });
+    if crate::signals::interrupted() {
+        return Err(BenchError::Interrupted);
+    }
+    fleet.ensure_running()?;
+    if let Some((r, _)) = &mut routed {
+        r.ensure_running()?;
+    }
+    let records = match kind {
+        Kind::Dynamo => dynamo_records(&loaded, &info, &mut notes),
+        Kind::Router => {
+            if let (Some((_, p)), Some(before)) = (&routed, &before) {
+                notes.push(router_note(before, &router::metrics(*p)));
+            }
+            records(&loaded, |s| {
+                s.out.header.as_deref().and_then(|h| h.parse().ok())
+            })
+        }
+        Kind::Pinned => records(&loaded, |s| ids.get(s.conversation % ids.len()).copied()),
+    };
+    drop(routed);
+    Ok(RowRun {
+        kind,
+        round,
+        workers: ids,
+        records,
+        errors: loaded.errors,
+        secs: loaded.secs,
+        notes,
+    })
+}
+
+/// Waits until a request with each entry of `pins` is answered 200 by the frontend.
+fn await_frontend(
+    info: &FleetInfo,
+    pins: &[Vec<(&'static str, String)>],
+    body: &str,
+    ready: Duration,
+) -> Result<(), BenchError> {
+    shim_load::await_pinned(
+        info.frontend_port,
+        pins,
+        body,
+        Instant::now() + ready,
+        Duration::from_millis(200),
+        |pins, detail| FleetError::PinnedRequest { pins, detail }.into(),
+    )
+}
+
+/// The records of `loaded`, each request's worker given by `worker`.
+fn records(loaded: &Loaded, worker: impl Fn(&load::Sent) -> Option<u64>) -> Vec<Record> {
+    loaded
+        .sent
+        .iter()
+        .map(|s| Record {
+            conversation: s.conversation,
+            turn: s.turn,
+            ttft: s.out.ttft,
+            prompt_tokens: s.out.prompt_tokens.unwrap_or(0),
+            cached_tokens: s.out.cached_tokens.unwrap_or(0),
+            worker: worker(s),
+        })
+        .collect()
+}
+
+/// The `dynamo kv` row's records: each response id looked up in the frontend's route lines
+/// (re-read until all are there, at most [`LOG_WAIT`]).
+fn dynamo_records(loaded: &Loaded, info: &FleetInfo, notes: &mut Vec<String>) -> Vec<Record> {
+    let deadline = Instant::now() + LOG_WAIT;
+    let routes = loop {
+        let routes = dynamo_log::read(&info.frontend_log);
+        let map = dynamo_log::by_request_id(&routes);
+        let all = loaded
+            .sent
+            .iter()
+            .all(|s| want(s).is_some_and(|id| map.contains_key(id)));
+        if all || Instant::now() >= deadline {
+            break routes;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let map = dynamo_log::by_request_id(&routes);
+    let found: HashMap<&str, (u64, Option<u64>)> = loaded
+        .sent
+        .iter()
+        .filter_map(|s| {
+            let id = want(s)?;
+            let r = map.get(id)?;
+            Some((id, (r.worker_id, r.overlap_blocks)))
+        })
+        .collect();
+    let overlaps: Vec<u64> = found.values().filter_map(|(_, o)| *o).collect();
+    notes.push(format!(
+        "{} of {} requests matched a `route request completed` line of the frontend's log \
+         ({} lines); overlap_blocks mean {:.1}",
+        found.len(),
+        loaded.sent.len(),
+        routes.len(),
+        crate::numbers::per(overlaps.iter().sum::<u64>() as f64, overlaps.len() as f64),
+    ));
+    records(loaded, |s| found.get(want(s)?).map(|(w, _)| *w))
+}
+
+/// The frontend's request id of an answered request (its chunks' `id` without `chatcmpl-`).
+fn want(s: &load::Sent) -> Option<&str> {
+    s.out.id.as_deref().map(dynamo_log::request_id)
+}
+
+/// What the router's counters say about the load's picks (`before` and `after` are metrics
+/// texts taken around the load).
+fn router_note(before: &str, after: &str) -> String {
+    const SEL: &str = "continuum_dynamo_kv_selection_total";
+    let sel = router::delta(
+        &router::counters(after, SEL),
+        &router::counters(before, SEL),
+    );
+    let dec = router::delta(&decode_selections(after), &decode_selections(before));
+    let total: u64 = dec.iter().map(|(_, n)| n).sum();
+    let kv_aware = dec
+        .iter()
+        .find(|(r, _)| r == "kv_aware")
+        .map_or(0, |(_, n)| *n);
+    format!(
+        "KV-aware picks {kv_aware} of {total} decode picks ({:.1}%); {SEL} during the load: {}; \
+         decode picks: {}",
+        100.0 * crate::numbers::per(kv_aware as f64, total as f64),
+        router::pairs_text(&sel),
+        router_probe::selections_text(&dec.into_iter().filter(|(_, n)| *n > 0).collect::<Vec<_>>()),
+    )
+}
+
+fn header(out: &mut impl Write, s: &Setup<'_>) -> std::io::Result<()> {
+    let o = s.opts;
+    let cpus = match s.fleet_cpus.as_slice() {
+        [one] => format!("CPU {one}"),
+        all => format!("CPUs 0-{}", all.len() - 1),
+    };
+    writeln!(
+        out,
+        "kv-route: a fresh Dynamo 1.6.1 fleet per row: {} mocker workers of {MODEL} \
+         (--speedup-ratio {}, block size 64), etcd, 1 frontend; fleet on {cpus}, router \
+         (1 shard) on CPU 0, clients unpinned",
+        o.workers, o.speedup_ratio,
+    )?;
+    writeln!(
+        out,
+        "workload: {} conversations x {} turns, seed {}: one client thread per conversation, \
+         all concurrent; a distinct ~1,000-token system prompt, then per turn a ~50-150-token \
+         user message and the answer; max_tokens {}; streamed with include_usage; {} round(s), \
+         row order alternating",
+        o.conversations, o.turns, o.seed, o.max_tokens, o.rounds,
+    )?;
+    writeln!(
+        out,
+        "rows: dynamo kv = dynamo.frontend {KV_FRONTEND_ARGS} (worker from its log); router kv = \
+         continuum-router (dynamo.kv on, tokenizer.json + tokenizer_config.json pinned) -> \
+         dynamo.frontend --router-mode direct (worker from {WORKER_HEADER}, the clients sending an empty x-backend); pinned = the direct \
+         frontend, conversation c pinned to worker c mod {}",
+        o.workers,
+    )?;
+    writeln!(
+        out,
+        "TTFT = request written -> first SSE event with non-empty delta content; cached share = \
+         sum cached_tokens / sum prompt_tokens (usage chunk); 1-min loadavg at start: {}",
+        cpu::loadavg().map_or("?".into(), |l| format!("{l:.2}")),
+    )
+}

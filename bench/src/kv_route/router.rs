@@ -1,0 +1,222 @@
+//! The router of `kv-route`'s `router kv` row: `fleet-hop`'s router config (one shard, etcd
+//! discovery, the direct-mode frontend as the shim pool) plus `dynamo.kv` with the tiny model's
+//! tokenizer and tokenizer config pinned by their blake3 digests, its start, the bounded wait
+//! until it has loaded the pinned artifacts and connected every worker's `kv-events`, and the
+//! readers of its KV selection counters.
+//!
+//! Invariants: the digests are computed from the fixture files the workers' cards name, as an
+//! operator pins them after `b3sum`; every wait is bounded by the ready timeout; counters are
+//! read as whole numbers, absent ones as 0.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::child::Supervised;
+use crate::error::BenchError;
+use crate::fleet_hop::fleet::FleetInfo;
+use crate::fleet_hop::router::start_with;
+use crate::router_probe::{BIG_BODY, get, wait_for};
+use crate::tempdir::TempDir;
+
+/// The artifacts the router must load before it picks by KV.
+const PINNED_FILES: [&str; 2] = ["tokenizer.json", "tokenizer_config.json"];
+
+/// `blake3:<hex>` of each pinned artifact of the model in `model_dir`.
+pub(crate) fn digests(model_dir: &Path) -> Result<Vec<String>, BenchError> {
+    PINNED_FILES
+        .iter()
+        .map(|f| {
+            let p = model_dir.join(f);
+            let bytes =
+                std::fs::read(&p).map_err(BenchError::io(format!("reading {}", p.display())))?;
+            Ok(format!("blake3:{}", blake3::hash(&bytes).to_hex()))
+        })
+        .collect()
+}
+
+/// The `kv:` block of the router's `dynamo:` section.
+pub(crate) fn kv_yaml(pinned: &[String]) -> String {
+    let list: Vec<String> = pinned
+        .iter()
+        .map(|p| Value::String(p.clone()).to_string())
+        .collect();
+    format!(
+        "  kv:\n    enabled: true\n    pinned_artifacts: [{}]\n",
+        list.join(", ")
+    )
+}
+
+/// Starts the KV router for `fleet` on `cpu` and waits until it discovered every worker,
+/// proxied `chat_body`, loaded the pinned artifacts and connected every `kv-events` publisher.
+pub(crate) fn start(
+    bin: &Path,
+    dir: &TempDir,
+    cpu: usize,
+    fleet: &FleetInfo,
+    chat_body: &str,
+    ready: Duration,
+    pinned: &[String],
+) -> Result<(Supervised, u16), BenchError> {
+    let model = super::workload::MODEL;
+    let (mut router, port) = start_with(
+        bin,
+        dir,
+        cpu,
+        fleet,
+        model,
+        chat_body,
+        ready,
+        &kv_yaml(pinned),
+    )?;
+    let deadline = Instant::now() + ready;
+    let n = fleet.workers.len();
+    wait_for(&mut router, deadline, ready, || kv_ready(port, n))?;
+    Ok((router, port))
+}
+
+/// Whether the router loaded its pinned artifacts and has `publishers` connected `kv-events`
+/// subscriptions.
+fn kv_ready(port: u16, publishers: usize) -> Result<(), String> {
+    let metrics = String::from_utf8_lossy(&get(port, "/metrics")?).into_owned();
+    let loaded = counter(&metrics, "continuum_dynamo_kv_artifacts_total", "loaded");
+    if loaded == 0 {
+        return Err(format!(
+            "pinned artifacts not loaded yet (artifacts: {})",
+            pairs_text(&counters(&metrics, "continuum_dynamo_kv_artifacts_total"))
+        ));
+    }
+    let admin = get(port, "/admin/dynamo/workers")?;
+    let connected = connected_kv_events(&admin);
+    if connected < publishers {
+        return Err(format!(
+            "{connected} of {publishers} kv-events subscriptions connected"
+        ));
+    }
+    Ok(())
+}
+
+/// Connected `kv-events` subscriptions of an `/admin/dynamo/workers` body.
+pub(crate) fn connected_kv_events(admin: &[u8]) -> usize {
+    let Ok(v) = serde_json::from_slice::<Value>(admin) else {
+        return 0;
+    };
+    v["subscriptions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|s| s["family"] == "kv-events" && s["state"] == "connected")
+        .count()
+}
+
+/// Every `name{result="..."} N` counter of a metrics text, as `(result, N)`, in text order.
+pub(crate) fn counters(metrics: &str, name: &str) -> Vec<(String, u64)> {
+    let prefix = format!("{name}{{result=\"");
+    metrics
+        .lines()
+        .filter_map(|l| {
+            let rest = l.strip_prefix(&prefix)?;
+            let (result, count) = rest.split_once("\"}")?;
+            let n = count.trim().parse::<f64>().ok()?;
+            // Counters are whole numbers printed as floats or integers.
+            Some((result.to_owned(), n.max(0.0) as u64))
+        })
+        .collect()
+}
+
+/// The `result` counter of `name`, 0 when absent.
+pub(crate) fn counter(metrics: &str, name: &str, result: &str) -> u64 {
+    counters(metrics, name)
+        .into_iter()
+        .find(|(r, _)| r == result)
+        .map_or(0, |(_, n)| n)
+}
+
+/// `after - before` per label (labels of `after`; missing in `before` = 0).
+pub(crate) fn delta(after: &[(String, u64)], before: &[(String, u64)]) -> Vec<(String, u64)> {
+    after
+        .iter()
+        .map(|(label, n)| {
+            let b = before
+                .iter()
+                .find(|(l, _)| l == label)
+                .map_or(0, |(_, n)| *n);
+            (label.clone(), n.saturating_sub(b))
+        })
+        .collect()
+}
+
+/// `label=N, ...` of the non-zero pairs, or `none`.
+pub(crate) fn pairs_text(pairs: &[(String, u64)]) -> String {
+    let parts: Vec<String> = pairs
+        .iter()
+        .filter(|(_, n)| *n > 0)
+        .map(|(l, n)| format!("{l}={n}"))
+        .collect();
+    if parts.is_empty() {
+        "none".to_owned()
+    } else {
+        parts.join(", ")
+    }
+}
+
+/// The router's metrics text (empty if it cannot be read).
+pub(crate) fn metrics(port: u16) -> String {
+    crate::probe::request_capped(port, "GET", "/metrics", &[], "", BIG_BODY)
+        .map(|r| r.text())
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kv_block_and_counters() {
+        let y = kv_yaml(&["blake3:ab".into(), "blake3:cd".into()]);
+        assert_eq!(
+            y,
+            "  kv:\n    enabled: true\n    pinned_artifacts: [\"blake3:ab\", \"blake3:cd\"]\n"
+        );
+        let m = "# HELP x\n\
+                 continuum_dynamo_kv_selection_total{result=\"overlap\"} 56\n\
+                 continuum_dynamo_kv_selection_total{result=\"no_overlap\"} 8\n\
+                 continuum_dynamo_kv_selection_total{result=\"artifact_unpinned\"} 0\n\
+                 continuum_dynamo_kv_artifacts_total{result=\"loaded\"} 2\n";
+        let sel = counters(m, "continuum_dynamo_kv_selection_total");
+        assert_eq!(sel.len(), 3);
+        assert_eq!(pairs_text(&sel), "overlap=56, no_overlap=8");
+        assert_eq!(
+            counter(m, "continuum_dynamo_kv_artifacts_total", "loaded"),
+            2
+        );
+        assert_eq!(
+            counter(m, "continuum_dynamo_kv_artifacts_total", "failed"),
+            0
+        );
+        let before = vec![("overlap".to_owned(), 6)];
+        assert_eq!(delta(&sel, &before)[0], ("overlap".to_owned(), 50));
+        assert_eq!(pairs_text(&[]), "none");
+        let admin = br#"{"subscriptions":[{"family":"kv-events","state":"connected"},
+            {"family":"kv-events","state":"connecting"},{"family":"kv_metrics","state":"connected"}]}"#;
+        assert_eq!(connected_kv_events(admin), 1);
+    }
+
+    #[test]
+    fn digests_of_the_fixture() {
+        let dir = Path::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../shared/fixtures/tiny-model"
+        ));
+        if !dir.join("tokenizer.json").is_file() {
+            return; // the shared fixtures are not checked out here
+        }
+        let d = digests(dir).unwrap();
+        assert_eq!(d.len(), 2);
+        assert!(
+            d.iter()
+                .all(|x| x.starts_with("blake3:") && x.len() == 7 + 64)
+        );
+    }
+}
