@@ -274,6 +274,10 @@ fn run_row(setup: &Setup<'_>, kind: Kind, round: u32) -> Result<RowRun, BenchErr
         }
     };
     let before = routed.as_ref().map(|(_, p)| router::metrics(*p));
+    // CPU of the frontend (and the router) over the load: what each hop costs per request.
+    let cpu_of = |pid: i32| crate::cpu::tree(pid).ok();
+    let router_pid = routed.as_ref().map(|(r, _)| r.pid());
+    let cpu_before = (cpu_of(info.frontend_pid), router_pid.and_then(cpu_of));
     let loaded = load::run(&LoadSpec {
         port,
         pins: &pins,
@@ -288,10 +292,13 @@ fn run_row(setup: &Setup<'_>, kind: Kind, round: u32) -> Result<RowRun, BenchErr
     if crate::signals::interrupted() {
         return Err(BenchError::Interrupted);
     }
+    let cpu_after = (cpu_of(info.frontend_pid), router_pid.and_then(cpu_of));
     fleet.ensure_running()?;
     if let Some((r, _)) = &mut routed {
         r.ensure_running()?;
     }
+    let (note, picker_cpu_us) = cpu_note(kind, loaded.sent.len(), cpu_before, cpu_after);
+    notes.push(note);
     let records = match kind {
         Kind::Dynamo => dynamo_records(&loaded, &info, &mut notes),
         Kind::Router => {
@@ -306,6 +313,7 @@ fn run_row(setup: &Setup<'_>, kind: Kind, round: u32) -> Result<RowRun, BenchErr
     };
     drop(routed);
     Ok(RowRun {
+        picker_cpu_us,
         kind,
         round,
         workers: ids,
@@ -314,6 +322,42 @@ fn run_row(setup: &Setup<'_>, kind: Kind, round: u32) -> Result<RowRun, BenchErr
         secs: loaded.secs,
         notes,
     })
+}
+
+/// CPU per request of the frontend and, in the router row, of the router (the process trees'
+/// user + system time over the load, divided by the requests sent); with the figure of the hop
+/// that picks (Dynamo's KV frontend, or the router).
+fn cpu_note(
+    kind: Kind,
+    requests: usize,
+    before: (Option<crate::cpu::CpuTime>, Option<crate::cpu::CpuTime>),
+    after: (Option<crate::cpu::CpuTime>, Option<crate::cpu::CpuTime>),
+) -> (String, Option<f64>) {
+    let per = |b: Option<crate::cpu::CpuTime>, a: Option<crate::cpu::CpuTime>| {
+        Some(a?.since(b?).total() * 1e6 / requests.max(1) as f64)
+    };
+    let frontend = per(before.0, after.0);
+    let router = per(before.1, after.1);
+    let fe = match kind {
+        Kind::Dynamo => "frontend (--router-mode kv)",
+        Kind::Router | Kind::Pinned => "frontend (--router-mode direct)",
+    };
+    let us = |v: Option<f64>| v.map_or("n/a".to_owned(), |v| format!("{v:.0} us"));
+    let picker = match kind {
+        Kind::Dynamo => frontend,
+        Kind::Router => router,
+        Kind::Pinned => None,
+    };
+    let note = match (kind, router, frontend) {
+        (Kind::Router, Some(r), Some(f)) if f > 0.0 => format!(
+            "CPU per request: router {} ({:.2}x the {fe} behind it, {})",
+            us(Some(r)),
+            r / f,
+            us(Some(f))
+        ),
+        _ => format!("CPU per request: {fe} {}", us(frontend)),
+    };
+    (note, picker)
 }
 
 /// Waits until a request with each entry of `pins` is answered 200 by the frontend.

@@ -83,6 +83,9 @@ pub(crate) struct RowRun {
     pub(crate) secs: f64,
     /// Lines printed under the table (what the router or Dynamo said about its picks).
     pub(crate) notes: Vec<String>,
+    /// CPU per request, microseconds, of the hop that picks: Dynamo's KV frontend in the
+    /// `dynamo kv` row, the router in the `router kv` row.
+    pub(crate) picker_cpu_us: Option<f64>,
 }
 
 impl RowRun {
@@ -327,6 +330,22 @@ pub(crate) fn render(
             secs(p.p50)
         )?;
     }
+    let cpu = |k: Kind| {
+        let v: Vec<f64> = rows
+            .iter()
+            .filter(|r| r.kind == k)
+            .filter_map(|r| r.picker_cpu_us)
+            .collect();
+        (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
+    };
+    if let (Some(rc), Some(dc)) = (cpu(Kind::Router), cpu(Kind::Dynamo)) {
+        writeln!(
+            out,
+            "CPU per request of the hop that tokenizes and picks: router {:.3}x Dynamo's KV \
+             frontend ({rc:.0} vs {dc:.0} us)",
+            per(rc, dc)
+        )?;
+    }
     let Some(r) = router else {
         return Ok(());
     };
@@ -378,6 +397,7 @@ mod tests {
 
     fn row(kind: Kind, round: u32, records: Vec<Record>) -> RowRun {
         RowRun {
+            picker_cpu_us: None,
             kind,
             round,
             workers: vec![1, 2],
@@ -444,6 +464,9 @@ mod tests {
                 vec![rec(1, 0.1, 100, 95, 1), rec(1, 0.1, 100, 95, 2)],
             ),
         ];
+        let mut rows = rows;
+        rows[0].picker_cpu_us = Some(1000.0);
+        rows[1].picker_cpu_us = Some(500.0);
         let mut out = Vec::new();
         render(&mut out, &rows, &[(Kind::Pinned, "why".into())]).unwrap();
         let text = String::from_utf8(out).unwrap();
@@ -460,5 +483,9 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("router/dynamo: cached share 1.18"), "{text}");
+        assert!(
+            text.contains("router 0.500x Dynamo's KV frontend (500 vs 1000 us)"),
+            "{text}"
+        );
     }
 }

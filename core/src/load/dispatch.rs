@@ -40,11 +40,13 @@
 //! Invariants:
 //! - right after [`DispatchLedger::refresh`] the published summary is exact for that `now` (sums
 //!   and stall); between refreshes a reader may over-count partially answered or expired records
-//!   and may miss a stall whose record is neither the earliest nor the latest eligible one — the
-//!   shard refreshes before each pick and on its housekeeping tick, which bounds that window;
+//!   and may miss a stall whose record is neither the earliest nor the latest eligible one, and
+//!   counts records answered since (those finished unanswered included) as running — the shard
+//!   refreshes before each pick and on its housekeeping tick, which bounds that window;
 //! - `dispatch` and `finish` allocate only when a key gets its first record on this shard or its
 //!   record queue grows; at most [`MAX_RECORDS_PER_KEY`] records are kept per key (a further
-//!   dispatch is merged into the newest record, which over-counts rather than under-counts);
+//!   dispatch is merged into the newest unanswered record, which over-counts rather than
+//!   under-counts; when every kept record is answered, the oldest is dropped with its floor);
 //! - a summary names its slot epoch: after a worker departs and its slot is reused, stale
 //!   summaries read as zero.
 
