@@ -237,3 +237,38 @@ async fn local_files_are_read_by_path_and_file_uri_and_capped() {
     ));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Exactly [`super::fetch::MAX_REDIRECTS`] (5) redirects are followed; a sixth is refused before it
+/// is requested (KV-TOK-03).
+#[tokio::test]
+async fn five_redirects_are_followed_and_a_sixth_is_not() {
+    let chain = |hops: usize| -> Vec<(&'static str, Vec<u8>)> {
+        const PATHS: [&str; 8] = ["/r0", "/r1", "/r2", "/r3", "/r4", "/r5", "/r6", "/r7"];
+        let mut routes: Vec<(&'static str, Vec<u8>)> = (0..hops)
+            .map(|i| (PATHS[i], redirect(PATHS[i + 1])))
+            .collect();
+        routes.push((PATHS[hops], ok(BODY)));
+        routes
+    };
+    assert_eq!(super::fetch::MAX_REDIRECTS, 5);
+    let r = remote("http://127.0.0.1:9");
+    let five = serve(chain(5)).await;
+    let a = artifact(&format!("http://{}/r0", five.addr), BODY);
+    assert_eq!(fetch(&a, &r).await.expect("five redirects followed"), BODY);
+    assert_eq!(
+        five.seen.lock().expect("log").len(),
+        6,
+        "five hops, then the file"
+    );
+    let six = serve(chain(6)).await;
+    let a = artifact(&format!("http://{}/r0", six.addr), BODY);
+    assert!(matches!(
+        fetch(&a, &r).await,
+        Err(FetchError::Unreadable(m)) if m.contains("redirects")
+    ));
+    assert_eq!(
+        six.seen.lock().expect("log").len(),
+        6,
+        "the sixth location is never requested"
+    );
+}
