@@ -69,7 +69,9 @@ use super::kv_conditional::{
     BypassDecision, ConditionalDisagg, DecodeRank, conditional_decode_cost, decide_bypass,
 };
 use super::kv_cost::{KvParams, KvTerms, UnitSource, kv_cost, softmax_sample_index};
-use super::load_based::{PickScratch, pair_decode, pick_with, push_ordered, rank_header};
+use super::load_based::{
+    PickScratch, cheapest_others, pair_decode, pick_with, push_ordered, rank_header, with_decode,
+};
 use super::rank_index::RankIndex;
 use super::{
     Chosen, DpRankHeaders, KvOutcome, MAX_CANDIDATES, MAX_PICKS, NoWorker, OverlapSource, Pick,
@@ -652,38 +654,28 @@ fn push_kv_runners_up<'f>(
     let Some(role) = scored.get(chosen).map(|c| c.role) else {
         return;
     };
-    let mut taken = [chosen; MAX_PICKS];
-    let mut n = 1;
-    while out.wants_more() && n < MAX_PICKS {
-        let mut best: Option<(usize, f64)> = None;
-        for (i, c) in scored.iter().enumerate() {
-            let Some(cost) = c.cost else { continue };
-            let eligible = !taken[..n].contains(&i)
-                && c.role == role
-                && workers
-                    .get(c.worker)
-                    .is_some_and(|w| w.namespace == pick.namespace);
-            if eligible && best.is_none_or(|(_, b)| cost < b) {
-                best = Some((i, cost));
-            }
-        }
-        let Some((c, w)) = best.and_then(|(i, _)| {
-            let c = scored.get(i)?;
-            Some((c, workers.get(c.worker)?))
-        }) else {
+    let mut picked = [None; MAX_PICKS - 1];
+    let want = out.limit().saturating_sub(out.len()).min(MAX_PICKS - 1);
+    let picked = &mut picked[..want];
+    cheapest_others(
+        scored.len(),
+        chosen,
+        |i| scored.get(i).and_then(|c| c.cost),
+        |i| {
+            scored.get(i).is_some_and(|c| {
+                c.role == role
+                    && workers
+                        .get(c.worker)
+                        .is_some_and(|w| w.namespace == pick.namespace)
+            })
+        },
+        picked,
+    );
+    for c in picked.iter().flatten().filter_map(|&i| scored.get(i)) {
+        let Some(w) = workers.get(c.worker) else {
             return;
         };
-        if let Some((i, _)) = best {
-            taken[n] = i;
-        }
-        n += 1;
-        let mut alt = *pick;
-        alt.decode = Chosen {
-            instance_id: c.instance_id,
-            dp_rank: c.dp_rank,
-            reason: pick.decode.reason,
-        };
-        alt.dp_rank_headers.decode_rank = rank_header(w, c.dp_rank);
+        let mut alt = with_decode(pick, w, c.dp_rank);
         alt.kv = Some(KvOutcome {
             overlap_blocks: c.overlap_blocks,
             block_size: c.block_size,

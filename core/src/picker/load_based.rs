@@ -287,8 +287,8 @@ pub(super) fn pair_decode(
 }
 
 /// Fills `into` with the cheapest decode candidates other than `chosen` that share its
-/// namespace and role, ascending by defined cost (ties in candidate order). O(candidates ×
-/// `into.len()`), and only run when the caller asked for more than one candidate.
+/// namespace and role, ascending by defined cost (ties in candidate order). Only run when the
+/// caller asked for more than one candidate.
 fn runners_up(
     scratch: &PickScratch,
     workers: &[Worker],
@@ -296,24 +296,61 @@ fn runners_up(
     dw: &Worker,
     into: &mut [Option<Slot>],
 ) {
-    let mut taken: [Option<usize>; MAX_PICKS - 1] = [None; MAX_PICKS - 1];
+    let mut picked = [None; MAX_PICKS - 1];
+    let picked = &mut picked[..into.len().min(MAX_PICKS - 1)];
+    cheapest_others(
+        scratch.slots.len(),
+        chosen,
+        |i| scratch.candidates.get(i).and_then(|c| c.cost),
+        |i| {
+            scratch
+                .slots
+                .get(i)
+                .and_then(|s| workers.get(s.worker))
+                .is_some_and(|w| w.namespace == dw.namespace && w.role == dw.role)
+        },
+        picked,
+    );
+    for (slot, i) in into.iter_mut().zip(picked.iter()) {
+        *slot = i.and_then(|i| scratch.slots.get(i).copied());
+    }
+}
+
+/// Fills `into`, in order, with up to `into.len()` candidates (indices below `len`) other than
+/// `chosen` that `eligible` admits and that have a cost: the cheapest first, ties in candidate
+/// order; entries past the last such candidate are left as they are. O(`len` × `into.len()`).
+/// Both pickers' runners-up (the ordered alternates a caller may ask for).
+pub(super) fn cheapest_others<C: PartialOrd + Copy>(
+    len: usize,
+    chosen: usize,
+    cost: impl Fn(usize) -> Option<C>,
+    eligible: impl Fn(usize) -> bool,
+    into: &mut [Option<usize>],
+) {
     for n in 0..into.len() {
-        let mut best: Option<(usize, Cost)> = None;
-        for (i, (slot, c)) in scratch.slots.iter().zip(&scratch.candidates).enumerate() {
-            let Some(cost) = c.cost else { continue };
-            let eligible = i != chosen
-                && !taken.contains(&Some(i))
-                && workers
-                    .get(slot.worker)
-                    .is_some_and(|w| w.namespace == dw.namespace && w.role == dw.role);
-            if eligible && best.is_none_or(|(_, b)| cost < b) {
-                best = Some((i, cost));
+        let mut best: Option<(usize, C)> = None;
+        for i in 0..len {
+            let Some(c) = cost(i) else { continue };
+            let free = i != chosen && !into[..n].contains(&Some(i));
+            if free && eligible(i) && best.is_none_or(|(_, b)| c < b) {
+                best = Some((i, c));
             }
         }
         let Some((i, _)) = best else { return };
-        taken[n] = Some(i);
-        into[n] = scratch.slots.get(i).copied();
+        into[n] = Some(i);
     }
+}
+
+/// `pick` with its decode side moved to rank `rank` of `w` (same reason, prefill and namespace).
+pub(super) fn with_decode<'f>(pick: &Pick<'f>, w: &Worker, rank: u32) -> Pick<'f> {
+    let mut alt = *pick;
+    alt.decode = Chosen {
+        instance_id: w.instance_id,
+        dp_rank: rank,
+        reason: pick.decode.reason,
+    };
+    alt.dp_rank_headers.decode_rank = rank_header(w, rank);
+    alt
 }
 
 /// Writes `pick`, then one candidate per alternate slot (same prefill, its own decode rank).
@@ -325,16 +362,8 @@ pub(super) fn push_ordered<'f>(
 ) {
     out.push(*pick);
     for slot in alternates.iter().flatten() {
-        let Some(w) = workers.get(slot.worker) else {
-            continue;
-        };
-        let mut alt = *pick;
-        alt.decode = Chosen {
-            instance_id: w.instance_id,
-            dp_rank: slot.rank,
-            reason: pick.decode.reason,
-        };
-        alt.dp_rank_headers.decode_rank = rank_header(w, slot.rank);
-        out.push(alt);
+        if let Some(w) = workers.get(slot.worker) {
+            out.push(with_decode(pick, w, slot.rank));
+        }
     }
 }
