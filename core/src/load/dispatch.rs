@@ -564,3 +564,52 @@ impl<'a> InflightReader<'a> {
         out
     }
 }
+
+#[cfg(test)]
+mod cap_tests {
+    use super::super::test_support::{at_ms, key, sample, store_with, worker};
+    use super::*;
+
+    fn records(l: &DispatchLedger) -> usize {
+        l.slots.values().map(|e| e.records.len()).sum()
+    }
+
+    /// At most [`MAX_RECORDS_PER_KEY`] records per key: further unanswered dispatches merge into
+    /// the newest (their load still counts, none is lost); once every kept record is answered, a
+    /// new dispatch drops the oldest, and its floor with it.
+    #[test]
+    fn a_key_keeps_at_most_max_records_and_loses_no_unanswered_load() {
+        let store = store_with(vec![worker(1, 0, 1)]);
+        let k = key(1, 0);
+        let one = DispatchLoad::for_role(DispatchRole::Aggregated, 16, Some(16)); // 1 block
+        let mut ledger = DispatchLedger::new();
+        let extra = 10;
+        for i in 0..MAX_RECORDS_PER_KEY + extra {
+            let t = at_ms(1 + i as u64);
+            assert!(ledger.dispatch(&store.view(), k, one, t).is_some());
+        }
+        assert_eq!(records(&ledger), MAX_RECORDS_PER_KEY);
+        let tables = [ledger.table()];
+        let reader = InflightReader::new(&tables);
+        let now = at_ms(10_000);
+        let view = store.view();
+        let total = (MAX_RECORDS_PER_KEY + extra) as u64;
+        let read = view.read(k);
+        assert_eq!(reader.inflight(&view, k, &read, now).decode_blocks, total);
+
+        // A sample answers every record: they run on (the floor), uncounted as additions.
+        view.apply(k, &sample(7, 1, Some(0), None), now);
+        ledger.refresh(&view, now);
+        let slot = view.slot(k).expect("cell");
+        let sum = reader.summary_slot(slot, &view.read(k), now);
+        assert_eq!(sum.inflight.decode_blocks, 0);
+        assert_eq!(sum.running.decode_blocks, total);
+        // One more dispatch: the oldest answered record (1 block) leaves, the new one counts.
+        let later = at_ms(10_001);
+        assert!(ledger.dispatch(&view, k, one, later).is_some());
+        assert_eq!(records(&ledger), MAX_RECORDS_PER_KEY);
+        let sum = reader.summary_slot(slot, &view.read(k), later);
+        assert_eq!(sum.running.decode_blocks, total - 1);
+        assert_eq!(sum.inflight.decode_blocks, 1);
+    }
+}
