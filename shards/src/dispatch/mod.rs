@@ -58,6 +58,7 @@ use std::sync::Arc;
 use continuum_core::config::RetryBudgetConfig;
 use continuum_core::load::DispatchLedger;
 use continuum_core::picker::WorkerPicker;
+use continuum_core::prompt::request::resolve_cache_salt;
 use continuum_core::retry_budget::RetryBudget;
 use continuum_core::shim::RoutingPath;
 use continuum_core::snapshot::RouterSnapshot;
@@ -283,14 +284,14 @@ impl Dispatcher {
     }
 }
 
-/// The last non-empty `x-tenant-id` value (1.6.1 takes it as the request's cache salt).
+/// The last non-empty `x-tenant-id` value (1.6.1 takes it as the request's cache salt; the rule
+/// is core's [`resolve_cache_salt`], the body's salt applied later by the prompt pipeline).
 fn tenant_id(req: &Request) -> Option<&str> {
-    req.head
+    let values = req
+        .head
         .headers
         .iter()
-        .rev()
         .filter(|h| req.span(&h.name).eq_ignore_ascii_case(b"x-tenant-id"))
-        .filter_map(|h| std::str::from_utf8(req.span(&h.value)).ok())
-        .map(str::trim)
-        .find(|v| !v.is_empty())
+        .filter_map(|h| std::str::from_utf8(req.span(&h.value)).ok());
+    resolve_cache_salt(values, None)
 }
