@@ -335,3 +335,19 @@ fn pinned_loop_decisions_follow_the_table() {
         PinnedStep::Decided(ShimDecision::FallbackUnified)
     );
 }
+
+/// `x-tenant-id` (1.6.1's cache-salt override): the last non-empty, trimmed value, any case.
+#[test]
+fn the_tenant_is_the_last_non_empty_x_tenant_id() {
+    let with = |headers: &str| {
+        let raw = format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: r\r\n{headers}content-length: 2\r\n\r\n{{}}"
+        );
+        Request::parsed(raw.as_bytes())
+    };
+    let r = with("x-tenant-id: a\r\nX-Tenant-Id:  b \r\nx-tenant-id:   \r\n");
+    assert_eq!(super::tenant_id(&r), Some("b"));
+    let r = with("x-tenant-id:  \r\n");
+    assert_eq!(super::tenant_id(&r), None);
+    assert_eq!(super::tenant_id(&with("")), None);
+}
