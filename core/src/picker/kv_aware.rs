@@ -527,11 +527,6 @@ impl KvAwarePicker {
     pub fn params(&self) -> KvParams {
         self.params
     }
-
-    /// The KV stage's candidates as scored by the last KV pick.
-    pub fn last_scored(&self) -> &[ScoredCandidate] {
-        self.kv.scored()
-    }
 }
 
 impl WorkerPicker for KvAwarePicker {

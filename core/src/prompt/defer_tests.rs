@@ -33,7 +33,7 @@ fn a_prompt_over_the_budget_is_deferred_with_its_uncached_segments_only() {
     let err = p
         .prepare(&long, &[64], budget(4096), &mut cache, &mut s)
         .expect_err("deferred");
-    assert_eq!(err.fallback(), PromptFallback::PromptTooLarge);
+    assert_eq!(err.fallback(), KvSelection::PromptTooLarge);
     let PromptError::Deferred { bytes, pieces } = err else {
         panic!("{err:?}")
     };

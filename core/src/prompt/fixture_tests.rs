@@ -188,15 +188,18 @@ fn prepare_errors_map_to_fallback_labels() {
             .unwrap_err()
             .fallback()
     };
-    assert_eq!(fb(b"not json", &[64]), PromptFallback::RenderUnavailable);
-    assert_eq!(fb(br#"{"messages":[]}"#, &[8]), PromptFallback::Unsupported);
+    assert_eq!(fb(b"not json", &[64]), KvSelection::RenderUnavailable);
+    assert_eq!(
+        fb(br#"{"messages":[]}"#, &[8]),
+        KvSelection::TokenizerUnavailable
+    );
     assert_eq!(
         fb(br#"{"messages":[]}"#, &[16, 32, 64]),
-        PromptFallback::Unsupported
+        KvSelection::TokenizerUnavailable
     );
     let huge = serde_json::to_vec(
         &serde_json::json!({"messages": [{"role": "user", "content": "x".repeat(1 << 20)}]}),
     )
     .unwrap();
-    assert_eq!(fb(&huge, &[64]), PromptFallback::PromptTooLarge);
+    assert_eq!(fb(&huge, &[64]), KvSelection::PromptTooLarge);
 }

@@ -35,29 +35,8 @@ pub use segments::{SegmentCache, SegmentCacheStats};
 pub use template::{ChatTemplate, RenderError, TemplateError, TemplateFile};
 pub use tokenize::{PromptTokenizer, TokenizeError};
 
+use crate::artifacts::planner::KvSelection;
 use crate::picker::BlockHash;
-
-/// The `kv_selection_total{result}` label a failed prompt falls back to (KV-TOK-15).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PromptFallback {
-    /// A render or token limit was exceeded: `prompt_too_large`.
-    PromptTooLarge,
-    /// The template failed, ran out of fuel, or the request is malformed: `render_unavailable`.
-    RenderUnavailable,
-    /// A block size outside 16..=65536 or more than two sizes: `unsupported` (KV-TOK-18).
-    Unsupported,
-}
-
-impl PromptFallback {
-    /// The metric label value.
-    pub fn label(self) -> &'static str {
-        match self {
-            Self::PromptTooLarge => "prompt_too_large",
-            Self::RenderUnavailable => "render_unavailable",
-            Self::Unsupported => "unsupported",
-        }
-    }
-}
 
 /// Why building a pipeline failed.
 #[derive(Debug, thiserror::Error)]
@@ -101,17 +80,20 @@ pub enum PromptError {
 }
 
 impl PromptError {
-    /// The fallback label of this failure (KV-TOK-15).
-    pub fn fallback(&self) -> PromptFallback {
+    /// The `kv_selection_total{result}` this failure falls back to (KV-TOK-15): a cap exceeded
+    /// is `prompt_too_large`; a malformed request or a failed render is `render_unavailable`;
+    /// block sizes the hasher does not support (KV-TOK-18) leave the model without a usable
+    /// tokenizer set, `tokenizer_unavailable`.
+    pub fn fallback(&self) -> KvSelection {
         match self {
             Self::Request(RequestError::TooLarge(_))
             | Self::Render(RenderError::OutputTooLarge)
-            | Self::Tokenize(TokenizeError::TooManyTokens) => PromptFallback::PromptTooLarge,
+            | Self::Tokenize(TokenizeError::TooManyTokens) => KvSelection::PromptTooLarge,
             Self::Request(_) | Self::Render(_) | Self::NotUtf8 | Self::Tokenize(_) => {
-                PromptFallback::RenderUnavailable
+                KvSelection::RenderUnavailable
             }
-            Self::BlockSize(_) => PromptFallback::Unsupported,
-            Self::Deferred { .. } => PromptFallback::PromptTooLarge,
+            Self::BlockSize(_) => KvSelection::TokenizerUnavailable,
+            Self::Deferred { .. } => KvSelection::PromptTooLarge,
         }
     }
 }
@@ -318,7 +300,7 @@ mod tests {
             PromptError::from(BlockSizeError::Unsupported(8))
                 .fallback()
                 .label(),
-            "unsupported"
+            "tokenizer_unavailable"
         );
     }
 }

@@ -128,7 +128,6 @@ pub struct ChatTemplate {
     requires_content_arrays: bool,
     default_caps: Caps,
     tool_use_caps: Caps,
-    exclude_tools_when_tool_choice_none: bool,
 }
 
 /// An `io::Write` into a reused buffer that fails once the cap would be passed.
@@ -216,7 +215,6 @@ impl ChatTemplate {
             requires_content_arrays: false,
             default_caps: Caps::default(),
             tool_use_caps: Caps::default(),
-            exclude_tools_when_tool_choice_none: true,
         };
         t.requires_content_arrays = t.detect_content_array_usage();
         t.default_caps = t.caps("default", None);
@@ -224,11 +222,6 @@ impl ChatTemplate {
             "description": "", "parameters": {"type": "object", "properties": {}}}}]);
         t.tool_use_caps = t.caps("tool_use", Some(probe_tools));
         Ok(t)
-    }
-
-    /// Sets 1.6.1's `runtime_config.exclude_tools_when_tool_choice_none` (default true).
-    pub fn set_exclude_tools_when_tool_choice_none(&mut self, exclude: bool) {
-        self.exclude_tools_when_tool_choice_none = exclude;
     }
 
     fn source_contains(&self, name: &str, needle: &str) -> Option<bool> {
@@ -287,8 +280,9 @@ impl ChatTemplate {
         out: &mut Vec<u8>,
     ) -> Result<(), RenderError> {
         out.clear();
-        let drop_tools = self.exclude_tools_when_tool_choice_none
-            && req.tool_choice.as_ref().and_then(serde_json::Value::as_str) == Some("none");
+        // 1.6.1's default `exclude_tools_when_tool_choice_none` (true).
+        let drop_tools =
+            req.tool_choice.as_ref().and_then(serde_json::Value::as_str) == Some("none");
         let tools = match &req.tools {
             Some(t) if !drop_tools => Some(messages::fix_tool_schema(t)),
             _ => None,
@@ -319,7 +313,7 @@ impl ChatTemplate {
             unk_token => self.unk,
             add_generation_prompt => req.add_generation_prompt,
         };
-        let hidden = context! { __continuum_now_unix => now_unix_secs };
+        let hidden = Value::from_iter([(pyfmt::NOW_VAR, Value::from(now_unix_secs))]);
         let ctx = match &req.chat_template_args {
             Some(args) => minijinja::value::merge_maps([base, Value::from_serialize(args), hidden]),
             None => minijinja::value::merge_maps([base, hidden]),

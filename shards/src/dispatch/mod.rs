@@ -58,7 +58,7 @@ use std::sync::Arc;
 use continuum_core::config::RetryBudgetConfig;
 use continuum_core::load::DispatchLedger;
 use continuum_core::picker::WorkerPicker;
-use continuum_core::prompt::request::resolve_cache_salt;
+use continuum_core::prompt::request::{TENANT_ID_HEADER, resolve_cache_salt};
 use continuum_core::retry_budget::RetryBudget;
 use continuum_core::shim::RoutingPath;
 use continuum_core::snapshot::RouterSnapshot;
@@ -291,7 +291,10 @@ fn tenant_id(req: &Request) -> Option<&str> {
         .head
         .headers
         .iter()
-        .filter(|h| req.span(&h.name).eq_ignore_ascii_case(b"x-tenant-id"))
+        .filter(|h| {
+            req.span(&h.name)
+                .eq_ignore_ascii_case(TENANT_ID_HEADER.as_bytes())
+        })
         .filter_map(|h| std::str::from_utf8(req.span(&h.value)).ok());
     resolve_cache_salt(values, None)
 }

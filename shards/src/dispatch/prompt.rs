@@ -24,7 +24,7 @@ use std::sync::{Arc, Weak};
 use continuum_core::artifacts::{KvSelection, PromptState};
 use continuum_core::picker::{PromptBlocks, PromptTokens};
 use continuum_core::prompt::{
-    PrepareOptions, PromptError, PromptFallback, PromptPipeline, PromptScratch, SegmentCache,
+    PrepareOptions, PromptError, PromptPipeline, PromptScratch, SegmentCache,
 };
 use crossbeam_channel::{Receiver, Sender};
 
@@ -167,11 +167,7 @@ impl ShardPrompts {
                 }
                 Prepared::Skip(KvSelection::PromptTooLarge)
             }
-            Err(e) => Prepared::Skip(match e.fallback() {
-                PromptFallback::PromptTooLarge => KvSelection::PromptTooLarge,
-                PromptFallback::RenderUnavailable => KvSelection::RenderUnavailable,
-                PromptFallback::Unsupported => KvSelection::TokenizerUnavailable,
-            }),
+            Err(e) => Prepared::Skip(e.fallback()),
         }
     }
 

@@ -56,6 +56,7 @@ impl ParityBoard {
     }
 
     /// `(hits, misses)` of `model` (zeros when none recorded).
+    #[cfg(test)]
     pub fn counts(&self, model: &str) -> (u64, u64) {
         let models = self
             .models
