@@ -81,12 +81,15 @@ impl BlobCache {
 
     /// Store verified `bytes` as the blob of `digest` (0600, atomically).
     pub async fn put(&self, digest: Blake3Digest, bytes: &[u8]) -> std::io::Result<()> {
+        // One temp file per call (two loads may put the same blob at once; a shared name let
+        // them write into one file), created fresh so a leftover is never written through.
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let path = self.path(digest);
-        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+        let tmp = path.with_extension(format!("tmp{}.{n}", std::process::id()));
         let mut f = tokio::fs::OpenOptions::new()
             .write(true)
-            .create(true)
-            .truncate(true)
+            .create_new(true)
             .mode(0o600)
             .open(&tmp)
             .await?;

@@ -167,6 +167,26 @@ mod tests {
         ));
     }
 
+    /// A body over [`MAX_BODY_BYTES`] is refused before it is parsed, and falls back as
+    /// `prompt_too_large`; one at the cap is parsed.
+    #[test]
+    fn a_body_over_the_cap_is_refused_unparsed() {
+        let at_cap = {
+            let mut b = br#"{"messages":[{"role":"user","content":""}]}"#.to_vec();
+            b.resize(MAX_BODY_BYTES, b' ');
+            b
+        };
+        assert!(ChatRequest::parse(&at_cap).is_ok());
+        let mut over = at_cap;
+        over.push(b' ');
+        let err = ChatRequest::parse(&over).expect_err("over the cap");
+        assert!(matches!(err, RequestError::TooLarge(n) if n == MAX_BODY_BYTES + 1));
+        assert_eq!(
+            crate::prompt::PromptError::from(err).fallback(),
+            crate::artifacts::planner::KvSelection::PromptTooLarge
+        );
+    }
+
     #[test]
     fn header_overrides_body_salt() {
         assert_eq!(

@@ -16,7 +16,8 @@
 //! - at most [`QUEUE`] jobs wait and [`THREADS`] run; a job is dropped, never blocked on;
 //! - results carry a `Weak` of the pipeline that encoded them and are applied only to that
 //!   pipeline's cache (ids depend on the tokenizer);
-//! - the threads are started once per process, on first use, and live as long as it does.
+//! - the threads are started once per process, on first use, and live as long as it does; a
+//!   job whose encoding panics is answered with no segments (its pending marks still clear).
 
 use std::sync::{Arc, OnceLock, Weak};
 
@@ -36,6 +37,8 @@ pub(super) const THREADS: usize = 2;
 pub(super) struct Job {
     pub(super) pipeline: Arc<PromptPipeline>,
     pub(super) pieces: Vec<String>,
+    /// `piece_key` of each piece, in order (computed once, by the shard that marks them).
+    pub(super) keys: Vec<u64>,
     pub(super) reply: Sender<Encoded>,
 }
 
@@ -81,13 +84,21 @@ fn start() -> Option<Sender<Job>> {
 
 fn run(jobs: &Receiver<Job>) {
     while let Ok(job) = jobs.recv() {
-        let asked = job.pieces.iter().map(|p| piece_key(p)).collect();
+        let asked = job.keys;
         let tokenizer = job.pipeline.tokenizer();
-        let segments = job
-            .pieces
-            .into_iter()
-            .filter_map(|p| tokenizer.encode_segment(&p).ok().map(|ids| (p, ids)))
-            .collect();
+        let pieces = job.pieces;
+        // A panic inside the tokenizer (client text, operator-pinned tokenizer) must neither end
+        // this thread nor keep the reply from clearing the shard's pending marks.
+        let segments = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            pieces
+                .into_iter()
+                .filter_map(|p| tokenizer.encode_segment(&p).ok().map(|ids| (p, ids)))
+                .collect()
+        }))
+        .unwrap_or_else(|_| {
+            tracing::warn!("the prompt encoder panicked on a job; its segments stay uncached");
+            Vec::new()
+        });
         let _ = job.reply.send(Encoded {
             pipeline: Arc::downgrade(&job.pipeline),
             segments,

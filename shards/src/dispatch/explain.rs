@@ -34,7 +34,7 @@ use serde_json::{Value, json};
 
 use super::exchange::Exchange;
 use super::plan::{NO_BLOCKS, Picking, kv_result, pick_input, prompt_size};
-use super::prompt::Prepared;
+use super::prompt::{Deferral, Prepared};
 use super::{Dispatcher, ExchangeBufs, Ingress, prepare, tenant_id};
 use crate::http::respond::{ErrorShape, LocalError};
 use crate::http::{Outcome, Request, ResponseSink};
@@ -137,7 +137,7 @@ impl Dispatcher {
             ..
         } = &mut *guard;
         let chat = format != Format::Responses;
-        let prepared = prompts.prepare(snap, model, body, chat, tenant);
+        let prepared = prompts.prepare(snap, model, body, chat, tenant, Deferral::DryRun);
         let prompt = prompt_size(&prepared, body);
         let mut blocks = NO_BLOCKS;
         let n = prepared.blocks(&mut blocks);

@@ -283,6 +283,34 @@ fn explaining_changes_no_routing_state() {
     );
 }
 
+/// A prompt over the inline budget is picked by load either way, but only a routed request
+/// queues its uncached segments for the background encoder: explaining it queues nothing.
+#[test]
+fn explaining_a_long_uncached_prompt_queues_no_encoder_work() {
+    let snap = snapshot("");
+    let (d, _) = dispatcher(&snap);
+    let long: String = (0..2_000)
+        .map(|i| format!("Clause {i} of a very long and entirely uncached question. "))
+        .collect();
+    assert!(long.len() > super::encoder::INLINE_BUDGET);
+    let b = body(&long);
+    let explained = explain(&d, &snap, &b, Format::Chat);
+    assert_eq!(
+        explained["kv"]["skipped"], "prompt_too_large",
+        "{explained}"
+    );
+    assert_eq!(
+        d.picking.borrow().prompts.pending(),
+        0,
+        "explain queued nothing"
+    );
+    plan(&d, &snap, &b);
+    assert!(
+        d.picking.borrow().prompts.pending() > 0,
+        "a routed request queues its segments"
+    );
+}
+
 #[test]
 fn the_format_parameter() {
     assert_eq!(

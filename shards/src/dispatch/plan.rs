@@ -28,7 +28,7 @@ use continuum_core::snapshot::{BackendIdx, RouterSnapshot};
 
 use super::Dispatcher;
 use super::exchange::Body;
-use super::prompt::{Prepared, ShardPrompts};
+use super::prompt::{Deferral, Prepared, ShardPrompts};
 use super::token_data::write_shim_body;
 use crate::signals::Signals;
 
@@ -357,7 +357,7 @@ impl Dispatcher {
             predictions,
             ..
         } = &mut *st;
-        let prepared = prompts.prepare(snap, model, body, chat, tenant);
+        let prepared = prompts.prepare(snap, model, body, chat, tenant, Deferral::Encode);
         let prompt = prompt_size(&prepared, body);
         let mut blocks = NO_BLOCKS;
         let n = prepared.blocks(&mut blocks);

@@ -36,6 +36,15 @@ pub(super) const CACHE_BYTES: usize = 16 * 1024 * 1024;
 /// Segment caches per shard (one per recently used pipeline).
 pub(super) const MAX_CACHES: usize = 4;
 
+/// What to do with a prompt's uncached segments when they are over the inline budget.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Deferral {
+    /// Queue them for the background encoder (a request being routed).
+    Encode,
+    /// Leave them (a dry run: explain changes no state beyond the caches it reads through).
+    DryRun,
+}
+
 /// One shard's prompt state.
 #[derive(Debug)]
 pub(super) struct ShardPrompts {
@@ -99,6 +108,12 @@ impl ShardPrompts {
         }
     }
 
+    /// Segments this shard has queued for the background encoder and not yet got back.
+    #[cfg(test)]
+    pub(super) fn pending(&self) -> usize {
+        self.pending.len()
+    }
+
     /// Run `model`'s pipeline over a chat `body` when `dynamo.kv` is on.
     pub(super) fn prepare<'s>(
         &'s mut self,
@@ -107,6 +122,7 @@ impl ShardPrompts {
         body: &[u8],
         chat: bool,
         tenant: Option<&str>,
+        deferral: Deferral,
     ) -> Prepared<'s> {
         if !snap.config.dynamo.kv.enabled {
             return Prepared::Off;
@@ -150,19 +166,25 @@ impl ShardPrompts {
                 }
             }
             Err(PromptError::Deferred { pieces, .. }) => {
-                let pieces: Vec<String> = pieces
-                    .into_iter()
-                    .filter(|p| !self.pending.contains(&piece_key(p)))
-                    .collect();
-                if !pieces.is_empty() {
-                    let keys: Vec<u64> = pieces.iter().map(|p| piece_key(p)).collect();
-                    let job = Job {
-                        pipeline: pipeline.clone(),
-                        pieces,
-                        reply: self.reply.clone(),
-                    };
-                    if encoder::submit(job) {
-                        self.pending.extend(keys);
+                if deferral == Deferral::Encode {
+                    let (pieces, keys): (Vec<String>, Vec<u64>) = pieces
+                        .into_iter()
+                        .map(|p| {
+                            let k = piece_key(&p);
+                            (p, k)
+                        })
+                        .filter(|(_, k)| !self.pending.contains(k))
+                        .unzip();
+                    if !pieces.is_empty() {
+                        let job = Job {
+                            pipeline: pipeline.clone(),
+                            pieces,
+                            keys: keys.clone(),
+                            reply: self.reply.clone(),
+                        };
+                        if encoder::submit(job) {
+                            self.pending.extend(keys);
+                        }
                     }
                 }
                 Prepared::Skip(KvSelection::PromptTooLarge)
