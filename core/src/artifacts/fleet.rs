@@ -17,9 +17,12 @@ use std::collections::BTreeMap;
 use super::card::{ArtifactSet, CardIssue, read_card};
 use crate::discovery::FleetView;
 
-/// The block sizes the router hashes (KV-TOK-17): the hasher's own limits, so the fleet planner
-/// and the hasher cannot disagree.
-pub use crate::prompt::hash::{MAX_BLOCK_SIZE, MAX_BLOCK_SIZES, MIN_BLOCK_SIZE};
+/// The smallest block size the router hashes (KV-TOK-17; the hasher uses these same limits).
+pub const MIN_BLOCK_SIZE: u32 = 16;
+/// The largest block size the router hashes (KV-TOK-17).
+pub const MAX_BLOCK_SIZE: u32 = 65_536;
+/// Distinct block sizes hashed per request (KV-TOK-17).
+pub const MAX_BLOCK_SIZES: usize = 2;
 
 /// Whether the model's workers agree on one artifact set.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -19,12 +19,9 @@
 
 use crate::picker::BlockHash;
 
-/// The smallest supported `kv_cache_block_size` (KV-TOK-17).
-pub const MIN_BLOCK_SIZE: u32 = 16;
-/// The largest supported `kv_cache_block_size` (KV-TOK-17).
-pub const MAX_BLOCK_SIZE: u32 = 65_536;
-/// At most this many distinct block sizes are hashed per request (KV-TOK-17).
-pub const MAX_BLOCK_SIZES: usize = 2;
+/// The supported `kv_cache_block_size` range and the distinct sizes hashed per request
+/// (KV-TOK-17): the fleet planner's limits, so the planner and the hasher cannot disagree.
+pub use crate::artifacts::fleet::{MAX_BLOCK_SIZE, MAX_BLOCK_SIZES, MIN_BLOCK_SIZE};
 
 /// Why a set of block sizes cannot be hashed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]

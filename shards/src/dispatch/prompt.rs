@@ -42,6 +42,7 @@ pub(super) enum Deferral {
     /// Queue them for the background encoder (a request being routed).
     Encode,
     /// Leave them (a dry run: explain changes no state beyond the caches it reads through).
+    #[cfg(feature = "dynamo")]
     DryRun,
 }
 
@@ -109,7 +110,7 @@ impl ShardPrompts {
     }
 
     /// Segments this shard has queued for the background encoder and not yet got back.
-    #[cfg(test)]
+    #[cfg(all(test, feature = "dynamo"))]
     pub(super) fn pending(&self) -> usize {
         self.pending.len()
     }
