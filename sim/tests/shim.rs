@@ -207,15 +207,20 @@ fn disaggregated_pins() {
             &format!("{s}, decode only"),
         );
         assert_failed(&chat(shim, DISAGG, stream, &[]), &format!("{s}, no pins"));
-        assert_failed(
-            &chat(
-                shim,
-                DISAGG,
-                stream,
-                &[(WORKER_HEADER, &d), (PREFILL_HEADER, &p_hex)],
-            ),
-            &format!("{s}, hex prefill id (ignored)"),
+        // A prefill id in hex is not read as one: with a hex letter it is no id at all (ignored,
+        // as 1.6.1's parse); all digits, it is the decimal id of no worker (invalid). Fleet ids are
+        // random, so the hex form of one is all digits now and then.
+        let hex_pin = chat(
+            shim,
+            DISAGG,
+            stream,
+            &[(WORKER_HEADER, &d), (PREFILL_HEADER, &p_hex)],
         );
+        if p_hex.bytes().all(|b| b.is_ascii_digit()) {
+            assert_invalid(&hex_pin, &format!("{s}, all-digit hex prefill id"));
+        } else {
+            assert_failed(&hex_pin, &format!("{s}, hex prefill id (ignored)"));
+        }
         for (decode, prefill, what) in [
             (p.as_str(), d.as_str(), "swapped ids"),
             (d.as_str(), "12345", "unknown prefill"),
