@@ -13,7 +13,15 @@
 //!   version re-load);
 //! - a chunk, once allocated, is never freed or moved; readers find unallocated chunks as all-zero
 //!   cells and never allocate;
-//! - no operation panics: slots outside the table read as zero and refuse writes.
+//! - no operation panics: slots outside the table read as zero and refuse writes;
+//! - every chunk also holds a dense array of **stamps**, one `u32` per cell: a write that stores
+//!   its changes also stores the cell's new write count there (`Release`, after its data and
+//!   before it releases the cell, so stamps of successive writes land in write order). A reader that loads a stamp (`Acquire`) and then reads the cell gets that write or
+//!   a later one, so a reader that remembers the stamp it loaded before a read knows, while the
+//!   stamp is unchanged, that no write has completed since (up to wrap-around after 2^32 writes
+//!   of one cell, which is why the memo that relies on this caps its entries' age,
+//!   `super::memo`). Stamps of a 1000-cell chunk fit in 4 KiB, so checking many cells for change
+//!   touches a few cache lines instead of one per cell.
 //!
 //! Checked by the loom models in `seqcell_loom.rs` (`RUSTFLAGS="--cfg loom"`, see there). Under
 //! loom the atomics, the fence and the spin hints below are loom's (a loom spin hint yields to
@@ -25,13 +33,13 @@ use std::sync::OnceLock;
 #[cfg(loom)]
 use loom::{
     hint::spin_loop,
-    sync::atomic::{AtomicU64, Ordering, fence},
+    sync::atomic::{AtomicU32, AtomicU64, Ordering, fence},
     thread::yield_now,
 };
 #[cfg(not(loom))]
 use std::{
     hint::spin_loop,
-    sync::atomic::{AtomicU64, Ordering, fence},
+    sync::atomic::{AtomicU32, AtomicU64, Ordering, fence},
     thread::yield_now,
 };
 
@@ -68,10 +76,26 @@ impl<const W: usize> Cell<W> {
     }
 }
 
+/// `CHUNK` cells and their stamps.
+#[derive(Debug)]
+struct Chunk<const W: usize> {
+    cells: Box<[Cell<W>]>,
+    stamps: Box<[AtomicU32]>,
+}
+
+impl<const W: usize> Chunk<W> {
+    fn new() -> Self {
+        Self {
+            cells: (0..CHUNK).map(|_| Cell::new()).collect(),
+            stamps: (0..CHUNK).map(|_| AtomicU32::new(0)).collect(),
+        }
+    }
+}
+
 /// A table of `MAX_LOAD_KEYS` seqlock cells of `W` words (`CHUNK * CHUNKS` under loom).
 #[derive(Debug)]
 pub(crate) struct SeqTable<const W: usize> {
-    chunks: Box<[OnceLock<Box<[Cell<W>]>>]>,
+    chunks: Box<[OnceLock<Chunk<W>>]>,
 }
 
 fn backoff(spins: &mut u32) {
@@ -93,15 +117,30 @@ impl<const W: usize> SeqTable<W> {
 
     fn cell(&self, slot: u32) -> Option<&Cell<W>> {
         let slot = slot as usize;
-        self.chunks.get(slot / CHUNK)?.get()?.get(slot % CHUNK)
-    }
-
-    fn cell_or_alloc(&self, slot: u32) -> Option<&Cell<W>> {
-        let slot = slot as usize;
         self.chunks
             .get(slot / CHUNK)?
-            .get_or_init(|| (0..CHUNK).map(|_| Cell::new()).collect())
+            .get()?
+            .cells
             .get(slot % CHUNK)
+    }
+
+    fn chunk_or_alloc(&self, slot: u32) -> Option<&Chunk<W>> {
+        Some(
+            self.chunks
+                .get(slot as usize / CHUNK)?
+                .get_or_init(Chunk::new),
+        )
+    }
+
+    /// The cell's stamp (module docs): how many writes stored changes in it, modulo 2^32; 0 for
+    /// a never-written cell or a slot outside the table. Load it *before* reading the cell.
+    pub(crate) fn stamp(&self, slot: u32) -> u32 {
+        let slot = slot as usize;
+        self.chunks
+            .get(slot / CHUNK)
+            .and_then(OnceLock::get)
+            .and_then(|c| c.stamps.get(slot % CHUNK))
+            .map_or(0, |s| s.load(Ordering::Acquire))
     }
 
     /// A consistent copy of the cell's words; all zero for a never-written cell.
@@ -134,11 +173,13 @@ impl<const W: usize> SeqTable<W> {
         alloc: bool,
         f: impl FnOnce(&mut [u64; W]) -> (bool, R),
     ) -> Option<R> {
-        let cell = if alloc {
-            self.cell_or_alloc(slot)?
+        let chunk = if alloc {
+            self.chunk_or_alloc(slot)?
         } else {
-            self.cell(slot)?
+            self.chunks.get(slot as usize / CHUNK)?.get()?
         };
+        let i = slot as usize % CHUNK;
+        let (cell, stamp) = (chunk.cells.get(i)?, chunk.stamps.get(i)?);
         let mut spins = 0;
         let v = loop {
             let v = cell.version.load(Ordering::Relaxed);
@@ -165,6 +206,10 @@ impl<const W: usize> SeqTable<W> {
             for (w, d) in cell.words.iter().zip(data) {
                 w.store(d, Ordering::Relaxed);
             }
+            // The write count (version / 2), published after the data and while the cell is
+            // still held, so stamps of successive writes are stored in write order.
+            let count = (v.wrapping_add(2) >> 1) as u32;
+            stamp.store(count, Ordering::Release);
             cell.version.store(v.wrapping_add(2), Ordering::Release);
         } else {
             // Nothing changed: restoring the even version lets overlapping readers succeed.

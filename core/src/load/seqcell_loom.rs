@@ -7,7 +7,9 @@
 //! - a reader never returns a torn value: the writers here only ever store `[v; W]`, so a read
 //!   whose words differ mixes two writes;
 //! - reads are monotone per reader, and an aborted update (`f` returns `false`) is never visible;
-//! - concurrent writers are serialised by the version `compare_exchange`: no increment is lost.
+//! - concurrent writers are serialised by the version `compare_exchange`: no increment is lost;
+//! - a read that follows a stamp load returns that write or a later one, and stamps never go
+//!   back (what the load memo relies on, `super::memo`).
 //!
 //! Negative controls: three broken copies of the protocol, each one line away from the real one
 //! (reader without its `Acquire` fence; writer releasing the version `Relaxed`; writers taking the
@@ -186,6 +188,53 @@ fn two_writers(read: Reader) -> (usize, BTreeSet<(Vec<u64>, bool)>) {
         assert_eq!(t.read(0), [2; W], "an increment was lost");
         out
     })
+}
+
+/// Model (c): two writers each increment the cell (its data then equals its write count); a
+/// reader loads the stamp, reads the cell, loads the stamp again. The read is never older than
+/// the first stamp and the stamps never go back. Preemption bound 1 (as model (b)).
+#[test]
+fn loom_models_stamps_never_run_ahead_of_the_data() {
+    let (runs, seen) = explore(Some(1), move || {
+        let t = table();
+        let writers: Vec<_> = (0..2)
+            .map(|_| {
+                let t = t.clone();
+                thread::spawn(move || increment(&t))
+            })
+            .collect();
+        let r = {
+            let t = t.clone();
+            thread::spawn(move || {
+                let before = t.stamp(0);
+                let data = t.read(0);
+                let after = t.stamp(0);
+                assert!(
+                    data[0] >= u64::from(before),
+                    "read {data:?} after stamp {before}"
+                );
+                assert!(after >= before, "stamp went back: {before} then {after}");
+                (before, data[0])
+            })
+        };
+        for w in writers {
+            w.join().unwrap_or_else(|_| panic!("writer panicked"));
+        }
+        let out = r.join().unwrap_or_else(|_| panic!("reader panicked"));
+        assert_eq!(t.stamp(0), 2, "the last write's stamp");
+        out
+    });
+    assert!(runs > 1000, "loom explored only {runs} executions");
+    for stamp in 0..=2 {
+        assert!(
+            seen.iter().any(|&(s, _)| s == stamp),
+            "never loaded stamp {stamp}: {seen:?}"
+        );
+    }
+    assert!(
+        seen.iter().any(|&(s, d)| d > u64::from(s)),
+        "no read ever ran ahead of its stamp: {seen:?}"
+    );
 }
 
 /// Checks that both readers made loom explore the same executions, and that the counting one
