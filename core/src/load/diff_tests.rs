@@ -2,6 +2,7 @@
 //! store + ledgers + rules + selection pipeline against a naive reference model written straight
 //! from the spec text (LOAD-STORE-07..13, PICK-05..08).
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,7 +17,7 @@ use super::rules::{
 use super::test_support::{key, sample, store_with, worker};
 use super::{
     ApplyOutcome, DispatchId, DispatchLedger, DispatchLoad, DispatchRole, InflightReader,
-    InflightTable, LoadKey, LoadStore, Sample, request_blocks,
+    InflightTable, LoadKey, LoadMemo, LoadStore, LoadView, Sample, request_blocks,
 };
 
 const MAX_AGE: Duration = Duration::from_secs(3);
@@ -26,12 +27,14 @@ fn secs(s: u64) -> Duration {
     Duration::from_secs(s)
 }
 
-/// A store, two shards' ledgers and a hand-driven clock.
+/// A store, two shards' ledgers and a hand-driven clock. Every read also goes through a load
+/// memo, which must answer what the direct read answers (`super::memo`).
 struct Rig {
     store: LoadStore,
     ledgers: Vec<DispatchLedger>,
     tables: Vec<Arc<InflightTable>>,
     clock: ManualClock,
+    memo: RefCell<LoadMemo>,
 }
 
 impl Rig {
@@ -44,7 +47,19 @@ impl Rig {
             ledgers,
             tables,
             clock: ManualClock::default(),
+            memo: RefCell::new(LoadMemo::new()),
         }
+    }
+
+    /// One key's load, read directly and through the memo (asserted equal).
+    fn read(&self, view: &LoadView<'_>, reader: &InflightReader<'_>, k: LoadKey) -> KeyLoad {
+        let now = self.now();
+        let direct = KeyLoad::assess(view, reader, k, now);
+        if let Ok(slot) = view.slot(k) {
+            let memoised = self.memo.borrow_mut().load(view, reader, slot, now);
+            assert_eq!(memoised, Some(direct), "memoised read of {k:?} at {now:?}");
+        }
+        direct
     }
 
     fn now(&self) -> Instant {
@@ -75,18 +90,14 @@ impl Rig {
             l.refresh(&view, now);
         }
         let reader = InflightReader::new(&self.tables);
-        keys.iter()
-            .map(|k| KeyLoad::assess(&view, &reader, *k, now))
-            .collect()
+        keys.iter().map(|k| self.read(&view, &reader, *k)).collect()
     }
 
     /// Reads without refreshing the writers (a reader on another shard between their ticks).
     fn loads_unrefreshed(&self, keys: &[LoadKey]) -> Vec<KeyLoad> {
         let view = self.store.view();
         let reader = InflightReader::new(&self.tables);
-        keys.iter()
-            .map(|k| KeyLoad::assess(&view, &reader, *k, self.now()))
-            .collect()
+        keys.iter().map(|k| self.read(&view, &reader, *k)).collect()
     }
 
     fn standings(&mut self, keys: &[LoadKey]) -> Vec<Standing> {

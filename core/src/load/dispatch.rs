@@ -212,6 +212,10 @@ struct SlotLedger {
     /// The sums of the answered (running) records.
     running: Finished,
     published: [u64; WORDS],
+    /// The store cell's stamp loaded before the read of the last prune (`None`: none yet).
+    /// While the stamp is unchanged and no record has reached its expiry, a prune changes
+    /// nothing, so [`DispatchLedger::refresh`] skips the entry.
+    pruned_at_stamp: Option<u32>,
 }
 
 impl SlotLedger {
@@ -226,6 +230,7 @@ impl SlotLedger {
             credit_t: NONE,
             running: Finished::default(),
             published: [0; WORDS],
+            pruned_at_stamp: None,
         }
     }
 
@@ -238,6 +243,17 @@ impl SlotLedger {
         self.credit = Finished::default();
         self.credit_t = NONE;
         self.running = Finished::default();
+        self.pruned_at_stamp = None;
+    }
+
+    /// Whether a prune at `now` after a read at store stamp `stamp` could change anything: the
+    /// cell was written since the last prune, or the oldest record has reached its expiry.
+    fn prune_due(&self, stamp: u32, now: u64) -> bool {
+        self.pruned_at_stamp != Some(stamp)
+            || self
+                .records
+                .front()
+                .is_some_and(|r| r.t.saturating_add(ttl_ns()) <= now)
     }
 
     /// Takes an answered record's size off the running sums.
@@ -297,6 +313,7 @@ impl DispatchLedger {
         now: Instant,
     ) -> Option<DispatchId> {
         let slot = view.slot(key).ok()?;
+        let stamp = view.stamp(slot.slot);
         let read = view.read_slot_checked(slot)?;
         let seq = self.next_seq;
         self.next_seq = seq.wrapping_add(1);
@@ -308,7 +325,7 @@ impl DispatchLedger {
         if entry.epoch != slot.epoch {
             entry.reset(slot.epoch);
         }
-        entry.prune(&read, t);
+        entry.prune(&read, t, stamp);
         entry.prefill = entry.prefill.saturating_add(load.prefill_tokens);
         entry.decode = entry.decode.saturating_add(load.decode_blocks);
         let mut full = entry.records.len() >= MAX_RECORDS_PER_KEY;
@@ -351,11 +368,12 @@ impl DispatchLedger {
         if entry.epoch != id.slot.epoch {
             return;
         }
+        let stamp = view.stamp(id.slot.slot);
         let Some(read) = view.read_slot_checked(id.slot) else {
             return;
         };
         let t = nanos(now);
-        entry.prune(&read, t);
+        entry.prune(&read, t, stamp);
         let Ok(i) = entry.records.binary_search_by_key(&id.seq, |r| r.seq) else {
             entry.publish(&self.table, id.slot.slot);
             return;
@@ -381,13 +399,18 @@ impl DispatchLedger {
         let t = nanos(now);
         let table = &self.table;
         self.slots.retain(|slot, entry| {
+            let stamp = view.stamp(*slot);
+            if !entry.prune_due(stamp, t) {
+                // Nothing to prune, and the summary was published by the last prune's caller.
+                return true;
+            }
             let read = view.read_slot_checked(SlotRef {
                 slot: *slot,
                 epoch: entry.epoch,
             });
             let live = match read {
                 Some(read) => {
-                    entry.prune(&read, t);
+                    entry.prune(&read, t, stamp);
                     true
                 }
                 None => {
@@ -397,6 +420,8 @@ impl DispatchLedger {
             };
             if entry.is_empty() {
                 entry.reset(entry.epoch);
+                // Empty: nothing to prune until its cell changes (a departure zeroes it).
+                entry.pruned_at_stamp = Some(stamp);
                 entry.publish_words(table, *slot, [0; WORDS]);
                 // A live key keeps its (empty) entry and its queue's capacity, so the next
                 // dispatch to it allocates nothing; a departed key's entry goes.
@@ -418,7 +443,9 @@ impl DispatchLedger {
 }
 
 impl SlotLedger {
-    fn prune(&mut self, read: &KeyRead, now: u64) {
+    /// Applies `read` (taken after loading the cell's stamp `stamp`) and `now` to the records.
+    fn prune(&mut self, read: &KeyRead, now: u64, stamp: u32) {
+        self.pruned_at_stamp = Some(stamp);
         let receipt = read.last_receipt.map(nanos);
         // Expired records leave (a prefix: records are in time order).
         while let Some(r) = self.records.front() {
@@ -528,6 +555,19 @@ impl<'a> InflightReader<'a> {
     /// The in-flight additions of a known cell, what finished on it since the worker's last
     /// sample, and what still runs on it after a sample answered it (module docs).
     pub fn summary_slot(&self, slot: SlotRef, read: &KeyRead, now: Instant) -> Summary {
+        self.summary_until(slot, read, now).0
+    }
+
+    /// [`InflightReader::summary_slot`], and the earliest instant (ns, `u64::MAX`: never) after
+    /// `now` at which the same cells and read could summarise differently: each judgement of the
+    /// summary that depends on time (a record's expiry, a stall's onset) flips at one of the
+    /// recorded times plus the TTL or the stall delay. The load memo keeps a summary until then.
+    pub(crate) fn summary_until(
+        &self,
+        slot: SlotRef,
+        read: &KeyRead,
+        now: Instant,
+    ) -> (Summary, u64) {
         let now = nanos(now);
         let receipt = read.last_receipt.map(nanos);
         let live = |t: u64| {
@@ -535,10 +575,20 @@ impl<'a> InflightReader<'a> {
         };
         let stall_ns = duration_nanos(STALL_AFTER);
         let mut out = Summary::default();
+        let mut until = NONE;
         for table in self.tables {
             let w = table.cells.read(slot.slot);
             if w[0] != slot.epoch {
                 continue;
+            }
+            for t in [w[2], w[3], w[4]] {
+                if t != NONE {
+                    for flip in [t.saturating_add(ttl_ns()), t.saturating_add(stall_ns)] {
+                        if flip > now {
+                            until = until.min(flip);
+                        }
+                    }
+                }
             }
             if w[6] != NONE && receipt.is_some_and(|rc| rc < w[6]) {
                 out.finished.add(unpack(w[5]));
@@ -561,7 +611,19 @@ impl<'a> InflightReader<'a> {
                 .into_iter()
                 .any(|t| live(t) && t.saturating_add(stall_ns) <= now);
         }
-        out
+        (out, until)
+    }
+
+    /// The tables read, in order.
+    pub(crate) fn tables(&self) -> &'a [Arc<InflightTable>] {
+        self.tables
+    }
+}
+
+impl InflightTable {
+    /// The stamp of `slot`'s cell (`super::seqcell`).
+    pub(crate) fn stamp(&self, slot: u32) -> u32 {
+        self.cells.stamp(slot)
     }
 }
 

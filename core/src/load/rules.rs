@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use crate::clock::Instant;
 
-use super::dispatch::{Inflight, InflightReader};
+use super::dispatch::{Inflight, InflightReader, Summary};
 use super::store::{KeyRead, LoadView, SlotRef};
 use super::{LoadKey, SampleView};
 
@@ -76,8 +76,14 @@ impl KeyLoad {
     /// The load of one cell: the store's read, less what the router knows finished since that
     /// sample and with the router's running requests' blocks as a floor under its block figures
     /// ([`super::Summary`]), and the unanswered additions.
-    fn of_slot(mut read: KeyRead, inflight: &InflightReader<'_>, s: SlotRef, now: Instant) -> Self {
+    fn of_slot(read: KeyRead, inflight: &InflightReader<'_>, s: SlotRef, now: Instant) -> Self {
         let sum = inflight.summary_slot(s, &read, now);
+        Self::with_summary(read, &sum)
+    }
+
+    /// The load of a cell whose store read is `read` and whose in-flight summary is `sum`
+    /// ([`KeyLoad::assess`]'s corrections).
+    pub(crate) fn with_summary(mut read: KeyRead, sum: &Summary) -> Self {
         if let Some(view) = read.sample.as_mut() {
             let (finished, floor) = (sum.finished, sum.running.decode_blocks);
             let less = |v: Option<u64>, by: u64| v.map(|v| v.saturating_sub(by));

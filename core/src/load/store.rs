@@ -310,6 +310,16 @@ impl LoadView<'_> {
         self.read_slot_checked(s).unwrap_or_default()
     }
 
+    /// The store this view reads.
+    pub(crate) fn store(&self) -> &LoadStore {
+        self.store
+    }
+
+    /// The stamp of a slot's cell (`super::seqcell`): load it before [`Self::read_slot`].
+    pub(crate) fn stamp(&self, slot: u32) -> u32 {
+        self.store.cells.stamp(slot)
+    }
+
     /// What the store holds for a slot, `None` if the slot now belongs to another key.
     pub(crate) fn read_slot_checked(&self, s: SlotRef) -> Option<KeyRead> {
         let w = self.store.cells.read(s.slot);

@@ -3,12 +3,14 @@
 //! every rank, and stays equal after the store reassigns the hinted cell to another worker (the
 //! stale hint must fall back, never read the newcomer's load).
 
+use std::cell::RefCell;
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::discovery::{InstanceId, PublisherId, Role};
 use crate::load::{
-    DispatchLedger, DispatchLoad, DispatchRole, InflightReader, LiveSet, LoadKey, LoadStore, Sample,
+    DispatchLedger, DispatchLoad, DispatchRole, InflightReader, LiveSet, LoadKey, LoadMemo,
+    LoadStore, Sample,
 };
 
 use super::super::test_support::{fleet, worker};
@@ -74,6 +76,7 @@ fn hinted_reads_equal_keyed_reads_and_a_reassigned_cell_is_never_read_through_a_
     let tables = [ledger.table()];
     let inflight = InflightReader::new(&tables);
 
+    let memo = RefCell::new(LoadMemo::new());
     let table = FleetCandidates::build_bound(&first, &store.view());
     let unbound = FleetCandidates::build(&first);
     assert_eq!(unbound.bound_to(), None);
@@ -92,6 +95,14 @@ fn hinted_reads_equal_keyed_reads_and_a_reassigned_cell_is_never_read_through_a_
         // The in-flight additions come through the hint too.
         let hinted = loads.rank_load(key(2, 1), bound[2].card.slot, now);
         assert!(hinted.inflight.decode_blocks > 0, "{hinted:?}");
+        // And through the shard's memo, which now holds every rank's entry.
+        let memoised = StoreLoads::memoised(&view, &inflight, &memo);
+        for r in &bound {
+            assert_eq!(
+                memoised.rank_load(r.key(), r.card.slot, now),
+                loads.key_load(r.key(), now)
+            );
+        }
     }
 
     // Worker 1 leaves and worker 4 arrives: the store hands worker 1's cell to worker 4.
@@ -114,6 +125,16 @@ fn hinted_reads_equal_keyed_reads_and_a_reassigned_cell_is_never_read_through_a_
     let loads = StoreLoads::new(&view, &inflight);
     let through_stale = loads.rank_load(stale.key(), stale.card.slot, now);
     assert_eq!(through_stale, loads.key_load(key(1, 0), now));
+    let memoised = StoreLoads::memoised(&view, &inflight, &memo);
+    assert_eq!(
+        memoised.rank_load(stale.key(), stale.card.slot, now),
+        through_stale,
+        "the memo's entry for the old cell is not the departed worker's load"
+    );
+    assert_eq!(
+        memoised.rank_load(key(4, 0), reused, now),
+        loads.key_load(key(4, 0), now)
+    );
     assert!(
         through_stale.read.sample.is_none(),
         "a departed worker has no load, whatever its old cell holds now: {through_stale:?}"

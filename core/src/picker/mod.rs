@@ -61,6 +61,7 @@ pub(crate) mod test_support;
 #[cfg(test)]
 mod tests;
 
+use std::cell::RefCell;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -71,7 +72,7 @@ use crate::clock::Instant;
 use crate::discovery::{FleetView, InstanceId};
 use crate::headers::PinHeaders;
 use crate::load::rules::{KeyLoad, SelectReason};
-use crate::load::{InflightReader, LoadKey, LoadView, SlotRef};
+use crate::load::{InflightReader, LoadKey, LoadMemo, LoadView, SlotRef};
 
 pub use candidates::{FleetCandidates, MAX_CANDIDATES, RankCard, RankRef};
 pub use estimate::{PromptTokens, estimate_prompt_tokens};
@@ -97,17 +98,42 @@ pub trait LoadSource {
     }
 }
 
-/// The production [`LoadSource`]: a store view and every shard's in-flight tables.
+/// The production [`LoadSource`]: a store view and every shard's in-flight tables, optionally
+/// through the shard's [`LoadMemo`] (a pick then reads only the cells that changed since the
+/// shard's last pick; `crate::load` has the memo's invariants).
 #[derive(Clone, Copy)]
 pub struct StoreLoads<'a, 'v, 't> {
     view: &'a LoadView<'v>,
     inflight: &'a InflightReader<'t>,
+    memo: Option<&'a RefCell<LoadMemo>>,
 }
 
 impl<'a, 'v, 't> StoreLoads<'a, 'v, 't> {
     /// Reads through `view` and `inflight` (take one [`LoadView`] per pick).
     pub fn new(view: &'a LoadView<'v>, inflight: &'a InflightReader<'t>) -> Self {
-        Self { view, inflight }
+        Self {
+            view,
+            inflight,
+            memo: None,
+        }
+    }
+
+    /// [`StoreLoads::new`] through `memo` (the calling shard's own).
+    pub fn memoised(
+        view: &'a LoadView<'v>,
+        inflight: &'a InflightReader<'t>,
+        memo: &'a RefCell<LoadMemo>,
+    ) -> Self {
+        Self {
+            view,
+            inflight,
+            memo: Some(memo),
+        }
+    }
+
+    fn through_memo(&self, slot: SlotRef, now: Instant) -> Option<KeyLoad> {
+        let mut memo = self.memo?.try_borrow_mut().ok()?;
+        memo.load(self.view, self.inflight, slot, now)
     }
 }
 
@@ -119,10 +145,24 @@ impl fmt::Debug for StoreLoads<'_, '_, '_> {
 
 impl LoadSource for StoreLoads<'_, '_, '_> {
     fn key_load(&self, key: LoadKey, now: Instant) -> KeyLoad {
+        if self.memo.is_some()
+            && let Ok(slot) = self.view.slot(key)
+            && let Some(load) = self.through_memo(slot, now)
+        {
+            return load;
+        }
         KeyLoad::assess(self.view, self.inflight, key, now)
     }
 
     fn rank_load(&self, key: LoadKey, hint: Option<SlotRef>, now: Instant) -> KeyLoad {
+        if let Some(slot) = hint
+            && let Some(load) = self.through_memo(slot, now)
+        {
+            return load;
+        }
+        if self.memo.is_some() {
+            return self.key_load(key, now);
+        }
         KeyLoad::assess_hinted(self.view, self.inflight, key, hint, now)
     }
 }

@@ -8,6 +8,7 @@
 //! The picker is built per shard by a [`PickerFactory`], from the shard's [`PickerEnv`], and can
 //! be replaced at run time (API-06, [`super::Dispatcher::set_picker`]).
 
+use std::cell::RefCell;
 use std::sync::Arc;
 
 use continuum_core::artifacts::KvSelection;
@@ -17,7 +18,8 @@ use continuum_core::headers::PinHeaders;
 use continuum_core::kv::parity::{Oracle, Predictions, Verdict};
 use continuum_core::kv::shared::{IndexReader, Merged};
 use continuum_core::load::{
-    DispatchId, DispatchLedger, DispatchLoad, DispatchRole, InflightReader, LoadKey, LoadView,
+    DispatchId, DispatchLedger, DispatchLoad, DispatchRole, InflightReader, LoadKey, LoadMemo,
+    LoadView,
 };
 use continuum_core::picker::{
     BlockHash, ConditionalDisagg, KvAwarePicker, KvOutcome, KvParams, LoadBasedPicker, Pick,
@@ -262,6 +264,9 @@ pub(super) struct Picking {
     pub(super) prompts: ShardPrompts,
     /// The hash-parity watchdog's predictions waiting for a verdict.
     pub(super) predictions: Predictions,
+    /// This shard's memo of candidate loads: a pick reads only the cells that changed since
+    /// (`continuum_core::load::LoadMemo`).
+    pub(super) memo: RefCell<LoadMemo>,
 }
 
 impl Picking {
@@ -277,6 +282,7 @@ impl Picking {
             refreshed: None,
             prompts: ShardPrompts::new(prompt_seed()),
             predictions: Predictions::new(),
+            memo: RefCell::new(LoadMemo::new()),
         }
     }
 
@@ -344,7 +350,6 @@ impl Dispatcher {
         let now = crate::clock::now();
         let view = self.signals.store.view();
         let reader = InflightReader::new(&self.signals.inflight);
-        let loads = StoreLoads::new(&view, &reader);
         let model = snap.shim.dynamo_model(client_model);
         let mut guard = self.picking.borrow_mut();
         let st = &mut *guard;
@@ -355,8 +360,10 @@ impl Dispatcher {
             kv,
             prompts,
             predictions,
+            memo,
             ..
         } = &mut *st;
+        let loads = StoreLoads::memoised(&view, &reader, memo);
         let prepared = prompts.prepare(snap, model, body, chat, tenant, Deferral::Encode);
         let prompt = prompt_size(&prepared, body);
         let mut blocks = NO_BLOCKS;

@@ -1,0 +1,159 @@
+//! A shard-local memo of key loads (issue 11, "pick at scale").
+//!
+//! Role: a pick reads every candidate's load: one store cell and one in-flight cell per shard,
+//! each a seqlock read of one or two cache lines, then [`KeyLoad`]'s corrections. Between two
+//! picks of one shard almost none of those cells change (a sample per worker every few
+//! milliseconds, a dispatch or two per pick), so [`LoadMemo`] keeps, per cell slot, the last
+//! [`KeyLoad`] with the stamps of the cells it was read from (`super::seqcell`) and the instant
+//! until which the passing of time alone cannot change it. A memoised read loads `1 + shards`
+//! stamps from dense arrays and copies the entry; a changed stamp, a passed instant or another
+//! epoch reads the cells again.
+//!
+//! Invariants:
+//! - a memoised load is what [`KeyLoad::assess_hinted`] returns for cells at least as new as the
+//!   last writes whose stamps the reader saw (a stamp is loaded before its cell is read, and a
+//!   read after a stamp load returns that write or a later one: the loom model in
+//!   `seqcell_loom.rs`), with the time-dependent judgements of the in-flight summary (a record's
+//!   expiry, a stall's onset) valid for `now` ([`super::InflightReader`] reports when they next
+//!   flip); the differential test below checks memoised against direct reads step by step;
+//! - an entry is used at most [`MAX_ENTRY_AGE`] after it was read and never before (a clock that
+//!   went back), so a stamp could only come back to its old value after 2^32 writes of one cell
+//!   within that time;
+//! - one memo serves one store and one list of in-flight tables: on another it starts over;
+//! - the memo grows to the highest slot read (at most [`super::MAX_LOAD_KEYS`] entries) and
+//!   allocates only when it grows.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::clock::Instant;
+
+use super::dispatch::{InflightReader, InflightTable};
+use super::rules::KeyLoad;
+use super::store::{LoadStore, LoadView, SlotRef};
+use super::{MAX_LOAD_KEYS, duration_nanos, nanos};
+
+/// How long after its read an entry may be used.
+pub const MAX_ENTRY_AGE: Duration = Duration::from_secs(1);
+
+/// One slot's memoised load.
+#[derive(Debug, Clone, Copy, Default)]
+struct Entry {
+    /// The slot epoch read (0: empty; epochs start at 1).
+    epoch: u64,
+    /// The store cell's stamp, loaded before the read.
+    store: u32,
+    /// When it was read (ns).
+    read_at: u64,
+    /// Until when (ns, exclusive) time alone leaves it unchanged.
+    until: u64,
+    load: KeyLoad,
+}
+
+/// Which store and tables a memo's entries come from (addresses, compared only).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Source {
+    store: usize,
+    tables: usize,
+    len: usize,
+}
+
+impl Source {
+    fn of(view: &LoadView<'_>, tables: &[Arc<InflightTable>]) -> Self {
+        Self {
+            store: std::ptr::from_ref::<LoadStore>(view.store()).addr(),
+            tables: tables.as_ptr().addr(),
+            len: tables.len(),
+        }
+    }
+}
+
+/// The memo (module docs). One per shard; not shared.
+#[derive(Debug, Default)]
+pub struct LoadMemo {
+    source: Source,
+    entries: Vec<Entry>,
+    /// `entries.len() * source.len` in-flight stamps, per slot in table order.
+    stamps: Vec<u32>,
+    /// Loads read from the cells (not answered from an entry).
+    misses: u64,
+}
+
+impl LoadMemo {
+    /// An empty memo.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// How many loads were read from the cells rather than answered from an entry.
+    pub fn misses(&self) -> u64 {
+        self.misses
+    }
+
+    /// The load of `slot`'s key at `now` (as [`KeyLoad::assess_hinted`] with a hint), `None`
+    /// when the cell now belongs to another key.
+    pub fn load(
+        &mut self,
+        view: &LoadView<'_>,
+        inflight: &InflightReader<'_>,
+        slot: SlotRef,
+        now: Instant,
+    ) -> Option<KeyLoad> {
+        let tables = inflight.tables();
+        let source = Source::of(view, tables);
+        if source != self.source {
+            self.entries.clear();
+            self.stamps.clear();
+            self.source = source;
+        }
+        let n = tables.len();
+        let i = usize::try_from(slot.slot).ok()?;
+        if i >= MAX_LOAD_KEYS {
+            return None;
+        }
+        if i >= self.entries.len() {
+            let len = (i + 1).next_power_of_two().min(MAX_LOAD_KEYS);
+            self.entries.resize(len, Entry::default());
+            self.stamps.resize(len.saturating_mul(n), 0);
+        }
+        let t = nanos(now);
+        let store = view.stamp(slot.slot);
+        let entry = self.entries.get_mut(i)?;
+        let stamps = self.stamps.get_mut(i * n..(i + 1) * n)?;
+        let unchanged = || {
+            tables
+                .iter()
+                .zip(stamps.iter())
+                .all(|(table, s)| table.stamp(slot.slot) == *s)
+        };
+        if entry.epoch == slot.epoch
+            && entry.store == store
+            && entry.read_at <= t
+            && t < entry.until
+            && unchanged()
+        {
+            return Some(entry.load);
+        }
+        self.misses = self.misses.wrapping_add(1);
+        for (table, s) in tables.iter().zip(stamps.iter_mut()) {
+            *s = table.stamp(slot.slot);
+        }
+        let Some(read) = view.read_slot_checked(slot) else {
+            entry.epoch = 0;
+            return None;
+        };
+        let (summary, until) = inflight.summary_until(slot, &read, now);
+        *entry = Entry {
+            epoch: slot.epoch,
+            store,
+            read_at: t,
+            until: until.min(t.saturating_add(duration_nanos(MAX_ENTRY_AGE))),
+            load: KeyLoad::with_summary(read, &summary),
+        };
+        Some(entry.load)
+    }
+}
+
+#[cfg(test)]
+#[path = "memo_tests.rs"]
+mod tests;

@@ -1,0 +1,233 @@
+//! Tests of the load memo: step by step against direct reads, over random samples, dispatches,
+//! finishes, discards, re-keyed slots and clock steps that land on (and next to) every
+//! time-dependent judgement, with the writers refreshed or not.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::clock::{Clock, ManualClock};
+use crate::discovery::PublisherId;
+
+use super::super::test_support::{key, sample, store_with, worker};
+use super::super::{
+    DispatchId, DispatchLedger, DispatchLoad, DispatchRole, InflightReader, InflightTable, LiveSet,
+    LoadKey, LoadStore, SlotRef,
+};
+use super::*;
+
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n.max(1)
+    }
+}
+
+/// Every key's memoised load equals its direct read.
+fn compare(
+    store: &LoadStore,
+    tables: &[Arc<InflightTable>],
+    memo: &mut LoadMemo,
+    keys: &[LoadKey],
+    now: Instant,
+    context: &str,
+) {
+    let view = store.view();
+    let reader = InflightReader::new(tables);
+    for k in keys {
+        let direct = KeyLoad::assess(&view, &reader, *k, now);
+        let memoised = view
+            .slot(*k)
+            .ok()
+            .and_then(|s| memo.load(&view, &reader, s, now));
+        match view.slot(*k) {
+            Ok(_) => assert_eq!(memoised, Some(direct), "{k:?} at {now:?} ({context})"),
+            Err(_) => assert_eq!(direct, KeyLoad::default(), "{k:?} ({context})"),
+        }
+    }
+}
+
+#[test]
+fn memoised_loads_equal_direct_loads_at_every_step() {
+    // Delays (ms) around the 5 s stall onset and the 30 s expiry, so reads land exactly on,
+    // just before and just after the instants an entry's validity ends.
+    let delays = [
+        0u64, 1, 7, 300, 1_000, 2_999, 3_000, 4_999, 5_000, 5_001, 25_000, 30_000,
+    ];
+    let mut hits = 0u64;
+    let mut total_misses = 0u64;
+    let mut steps = 0u64;
+    for seed in 1..=40u64 {
+        let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+        let clock = ManualClock::default();
+        let mut live = vec![worker(1, 0, 2), worker(2, 0, 1), worker(3, 0, 1)];
+        let store = store_with(live.clone());
+        let mut ledgers = [DispatchLedger::new(), DispatchLedger::new()];
+        let tables: Vec<_> = ledgers.iter().map(DispatchLedger::table).collect();
+        let mut memo = LoadMemo::new();
+        let all = [key(1, 0), key(1, 1), key(2, 0), key(3, 0), key(4, 0)];
+        let mut seqs = [0u64; 5];
+        let mut ids: Vec<(usize, DispatchId)> = Vec::new();
+        for step in 0..400 {
+            let now = clock.now();
+            let k = rng.below(5) as usize;
+            match rng.below(12) {
+                0..=2 => {
+                    seqs[k] += 1;
+                    let pick = |rng: &mut Rng| (rng.below(3) > 0).then(|| rng.below(50));
+                    let s = sample(10 + k as u64, seqs[k], pick(&mut rng), pick(&mut rng));
+                    let _ = store.apply(all[k], &s, now);
+                }
+                3..=4 => {
+                    let role = [
+                        DispatchRole::Aggregated,
+                        DispatchRole::PairPrefill,
+                        DispatchRole::PairDecode,
+                    ][rng.below(3) as usize];
+                    let shard = rng.below(2) as usize;
+                    let load = DispatchLoad::for_role(role, rng.below(80), Some(16));
+                    let view = store.view();
+                    if let Some(id) = ledgers[shard].dispatch(&view, all[k], load, now) {
+                        ids.push((shard, id));
+                    }
+                }
+                5 if !ids.is_empty() => {
+                    let (shard, id) = ids.swap_remove(rng.below(ids.len() as u64) as usize);
+                    ledgers[shard].finish(&store.view(), id, now);
+                }
+                6 => {
+                    let shard = rng.below(2) as usize;
+                    ledgers[shard].refresh(&store.view(), now);
+                }
+                7 => {
+                    store.discard_publisher(PublisherId::new(10 + k as u64));
+                }
+                8 if rng.below(8) == 0 => {
+                    // Workers 2 and 4 leave or join together: cells are freed and reassigned
+                    // with new epochs.
+                    if live.iter().any(|w| w.worker_id.get() == 4) {
+                        live.retain(|w| w.worker_id.get() != 4);
+                        live.retain(|w| w.worker_id.get() != 2);
+                    } else {
+                        live.push(worker(4, 0, 1));
+                        live.push(worker(2, 0, 1));
+                    }
+                    store.set_live_and_retain(&LiveSet::new(live.clone()));
+                }
+                _ => clock.advance(Duration::from_millis(
+                    delays[rng.below(delays.len() as u64) as usize],
+                )),
+            }
+            compare(
+                &store,
+                &tables,
+                &mut memo,
+                &all,
+                clock.now(),
+                &format!("seed {seed} step {step}"),
+            );
+            // A second read at the same instant with nothing written is answered from the memo.
+            let misses = memo.misses();
+            let view = store.view();
+            let reader = InflightReader::new(&tables);
+            for k in &all {
+                if let Ok(s) = view.slot(*k) {
+                    let direct = KeyLoad::assess(&view, &reader, *k, clock.now());
+                    assert_eq!(memo.load(&view, &reader, s, clock.now()), Some(direct));
+                    hits += 1;
+                }
+            }
+            assert_eq!(
+                memo.misses(),
+                misses,
+                "seed {seed} step {step}: re-read unchanged cells"
+            );
+            steps += 1;
+        }
+        total_misses += memo.misses();
+    }
+    assert!(steps >= 16_000);
+    assert!(hits > steps * 3, "{hits} memo answers in {steps} steps");
+    assert!(
+        total_misses > steps && total_misses < steps * 4,
+        "{total_misses} cell reads in {steps} steps of five keys: changes and expiries re-read, the rest do not"
+    );
+}
+
+#[test]
+fn a_reassigned_cell_is_no_one_s_load_and_another_store_starts_over() {
+    let store = store_with(vec![worker(1, 0, 1)]);
+    let ledger = DispatchLedger::new();
+    let tables = vec![ledger.table()];
+    let reader = InflightReader::new(&tables);
+    let clock = ManualClock::default();
+    let mut memo = LoadMemo::new();
+    store.apply(key(1, 0), &sample(11, 1, Some(7), None), clock.now());
+    let view = store.view();
+    let old: SlotRef = view.slot(key(1, 0)).unwrap();
+    let first = memo.load(&view, &reader, old, clock.now()).unwrap();
+    assert_eq!(
+        first.read.sample.unwrap().sample.active_decode_blocks,
+        Some(7)
+    );
+    drop(view);
+    // Worker 1 departs, worker 2 takes its cell.
+    store.set_live_and_retain(&LiveSet::new(vec![worker(2, 0, 1)]));
+    store.apply(key(2, 0), &sample(12, 1, Some(40), None), clock.now());
+    let view = store.view();
+    let new = view.slot(key(2, 0)).unwrap();
+    assert_eq!(new.slot, old.slot, "the freed cell is reused");
+    assert_eq!(
+        memo.load(&view, &reader, old, clock.now()),
+        None,
+        "stale hint"
+    );
+    let l = memo.load(&view, &reader, new, clock.now()).unwrap();
+    assert_eq!(l.read.sample.unwrap().sample.active_decode_blocks, Some(40));
+    // Another store whose cell has the same slot, epoch and stamps: the memo does not answer
+    // from the first store's entry.
+    let other = store_with(vec![worker(2, 0, 1)]);
+    let oview = other.view();
+    let oslot = oview.slot(key(2, 0)).unwrap();
+    assert_eq!(
+        memo.load(&oview, &reader, oslot, clock.now()),
+        Some(KeyLoad::default())
+    );
+}
+
+#[test]
+fn an_entry_is_not_used_after_its_maximum_age_or_before_it_was_read() {
+    let store = store_with(vec![worker(1, 0, 1)]);
+    let ledger = DispatchLedger::new();
+    let tables = vec![ledger.table()];
+    let reader = InflightReader::new(&tables);
+    let clock = ManualClock::default();
+    clock.advance(Duration::from_secs(10));
+    let mut memo = LoadMemo::new();
+    store.apply(key(1, 0), &sample(11, 1, Some(7), None), clock.now());
+    let view = store.view();
+    let s = view.slot(key(1, 0)).unwrap();
+    let _ = memo.load(&view, &reader, s, clock.now());
+    let read_at = memo.entries[s.slot as usize].read_at;
+    assert_eq!(
+        memo.entries[s.slot as usize].until,
+        read_at + duration_nanos(MAX_ENTRY_AGE),
+        "nothing in flight: only the age cap ends it"
+    );
+    clock.advance(MAX_ENTRY_AGE);
+    let _ = memo.load(&view, &reader, s, clock.now());
+    assert!(
+        memo.entries[s.slot as usize].read_at > read_at,
+        "read again"
+    );
+    let earlier = Instant::from_origin(Duration::from_secs(1));
+    let _ = memo.load(&view, &reader, s, earlier);
+    assert_eq!(
+        memo.entries[s.slot as usize].read_at,
+        nanos(earlier),
+        "a clock that went back reads again"
+    );
+}
