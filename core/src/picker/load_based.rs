@@ -30,9 +30,9 @@ use std::ops::ControlFlow;
 
 use crate::discovery::{Role, Worker};
 use crate::load::rules::{
-    Candidate, Cost, KeyLoad, Stage, any_fresh, classify, select, stage_backlog,
+    Candidate, Cost, Stage, StageBacklog, Standing, classify, select, stage_backlog,
 };
-use crate::load::{LoadKey, request_blocks};
+use crate::load::{Inflight, LoadKey, request_blocks};
 
 use super::candidates::{MAX_CANDIDATES, RankCard, RankRef, visit_namespace_ranks, visit_ranks};
 use super::{
@@ -53,8 +53,17 @@ pub(super) struct Slot {
 #[derive(Debug, Default)]
 pub struct PickScratch {
     slots: Vec<Slot>,
-    loads: Vec<KeyLoad>,
+    loads: Vec<Judged>,
     candidates: Vec<Candidate>,
+}
+
+/// What selection keeps of one candidate's load (see [`select_stage`]).
+#[derive(Debug, Clone, Copy)]
+struct Judged {
+    /// The stage backlog without the stall judgement.
+    backlog: StageBacklog,
+    /// The in-flight stall flag.
+    stalled: bool,
 }
 
 impl PickScratch {
@@ -138,6 +147,12 @@ impl WorkerPicker for LoadBasedPicker {
 
 /// Reads the loads of `scratch.slots`, costs them for `stage` and selects one. Returns the
 /// chosen candidate's index, its slot and the reason.
+///
+/// One pass reads each load once and keeps only what selection needs: the stage backlog as
+/// [`classify`] judges it without the stall judgement, and whether the candidate is stalled.
+/// The stall judgement applies when some candidate is fresh ([`crate::load::rules::any_fresh`]) and then only turns
+/// a stalled candidate's standing into [`Standing::Stalled`] (undefined cost), so the second
+/// pass applies it to those alone: the same costs as classifying every load with the judgement.
 fn select_stage(
     input: &PickInput<'_>,
     scratch: &mut PickScratch,
@@ -148,16 +163,24 @@ fn select_stage(
     let max_age = input.max_staleness;
     scratch.loads.clear();
     scratch.candidates.clear();
+    let mut judge = false;
     for s in &scratch.slots {
         let key = LoadKey::new(s.card.instance_id, s.rank);
         let load = input.loads.rank_load(key, s.card.slot, now);
-        scratch.loads.push(load);
+        let standing = classify(&load, max_age, now, false);
+        judge |= matches!(standing, Standing::Fresh(_));
+        scratch.loads.push(Judged {
+            backlog: stage_backlog(standing, &load.inflight, stage),
+            stalled: load.inflight.stalled,
+        });
     }
-    let judge = any_fresh(&scratch.loads, max_age, now);
-    for (s, load) in scratch.slots.iter().zip(&scratch.loads) {
+    for (s, j) in scratch.slots.iter().zip(&scratch.loads) {
         let card = &s.card;
-        let standing = classify(load, max_age, now, judge);
-        let b = stage_backlog(standing, &load.inflight, stage);
+        let b = if judge && j.stalled {
+            stage_backlog(Standing::Stalled, &Inflight::default(), stage)
+        } else {
+            j.backlog
+        };
         let cost = b.backlog.and_then(|backlog| match stage {
             Stage::Prefill => Cost::prefill(backlog, card.max_num_batched_tokens),
             Stage::Decode => Cost::decode(
