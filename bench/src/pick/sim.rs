@@ -6,12 +6,16 @@
 //! baseline, the production pick path, or one of two diagnostics ([`Kind`]). Between timed batches the caller lets the fleet publish
 //! ([`Sim::advance`]): every `ROUND_EVERY` operations each `(worker, rank)` gets a fresh sample
 //! with new pseudo-random loads (answering this shard's dispatches) and the other shard
-//! dispatches to a quarter of the keys.
+//! dispatches to a quarter of the keys; both shards finish each dispatch [`REQUEST_OPS`]
+//! operations after making it. The pick reads loads through the shard's `LoadMemo`, as the
+//! shards do: right after a round every cell has changed and the first pick reads them all.
 //!
 //! Invariants: time is simulated (the core clock's [`Instant`], `STEP` per operation), so every
 //! sample is fresh and no dispatch expires or stalls; the sequence of picks is deterministic for a
 //! given operation order; nothing in [`Sim::op`] is timed by this module.
 
+use std::cell::RefCell;
+use std::collections::VecDeque;
 use std::hint::black_box;
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,8 +28,8 @@ use continuum_core::kv::index::{IndexWriter, new_index};
 use continuum_core::kv::shared::{IndexReader, Merged};
 use continuum_core::kv::{EngineHash, StoredBlock, TokensHash, path_hash};
 use continuum_core::load::{
-    ApplyOutcome, DEFAULT_MAX_STALENESS, DispatchLedger, DispatchLoad, DispatchRole,
-    InflightReader, InflightTable, LiveSet, LoadKey, LoadStore, Sample,
+    ApplyOutcome, DEFAULT_MAX_STALENESS, DispatchId, DispatchLedger, DispatchLoad, DispatchRole,
+    InflightReader, InflightTable, LiveSet, LoadKey, LoadMemo, LoadStore, Sample,
 };
 use continuum_core::picker::{
     BlockHash, FleetCandidates, KvAwarePicker, KvParams, LoadBasedPicker, NoOverlap, PickInput,
@@ -45,6 +49,10 @@ pub(crate) const STEP: Duration = Duration::from_micros(100);
 pub(crate) const ROUND_EVERY: u64 = 200;
 /// Prompt tokens of each of the other shard's dispatches.
 const OTHER_SHARD_PROMPT: u64 = 512;
+/// Operations a request stays in flight before its dispatch finishes (100 ms of simulated
+/// time): both shards finish their dispatches, as real shards do when responses end, so the
+/// ledgers hold a steady number of records instead of growing for the 30 s expiry.
+pub(crate) const REQUEST_OPS: u64 = 1_000;
 
 /// What one operation does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -211,6 +219,14 @@ pub(crate) struct Sim<'f> {
     ledger: DispatchLedger,
     other: DispatchLedger,
     tables: Vec<Arc<InflightTable>>,
+    /// This shard's load memo (as the shard's pick path holds it).
+    memo: RefCell<LoadMemo>,
+    /// This shard's unfinished dispatches, with the operation count when each was made.
+    outstanding: VecDeque<(u64, DispatchId)>,
+    /// The other shard's unfinished dispatches, likewise.
+    other_outstanding: VecDeque<(u64, DispatchId)>,
+    /// Operations run.
+    ops: u64,
     /// The picker as a shard holds it (a trait object with its own cursors and scratch).
     picker: Box<dyn WorkerPicker>,
     /// The KV-aware picker of the KV row, with the KV state it reads.
@@ -265,6 +281,10 @@ impl<'f> Sim<'f> {
             ledger,
             other,
             tables,
+            memo: RefCell::new(LoadMemo::new()),
+            outstanding: VecDeque::with_capacity(4 * REQUEST_OPS as usize),
+            other_outstanding: VecDeque::with_capacity(4 * REQUEST_OPS as usize),
+            ops: 0,
             picker: Box::new(LoadBasedPicker::new()),
             kv_picker: Box::new(KvAwarePicker::new(
                 KvParams::default(),
@@ -292,7 +312,9 @@ impl<'f> Sim<'f> {
         sim.now = sim.now.saturating_add(STEP);
         for k in &sim.keys {
             let load = DispatchLoad::for_role(DispatchRole::Aggregated, prompt, Some(BLOCK_SIZE));
-            sim.ledger.dispatch(&view, k.key, load, sim.now);
+            if let Some(id) = sim.ledger.dispatch(&view, k.key, load, sim.now) {
+                sim.outstanding.push_back((0, id));
+            }
         }
         drop(view);
         Ok(sim)
@@ -315,6 +337,13 @@ impl<'f> Sim<'f> {
     /// a quarter of the keys. Returns how many samples applied.
     fn round(&mut self) -> usize {
         let view = self.store.view();
+        while let Some(&(at, id)) = self.other_outstanding.front() {
+            if at.saturating_add(REQUEST_OPS) > self.ops {
+                break;
+            }
+            self.other.finish(&view, id, self.now);
+            self.other_outstanding.pop_front();
+        }
         let mut applied = 0;
         for k in &self.keys {
             let decode = next(&mut self.rng) % (TOTAL_KV_BLOCKS / 2);
@@ -339,7 +368,9 @@ impl<'f> Sim<'f> {
                     OTHER_SHARD_PROMPT,
                     Some(BLOCK_SIZE),
                 );
-                self.other.dispatch(&view, k.key, load, self.now);
+                if let Some(id) = self.other.dispatch(&view, k.key, load, self.now) {
+                    self.other_outstanding.push_back((self.ops, id));
+                }
             }
         }
         applied
@@ -348,6 +379,15 @@ impl<'f> Sim<'f> {
     /// Lets `ops` operations' worth of fleet activity happen (untimed): a sample round whenever
     /// `ROUND_EVERY` operations have run since the last one.
     pub(crate) fn advance(&mut self, ops: u64) {
+        let view = self.store.view();
+        while let Some(&(at, id)) = self.outstanding.front() {
+            if at.saturating_add(REQUEST_OPS) > self.ops {
+                break;
+            }
+            self.ledger.finish(&view, id, self.now);
+            self.outstanding.pop_front();
+        }
+        drop(view);
         self.since_round += ops;
         if self.since_round >= ROUND_EVERY {
             self.since_round = 0;
@@ -358,6 +398,7 @@ impl<'f> Sim<'f> {
     /// Runs one operation (the part that is timed). Returns the rendered header length.
     pub(crate) fn op(&mut self, kind: Kind) -> Result<usize, PickError> {
         self.now = self.now.saturating_add(STEP);
+        self.ops += 1;
         let Some(model) = kind.model() else {
             return Ok(match kind {
                 Kind::Estimate => self.estimate_only(),
@@ -369,7 +410,7 @@ impl<'f> Sim<'f> {
             self.ledger.refresh(&view, self.now);
         }
         let reader = InflightReader::new(&self.tables);
-        let loads = StoreLoads::new(&view, &reader);
+        let loads = StoreLoads::memoised(&view, &reader, &self.memo);
         let kv = kind == Kind::PickKvAgg;
         let prompt = if kv {
             PromptTokens(PROMPT_BLOCKS as u64 * u64::from(BLOCK_SIZE))
@@ -425,7 +466,8 @@ impl<'f> Sim<'f> {
         let load = DispatchLoad::for_role(decode_role, prompt.get(), block_size(d.instance_id));
         let key = LoadKey::new(d.instance_id, d.dp_rank);
         let allocs_before = thread_allocations();
-        black_box(self.ledger.dispatch(&view, key, load, self.now));
+        let id = black_box(self.ledger.dispatch(&view, key, load, self.now));
+        let mut ids = [id, None];
         if let Some(p) = pick.prefill {
             let load = DispatchLoad::for_role(
                 DispatchRole::PairPrefill,
@@ -433,9 +475,14 @@ impl<'f> Sim<'f> {
                 block_size(p.instance_id),
             );
             let key = LoadKey::new(p.instance_id, p.dp_rank);
-            black_box(self.ledger.dispatch(&view, key, load, self.now));
+            ids[1] = black_box(self.ledger.dispatch(&view, key, load, self.now));
         }
         let dispatch_allocs = thread_allocations().wrapping_sub(allocs_before);
+        // Within the capacity reserved above (at most two per operation, finished after
+        // `REQUEST_OPS` operations), so this allocates nothing.
+        let ops = self.ops;
+        self.outstanding
+            .extend(ids.into_iter().flatten().map(|id| (ops, id)));
         if let Some(o) = self.outcomes.get_mut(kind as usize) {
             o.ops += 1;
             // The row's own cost decided: `load`, or `kv_aware` for the KV row (a KV pick that
