@@ -14,14 +14,15 @@
 //! - a chunk, once allocated, is never freed or moved; readers find unallocated chunks as all-zero
 //!   cells and never allocate;
 //! - no operation panics: slots outside the table read as zero and refuse writes;
-//! - every chunk also holds a dense array of **stamps**, one `u32` per cell: a write that stores
-//!   its changes also stores the cell's new write count there (`Release`, after its data and
-//!   before it releases the cell, so stamps of successive writes land in write order). A reader that loads a stamp (`Acquire`) and then reads the cell gets that write or
-//!   a later one, so a reader that remembers the stamp it loaded before a read knows, while the
-//!   stamp is unchanged, that no write has completed since (up to wrap-around after 2^32 writes
-//!   of one cell, which is why the memo that relies on this caps its entries' age,
-//!   `super::memo`). Stamps of a 1000-cell chunk fit in 4 KiB, so checking many cells for change
-//!   touches a few cache lines instead of one per cell.
+//! - every table also holds a dense array of **stamps**, one `u32` per cell (allocated with the
+//!   table: 256 KiB, so a stamp is one indexed load away from the table): a write that stores its
+//!   changes also stores the cell's new write count there (`Release`, after its data and before
+//!   it releases the cell, so stamps of successive writes land in write order). A reader that
+//!   loads a stamp (`Acquire`) and then reads the cell gets that write or a later one, so a reader
+//!   that remembers the stamp it loaded before a read knows, while the stamp is unchanged, that no
+//!   write has completed since (up to wrap-around after 2^32 writes of one cell, which is why the
+//!   memo that relies on this caps its entries' age, `super::memo`). Checking many cells for
+//!   change touches a few cache lines of stamps instead of one line per cell.
 //!
 //! Checked by the loom models in `seqcell_loom.rs` (`RUSTFLAGS="--cfg loom"`, see there). Under
 //! loom the atomics, the fence and the spin hints below are loom's (a loom spin hint yields to
@@ -76,26 +77,12 @@ impl<const W: usize> Cell<W> {
     }
 }
 
-/// `CHUNK` cells and their stamps.
-#[derive(Debug)]
-struct Chunk<const W: usize> {
-    cells: Box<[Cell<W>]>,
-    stamps: Box<[AtomicU32]>,
-}
-
-impl<const W: usize> Chunk<W> {
-    fn new() -> Self {
-        Self {
-            cells: (0..CHUNK).map(|_| Cell::new()).collect(),
-            stamps: (0..CHUNK).map(|_| AtomicU32::new(0)).collect(),
-        }
-    }
-}
-
 /// A table of `MAX_LOAD_KEYS` seqlock cells of `W` words (`CHUNK * CHUNKS` under loom).
 #[derive(Debug)]
 pub(crate) struct SeqTable<const W: usize> {
-    chunks: Box<[OnceLock<Chunk<W>>]>,
+    chunks: Box<[OnceLock<Box<[Cell<W>]>>]>,
+    /// One stamp per cell of every chunk (module docs).
+    stamps: Box<[AtomicU32]>,
 }
 
 fn backoff(spins: &mut u32) {
@@ -112,34 +99,28 @@ impl<const W: usize> SeqTable<W> {
     pub(crate) fn new() -> Self {
         Self {
             chunks: (0..CHUNKS).map(|_| OnceLock::new()).collect(),
+            stamps: (0..CHUNK * CHUNKS).map(|_| AtomicU32::new(0)).collect(),
         }
     }
 
     fn cell(&self, slot: u32) -> Option<&Cell<W>> {
         let slot = slot as usize;
-        self.chunks
-            .get(slot / CHUNK)?
-            .get()?
-            .cells
-            .get(slot % CHUNK)
+        self.chunks.get(slot / CHUNK)?.get()?.get(slot % CHUNK)
     }
 
-    fn chunk_or_alloc(&self, slot: u32) -> Option<&Chunk<W>> {
-        Some(
-            self.chunks
-                .get(slot as usize / CHUNK)?
-                .get_or_init(Chunk::new),
-        )
+    fn cell_or_alloc(&self, slot: u32) -> Option<&Cell<W>> {
+        let slot = slot as usize;
+        self.chunks
+            .get(slot / CHUNK)?
+            .get_or_init(|| (0..CHUNK).map(|_| Cell::new()).collect())
+            .get(slot % CHUNK)
     }
 
     /// The cell's stamp (module docs): how many writes stored changes in it, modulo 2^32; 0 for
     /// a never-written cell or a slot outside the table. Load it *before* reading the cell.
     pub(crate) fn stamp(&self, slot: u32) -> u32 {
-        let slot = slot as usize;
-        self.chunks
-            .get(slot / CHUNK)
-            .and_then(OnceLock::get)
-            .and_then(|c| c.stamps.get(slot % CHUNK))
+        self.stamps
+            .get(slot as usize)
             .map_or(0, |s| s.load(Ordering::Acquire))
     }
 
@@ -173,13 +154,12 @@ impl<const W: usize> SeqTable<W> {
         alloc: bool,
         f: impl FnOnce(&mut [u64; W]) -> (bool, R),
     ) -> Option<R> {
-        let chunk = if alloc {
-            self.chunk_or_alloc(slot)?
+        let cell = if alloc {
+            self.cell_or_alloc(slot)?
         } else {
-            self.chunks.get(slot as usize / CHUNK)?.get()?
+            self.cell(slot)?
         };
-        let i = slot as usize % CHUNK;
-        let (cell, stamp) = (chunk.cells.get(i)?, chunk.stamps.get(i)?);
+        let stamp = self.stamps.get(slot as usize)?;
         let mut spins = 0;
         let v = loop {
             let v = cell.version.load(Ordering::Relaxed);
