@@ -29,7 +29,7 @@ use continuum_core::kv::shared::{IndexReader, Merged};
 use continuum_core::kv::{EngineHash, StoredBlock, TokensHash, path_hash};
 use continuum_core::load::{
     ApplyOutcome, DEFAULT_MAX_STALENESS, DispatchId, DispatchLedger, DispatchLoad, DispatchRole,
-    InflightReader, InflightTable, LiveSet, LoadKey, LoadMemo, LoadStore, Sample,
+    InflightReader, InflightTable, LiveSet, LoadKey, LoadMemo, LoadStore, LoadView, Sample,
 };
 use continuum_core::picker::{
     BlockHash, FleetCandidates, KvAwarePicker, KvParams, LoadBasedPicker, NoOverlap, PickInput,
@@ -241,6 +241,24 @@ pub(crate) struct Sim<'f> {
     outcomes: [Outcomes; KINDS],
 }
 
+/// Finishes, in order, the dispatches of `queue` made at least [`REQUEST_OPS`] operations before
+/// operation `ops`.
+fn finish_due(
+    ledger: &mut DispatchLedger,
+    queue: &mut VecDeque<(u64, DispatchId)>,
+    view: &LoadView<'_>,
+    ops: u64,
+    now: Instant,
+) {
+    while let Some(&(at, id)) = queue.front() {
+        if at.saturating_add(REQUEST_OPS) > ops {
+            break;
+        }
+        ledger.finish(view, id, now);
+        queue.pop_front();
+    }
+}
+
 /// splitmix64 step.
 fn next(state: &mut u64) -> u64 {
     *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
@@ -337,13 +355,13 @@ impl<'f> Sim<'f> {
     /// a quarter of the keys. Returns how many samples applied.
     fn round(&mut self) -> usize {
         let view = self.store.view();
-        while let Some(&(at, id)) = self.other_outstanding.front() {
-            if at.saturating_add(REQUEST_OPS) > self.ops {
-                break;
-            }
-            self.other.finish(&view, id, self.now);
-            self.other_outstanding.pop_front();
-        }
+        finish_due(
+            &mut self.other,
+            &mut self.other_outstanding,
+            &view,
+            self.ops,
+            self.now,
+        );
         let mut applied = 0;
         for k in &self.keys {
             let decode = next(&mut self.rng) % (TOTAL_KV_BLOCKS / 2);
@@ -380,13 +398,13 @@ impl<'f> Sim<'f> {
     /// `ROUND_EVERY` operations have run since the last one.
     pub(crate) fn advance(&mut self, ops: u64) {
         let view = self.store.view();
-        while let Some(&(at, id)) = self.outstanding.front() {
-            if at.saturating_add(REQUEST_OPS) > self.ops {
-                break;
-            }
-            self.ledger.finish(&view, id, self.now);
-            self.outstanding.pop_front();
-        }
+        finish_due(
+            &mut self.ledger,
+            &mut self.outstanding,
+            &view,
+            self.ops,
+            self.now,
+        );
         drop(view);
         self.since_round += ops;
         if self.since_round >= ROUND_EVERY {

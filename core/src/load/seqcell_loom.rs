@@ -165,18 +165,23 @@ fn one_writer(read: Reader) -> (usize, BTreeSet<(Vec<u64>, bool)>) {
     })
 }
 
+/// Spawns two writers that each increment slot 0 once.
+fn incrementers(t: &Arc<SeqTable<W>>) -> Vec<thread::JoinHandle<()>> {
+    (0..2)
+        .map(|_| {
+            let t = t.clone();
+            thread::spawn(move || increment(&t))
+        })
+        .collect()
+}
+
 /// Model (b): two writers each increment the cell; a reader reads twice. Preemption bound 1:
 /// from 2 on, loom's scheduler lets the two waiting threads hand the processor to each other
 /// forever while the holder is preempted, and reports a livelock that no fair scheduler has.
 fn two_writers(read: Reader) -> (usize, BTreeSet<(Vec<u64>, bool)>) {
     explore(Some(1), move || {
         let t = table();
-        let writers: Vec<_> = (0..2)
-            .map(|_| {
-                let t = t.clone();
-                thread::spawn(move || increment(&t))
-            })
-            .collect();
+        let writers = incrementers(&t);
         let r = {
             let t = t.clone();
             thread::spawn(move || reads(&t, read, 2))
@@ -197,12 +202,7 @@ fn two_writers(read: Reader) -> (usize, BTreeSet<(Vec<u64>, bool)>) {
 fn loom_models_stamps_never_run_ahead_of_the_data() {
     let (runs, seen) = explore(Some(1), move || {
         let t = table();
-        let writers: Vec<_> = (0..2)
-            .map(|_| {
-                let t = t.clone();
-                thread::spawn(move || increment(&t))
-            })
-            .collect();
+        let writers = incrementers(&t);
         let r = {
             let t = t.clone();
             thread::spawn(move || {
