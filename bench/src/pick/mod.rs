@@ -189,10 +189,17 @@ impl PickReport {
 
     /// The rows of `kinds` whose measured batches allocated, with their fleet size.
     fn allocating(&self, kinds: &[Kind]) -> Vec<(u32, &RowFigures)> {
+        let mut rows = self.all(kinds);
+        rows.retain(|(_, r)| r.allocs > 0);
+        rows
+    }
+
+    /// Every row of `kinds`, with its fleet size.
+    fn all(&self, kinds: &[Kind]) -> Vec<(u32, &RowFigures)> {
         self.sizes
             .iter()
             .flat_map(|s| s.rows.iter().map(move |r| (s.workers, r)))
-            .filter(|(_, r)| kinds.contains(&r.kind) && r.allocs > 0)
+            .filter(|(_, r)| kinds.contains(&r.kind))
             .collect()
     }
 
@@ -389,6 +396,16 @@ impl PickReport {
                 d = f.outcomes.dispatch_allocs,
             );
         }
+        for (w, f) in self.all(&PICK_ROWS) {
+            let _ = writeln!(
+                r,
+                "load memo: {l} at {w} workers read {c:.1} candidate loads per pick from the cells \
+                 (the memo answered the rest; every cell changes each {round} operations)",
+                round = sim::ROUND_EVERY,
+                l = f.kind.label(),
+                c = f.outcomes.cell_reads as f64 / f.ops.max(1) as f64,
+            );
+        }
         for (w, f) in self.allocating(&[Kind::RefreshPickPd]) {
             let _ = writeln!(
                 r,
@@ -457,6 +474,7 @@ mod tests {
             "\npick p/d ",
             "\nrefresh+p/d ",
             "allocations after warm-up: ",
+            "load memo: pick agg at ",
         ] {
             assert!(text.contains(needle), "missing {needle:?} in\n{text}");
         }

@@ -119,6 +119,8 @@ pub(crate) struct Outcomes {
     pub(crate) with_prefill: u64,
     /// Allocations made inside `DispatchLedger::dispatch` (counted around its calls).
     pub(crate) dispatch_allocs: u64,
+    /// Candidate loads the picks read from the cells (the load memo answered the others).
+    pub(crate) cell_reads: u64,
 }
 
 impl Outcomes {
@@ -129,6 +131,7 @@ impl Outcomes {
             by_load: self.by_load.wrapping_sub(before.by_load),
             with_prefill: self.with_prefill.wrapping_sub(before.with_prefill),
             dispatch_allocs: self.dispatch_allocs.wrapping_sub(before.dispatch_allocs),
+            cell_reads: self.cell_reads.wrapping_sub(before.cell_reads),
         }
     }
 }
@@ -459,7 +462,9 @@ impl<'f> Sim<'f> {
         } else {
             &mut self.picker
         };
+        let misses_before = self.memo.borrow().misses();
         let picked = picker.pick(&input, &mut picks);
+        let cell_reads = self.memo.borrow().misses().wrapping_sub(misses_before);
         let Some(pick) = picked.ok().and(picks.first().copied()) else {
             return Err(PickError::NoWorker { model, workers });
         };
@@ -513,6 +518,7 @@ impl<'f> Sim<'f> {
             o.by_load += u64::from(d.reason == by_cost);
             o.with_prefill += u64::from(pick.prefill.is_some());
             o.dispatch_allocs += dispatch_allocs;
+            o.cell_reads += cell_reads;
         }
         Ok(black_box(&self.headers).len())
     }
