@@ -46,7 +46,9 @@
 //! - `dispatch` and `finish` allocate only when a key gets its first record on this shard or its
 //!   record queue grows; at most [`MAX_RECORDS_PER_KEY`] records are kept per key (a further
 //!   dispatch is merged into the newest unanswered record, which over-counts rather than
-//!   under-counts; when every kept record is answered, the oldest is dropped with its floor);
+//!   under-counts, and a merged record is never credited or marked finished, so finishing one of
+//!   its dispatches cannot take the others' load away; when every kept record is answered, the
+//!   oldest is dropped with its floor);
 //! - a summary names its slot epoch: after a worker departs and its slot is reused, stale
 //!   summaries read as zero.
 
@@ -195,6 +197,10 @@ struct Record {
     eligible: bool,
     /// Finished while unanswered: it leaves when answered instead of running on.
     finished: bool,
+    /// Holds more than one dispatch (the key was at [`MAX_RECORDS_PER_KEY`]): only the newest
+    /// one's id finds it, and finishing that one must not take the others' load with it, so a
+    /// merged record is never credited nor marked finished; it leaves at its expiry.
+    merged: bool,
 }
 
 #[derive(Debug)]
@@ -344,6 +350,7 @@ impl DispatchLedger {
                 last.prefill = last.prefill.saturating_add(load.prefill_tokens);
                 last.decode = last.decode.saturating_add(load.decode_blocks);
                 last.eligible |= load.stall_eligible;
+                last.merged = true;
             }
             _ => entry.records.push_back(Record {
                 t,
@@ -352,6 +359,7 @@ impl DispatchLedger {
                 decode: load.decode_blocks,
                 eligible: load.stall_eligible,
                 finished: false,
+                merged: false,
             }),
         }
         entry.publish(&self.table, slot.slot);
@@ -378,17 +386,17 @@ impl DispatchLedger {
             entry.publish(&self.table, id.slot.slot);
             return;
         };
-        if i < entry.answered {
+        let merged = entry.records.get(i).is_some_and(|r| r.merged);
+        if i < entry.answered && !merged {
             if let Some(r) = entry.records.remove(i) {
                 entry.answered -= 1;
                 entry.stop_running(&r);
-                entry.credit.prefill_tokens = entry.credit.prefill_tokens.saturating_add(r.prefill);
-                entry.credit.decode_blocks = entry.credit.decode_blocks.saturating_add(r.decode);
+                entry.credit.add((r.prefill, r.decode));
                 entry.credit_t = t;
             }
         } else if let Some(r) = entry.records.get_mut(i) {
             r.eligible = false;
-            r.finished = true;
+            r.finished |= !merged;
         }
         entry.publish(&self.table, id.slot.slot);
     }
@@ -452,15 +460,16 @@ impl SlotLedger {
             if r.t.saturating_add(ttl_ns()) > now {
                 break;
             }
+            let Some(r) = self.records.pop_front() else {
+                break;
+            };
             if self.answered > 0 {
                 self.answered -= 1;
-                self.running.prefill_tokens = self.running.prefill_tokens.saturating_sub(r.prefill);
-                self.running.decode_blocks = self.running.decode_blocks.saturating_sub(r.decode);
+                self.stop_running(&r);
             } else {
                 self.prefill = self.prefill.saturating_sub(r.prefill);
                 self.decode = self.decode.saturating_sub(r.decode);
             }
-            self.records.pop_front();
         }
         // Newly answered records leave the sums (the next prefix) and wait for their finish.
         while let Some(r) = self.records.get(self.answered) {
@@ -474,8 +483,8 @@ impl SlotLedger {
                 self.records.remove(self.answered);
                 continue;
             }
-            self.running.prefill_tokens = self.running.prefill_tokens.saturating_add(r.prefill);
-            self.running.decode_blocks = self.running.decode_blocks.saturating_add(r.decode);
+            let size = (r.prefill, r.decode);
+            self.running.add(size);
             self.answered += 1;
         }
         // A sample after the latest finish already shows every credited request gone.
@@ -646,9 +655,11 @@ mod cap_tests {
         let one = DispatchLoad::for_role(DispatchRole::Aggregated, 16, Some(16)); // 1 block
         let mut ledger = DispatchLedger::new();
         let extra = 10;
+        let mut merged = None;
         for i in 0..MAX_RECORDS_PER_KEY + extra {
             let t = at_ms(1 + i as u64);
-            assert!(ledger.dispatch(&store.view(), k, one, t).is_some());
+            merged = ledger.dispatch(&store.view(), k, one, t);
+            assert!(merged.is_some());
         }
         assert_eq!(records(&ledger), MAX_RECORDS_PER_KEY);
         let tables = [ledger.table()];
@@ -666,6 +677,16 @@ mod cap_tests {
         let sum = reader.summary_slot(slot, &view.read(k), now);
         assert_eq!(sum.inflight.decode_blocks, 0);
         assert_eq!(sum.running.decode_blocks, total);
+        // Finishing the newest dispatch, merged with ten others into one record, credits nothing
+        // and stops nothing: the others still run.
+        let done = now.saturating_add(std::time::Duration::from_micros(500));
+        ledger.finish(&view, merged.expect("dispatched"), done);
+        let sum = reader.summary_slot(slot, &view.read(k), done);
+        assert_eq!(
+            sum.running.decode_blocks, total,
+            "no merged request stops running"
+        );
+        assert_eq!(sum.finished.decode_blocks, 0, "and none is credited");
         // One more dispatch: the oldest answered record (1 block) leaves, the new one counts.
         let later = at_ms(10_001);
         assert!(ledger.dispatch(&view, k, one, later).is_some());
