@@ -34,7 +34,7 @@ use super::store::{LoadStore, LoadView, SlotRef};
 use super::{MAX_LOAD_KEYS, duration_nanos, nanos};
 
 /// How long after its read an entry may be used.
-pub const MAX_ENTRY_AGE: Duration = Duration::from_secs(1);
+pub(crate) const MAX_ENTRY_AGE: Duration = Duration::from_secs(1);
 
 /// One slot's memoised load.
 #[derive(Debug, Clone, Copy, Default)]

@@ -57,7 +57,6 @@ fn memoised_loads_equal_direct_loads_at_every_step() {
     let delays = [
         0u64, 1, 7, 300, 1_000, 2_999, 3_000, 4_999, 5_000, 5_001, 25_000, 30_000,
     ];
-    let mut hits = 0u64;
     let mut total_misses = 0u64;
     let mut steps = 0u64;
     for seed in 1..=40u64 {
@@ -137,7 +136,6 @@ fn memoised_loads_equal_direct_loads_at_every_step() {
                 if let Ok(s) = view.slot(*k) {
                     let direct = KeyLoad::assess(&view, &reader, *k, clock.now());
                     assert_eq!(memo.load(&view, &reader, s, clock.now()), Some(direct));
-                    hits += 1;
                 }
             }
             assert_eq!(
@@ -150,7 +148,6 @@ fn memoised_loads_equal_direct_loads_at_every_step() {
         total_misses += memo.misses();
     }
     assert!(steps >= 16_000);
-    assert!(hits > steps * 3, "{hits} memo answers in {steps} steps");
     assert!(
         total_misses > steps && total_misses < steps * 4,
         "{total_misses} cell reads in {steps} steps of five keys: changes and expiries re-read, the rest do not"
@@ -158,7 +155,7 @@ fn memoised_loads_equal_direct_loads_at_every_step() {
 }
 
 #[test]
-fn a_reassigned_cell_is_no_one_s_load_and_another_store_starts_over() {
+fn a_reassigned_cell_is_no_one_s_load() {
     let store = store_with(vec![worker(1, 0, 1)]);
     let ledger = DispatchLedger::new();
     let tables = vec![ledger.table()];
@@ -187,15 +184,31 @@ fn a_reassigned_cell_is_no_one_s_load_and_another_store_starts_over() {
     );
     let l = memo.load(&view, &reader, new, clock.now()).unwrap();
     assert_eq!(l.read.sample.unwrap().sample.active_decode_blocks, Some(40));
-    // Another store whose cell has the same slot, epoch and stamps: the memo does not answer
-    // from the first store's entry.
-    let other = store_with(vec![worker(2, 0, 1)]);
-    let oview = other.view();
-    let oslot = oview.slot(key(2, 0)).unwrap();
-    assert_eq!(
-        memo.load(&oview, &reader, oslot, clock.now()),
-        Some(KeyLoad::default())
+}
+
+/// Two stores whose cells have the same slot, epoch and stamp but hold different samples: the
+/// memo answers each from its own cells (it starts over on another store).
+#[test]
+fn another_store_with_the_same_cells_starts_over() {
+    let clock = ManualClock::default();
+    let (a, b) = (
+        store_with(vec![worker(1, 0, 1)]),
+        store_with(vec![worker(1, 0, 1)]),
     );
+    a.apply(key(1, 0), &sample(11, 1, Some(7), None), clock.now());
+    b.apply(key(1, 0), &sample(11, 1, Some(40), None), clock.now());
+    let ledger = DispatchLedger::new();
+    let tables = vec![ledger.table()];
+    let reader = InflightReader::new(&tables);
+    let mut memo = LoadMemo::new();
+    let (va, vb) = (a.view(), b.view());
+    let (sa, sb) = (va.slot(key(1, 0)).unwrap(), vb.slot(key(1, 0)).unwrap());
+    assert_eq!(sa, sb, "same slot and epoch");
+    assert_eq!(va.stamp(sa.slot), vb.stamp(sb.slot), "same stamp");
+    let decode = |l: Option<KeyLoad>| l.and_then(|l| l.read.sample?.sample.active_decode_blocks);
+    assert_eq!(decode(memo.load(&va, &reader, sa, clock.now())), Some(7));
+    assert_eq!(decode(memo.load(&vb, &reader, sb, clock.now())), Some(40));
+    assert_eq!(decode(memo.load(&va, &reader, sa, clock.now())), Some(7));
 }
 
 #[test]

@@ -69,7 +69,7 @@ pub use dispatch::{
     InflightTable, MAX_RECORDS_PER_KEY, Summary, request_blocks,
 };
 pub use live::{LiveSet, LiveWorker, RetainReport};
-pub use memo::{LoadMemo, MAX_ENTRY_AGE};
+pub use memo::LoadMemo;
 pub use store::{ApplyOutcome, KeyRead, LoadStore, LoadView, Refusal, SlotRef};
 
 /// The load store holds at most this many `(worker, dp_rank)` keys (LOAD-STORE-18).
