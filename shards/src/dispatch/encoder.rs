@@ -16,8 +16,10 @@
 //! - at most [`QUEUE`] jobs wait and [`THREADS`] run; a job is dropped, never blocked on;
 //! - results carry a `Weak` of the pipeline that encoded them and are applied only to that
 //!   pipeline's cache (ids depend on the tokenizer);
-//! - the threads are started once per process, on first use, and live as long as it does; a
-//!   job whose encoding panics is answered with no segments (its pending marks still clear).
+//! - the threads are started once per process, on first use, and live as long as it does;
+//!   encoding errors leave a segment uncached. Nothing catches a panic here: release builds abort
+//!   on panic (`Cargo.toml`), and the shard's inline encode of the same text has no guard either,
+//!   so a catch here would only have held in test builds.
 
 use std::sync::{Arc, OnceLock, Weak};
 
@@ -86,19 +88,11 @@ fn run(jobs: &Receiver<Job>) {
     while let Ok(job) = jobs.recv() {
         let asked = job.keys;
         let tokenizer = job.pipeline.tokenizer();
-        let pieces = job.pieces;
-        // A panic inside the tokenizer (client text, operator-pinned tokenizer) must neither end
-        // this thread nor keep the reply from clearing the shard's pending marks.
-        let segments = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            pieces
-                .into_iter()
-                .filter_map(|p| tokenizer.encode_segment(&p).ok().map(|ids| (p, ids)))
-                .collect()
-        }))
-        .unwrap_or_else(|_| {
-            tracing::warn!("the prompt encoder panicked on a job; its segments stay uncached");
-            Vec::new()
-        });
+        let segments = job
+            .pieces
+            .into_iter()
+            .filter_map(|p| tokenizer.encode_segment(&p).ok().map(|ids| (p, ids)))
+            .collect();
         let _ = job.reply.send(Encoded {
             pipeline: Arc::downgrade(&job.pipeline),
             segments,
