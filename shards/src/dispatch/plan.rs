@@ -478,6 +478,9 @@ impl Dispatcher {
 
     /// Mark the dispatches recorded for a pinned request finished.
     pub(super) fn finish(&self, dispatched: [Option<DispatchId>; 2]) {
+        if dispatched.iter().all(Option::is_none) {
+            return;
+        }
         let view = self.signals.store.view();
         let now = crate::clock::now();
         let mut st = self.picking.borrow_mut();
