@@ -93,10 +93,17 @@ impl BlobCache {
             .mode(0o600)
             .open(&tmp)
             .await?;
-        f.write_all(bytes).await?;
-        f.sync_all().await?;
-        drop(f);
-        tokio::fs::rename(&tmp, &path).await
+        let written = async {
+            f.write_all(bytes).await?;
+            f.sync_all().await?;
+            tokio::fs::rename(&tmp, &path).await
+        }
+        .await;
+        if written.is_err() {
+            // A unique name is never written through again: a failed put removes its own.
+            let _ = tokio::fs::remove_file(&tmp).await;
+        }
+        written
     }
 }
 
@@ -138,6 +145,36 @@ mod tests {
         std::fs::write(cache.path(d), b"tampered").expect("write");
         assert!(matches!(cache.get(d).await, Cached::Corrupt));
         assert!(!cache.path(d).exists());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    fn temp_files(dir: &std::path::Path) -> usize {
+        std::fs::read_dir(dir.join("blobs"))
+            .expect("blobs")
+            .filter_map(Result::ok)
+            .filter(|e| e.file_name().to_string_lossy().contains(".tmp"))
+            .count()
+    }
+
+    /// Two loads putting one blob at once both succeed (each writes its own temp file), and a
+    /// put that fails removes its temp file.
+    #[tokio::test]
+    async fn concurrent_puts_share_no_file_and_a_failed_put_leaves_nothing() {
+        let dir = tempdir();
+        let cache = BlobCache::open(&dir).expect("open");
+        let bytes = vec![7u8; 1 << 20];
+        let d = digest(&bytes);
+        let (a, b) = tokio::join!(cache.put(d, &bytes), cache.put(d, &bytes));
+        a.expect("first put");
+        b.expect("second put");
+        assert!(matches!(cache.get(d).await, Cached::Hit(got) if got == bytes));
+        assert_eq!(temp_files(&dir), 0);
+        // The blob's name is taken by a non-empty directory: the rename fails.
+        let other = b"other".to_vec();
+        let o = digest(&other);
+        std::fs::create_dir_all(cache.path(o).join("x")).expect("mkdir");
+        assert!(cache.put(o, &other).await.is_err());
+        assert_eq!(temp_files(&dir), 0, "the failed put removed its temp file");
         let _ = std::fs::remove_dir_all(&dir);
     }
 
