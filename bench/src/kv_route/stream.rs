@@ -1,10 +1,10 @@
 //! One streamed chat completion of `kv-route`, over a blocking HTTP/1.1 connection to
-//! 127.0.0.1: the request, the response head, the body de-chunked ([`Dechunker`]), split into
-//! SSE events ([`SseSplitter`]), and each event's JSON folded into a [`Streamed`] outcome (time
-//! to the first content, usage, the answer, the response id).
+//! 127.0.0.1: the request, the response head, the body de-chunked and split into SSE events by
+//! the router's own decoders (`continuum_core::http1::chunked`, `continuum_core::ingress::sse`),
+//! and each event's JSON folded into a [`Streamed`] outcome (time to the first content, usage,
+//! the answer, the response id).
 //!
-//! Invariants: the parsers are pure and incremental (any split of the bytes into reads gives
-//! the same events); one request is bounded by the socket timeouts and an overall deadline,
+//! Invariants: any split of the bytes into reads gives the same events; one request is bounded by the socket timeouts and an overall deadline,
 //! its head by [`MAX_HEAD`] and its body by [`MAX_BODY`]; the connection is `Connection:
 //! close`, so nothing outlives the request.
 
@@ -12,6 +12,8 @@ use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
+use continuum_core::http1::chunked::ChunkedDecoder;
+use continuum_core::ingress::sse::{DEFAULT_LINE_CAP, SseEvent, SseFramer};
 use serde_json::Value;
 
 /// Largest response head read.
@@ -29,8 +31,6 @@ pub(crate) struct Streamed {
     /// Seconds from just before the request was written to the first SSE event with non-empty
     /// `choices[].delta.content`.
     pub(crate) ttft: Option<f64>,
-    /// Seconds to the first SSE `data:` event of any kind.
-    pub(crate) first_event: Option<f64>,
     /// `usage.prompt_tokens` of the usage chunk.
     pub(crate) prompt_tokens: Option<u64>,
     /// `usage.prompt_tokens_details.cached_tokens` (0 when the usage chunk lacks it).
@@ -46,9 +46,6 @@ pub(crate) struct Streamed {
 impl Streamed {
     /// Folds one SSE event's data (`at` seconds after the request) into the outcome.
     pub(crate) fn event(&mut self, data: &str, at: f64) {
-        if self.first_event.is_none() {
-            self.first_event = Some(at);
-        }
         if data.trim() == "[DONE]" {
             self.done = true;
             return;
@@ -81,122 +78,50 @@ impl Streamed {
     }
 }
 
-/// An incremental decoder of a `Transfer-Encoding: chunked` body.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct Dechunker {
-    state: ChunkState,
-    line: Vec<u8>,
+/// One response body, de-chunked (when chunked) and framed into SSE events by the router's own
+/// decoders ([`ChunkedDecoder`], [`SseFramer`]), each event folded into a [`Streamed`].
+#[derive(Debug)]
+struct BodyReader {
+    chunked: Option<ChunkedDecoder>,
+    sse: SseFramer,
+    payload: Vec<u8>,
+    events: Vec<SseEvent>,
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-enum ChunkState {
-    /// Reading a chunk-size line.
-    #[default]
-    Size,
-    /// Inside a chunk, this many bytes left.
-    Data(usize),
-    /// The CRLF after a chunk's data.
-    DataEnd,
-    /// Trailer lines after the last chunk.
-    Trailer,
-    /// The body is complete.
-    Done,
-    /// The framing was malformed.
-    Broken,
-}
-
-impl Dechunker {
-    /// Feeds `input`, appending the payload bytes to `out`.
-    pub(crate) fn feed(&mut self, mut input: &[u8], out: &mut Vec<u8>) {
-        while !input.is_empty() {
-            match self.state {
-                ChunkState::Done | ChunkState::Broken => return,
-                ChunkState::Data(n) => {
-                    let take = n.min(input.len());
-                    out.extend_from_slice(&input[..take]);
-                    input = &input[take..];
-                    self.state = if take == n {
-                        ChunkState::DataEnd
-                    } else {
-                        ChunkState::Data(n - take)
-                    };
-                }
-                ChunkState::Size | ChunkState::DataEnd | ChunkState::Trailer => {
-                    let Some(nl) = input.iter().position(|&b| b == b'\n') else {
-                        self.line.extend_from_slice(input);
-                        if self.line.len() > 4096 {
-                            self.state = ChunkState::Broken;
-                        }
-                        return;
-                    };
-                    self.line.extend_from_slice(&input[..nl]);
-                    input = &input[nl + 1..];
-                    let line = std::mem::take(&mut self.line);
-                    let line = String::from_utf8_lossy(&line);
-                    let line = line.trim();
-                    self.state = match self.state {
-                        ChunkState::DataEnd if line.is_empty() => ChunkState::Size,
-                        ChunkState::Trailer if line.is_empty() => ChunkState::Done,
-                        ChunkState::Trailer => ChunkState::Trailer,
-                        ChunkState::Size => {
-                            let hex = line.split(';').next().unwrap_or("").trim();
-                            match usize::from_str_radix(hex, 16) {
-                                Ok(0) => ChunkState::Trailer,
-                                Ok(n) => ChunkState::Data(n),
-                                Err(_) => ChunkState::Broken,
-                            }
-                        }
-                        _ => ChunkState::Broken,
-                    };
-                }
-            }
+impl BodyReader {
+    fn new(chunked: bool) -> Self {
+        Self {
+            chunked: chunked.then(ChunkedDecoder::new),
+            sse: SseFramer::new(DEFAULT_LINE_CAP),
+            payload: Vec::new(),
+            events: Vec::new(),
         }
     }
 
-    /// Whether the last chunk and the trailer were read.
-    pub(crate) fn done(&self) -> bool {
-        self.state == ChunkState::Done
-    }
-
-    /// Whether the framing was malformed.
-    pub(crate) fn broken(&self) -> bool {
-        self.state == ChunkState::Broken
-    }
-}
-
-/// An incremental splitter of an SSE stream into the data of its events.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct SseSplitter {
-    buf: Vec<u8>,
-}
-
-impl SseSplitter {
-    /// Feeds payload bytes; returns the data of every event completed by them (the `data:`
-    /// lines of one event joined by `\n`; events without data are skipped).
-    pub(crate) fn feed(&mut self, input: &[u8]) -> Vec<String> {
-        self.buf.extend_from_slice(input);
-        let mut events = Vec::new();
-        loop {
-            let lf = find(&self.buf, b"\n\n");
-            let crlf = find(&self.buf, b"\r\n\r\n");
-            let (end, sep) = match (lf, crlf) {
-                (Some(a), Some(b)) if b < a => (b, 4),
-                (Some(a), _) => (a, 2),
-                (None, Some(b)) => (b, 4),
-                (None, None) => break,
-            };
-            let event: Vec<u8> = self.buf.drain(..end + sep).take(end).collect();
-            let text = String::from_utf8_lossy(&event);
-            let data: Vec<&str> = text
-                .lines()
-                .filter_map(|l| l.strip_prefix("data:"))
-                .map(|d| d.strip_prefix(' ').unwrap_or(d))
-                .collect();
-            if !data.is_empty() {
-                events.push(data.join("\n"));
+    /// Feeds body bytes read `at` seconds after the request; returns the payload bytes they
+    /// carried.
+    fn feed(&mut self, bytes: &[u8], at: f64, out: &mut Streamed) -> std::io::Result<usize> {
+        self.payload.clear();
+        match &mut self.chunked {
+            Some(d) => {
+                let payload = &mut self.payload;
+                d.feed(bytes, |data| payload.extend_from_slice(data))
+                    .map_err(|_| invalid("malformed chunked framing"))?;
             }
+            None => self.payload.extend_from_slice(bytes),
         }
-        events
+        self.sse
+            .push(&self.payload, &mut self.events)
+            .map_err(|_| invalid("SSE line too long"))?;
+        for e in self.events.drain(..) {
+            out.event(&e.data, at);
+        }
+        Ok(self.payload.len())
+    }
+
+    /// Whether a chunked body's last chunk and trailer were read.
+    fn chunked_done(&self) -> bool {
+        self.chunked.as_ref().is_some_and(ChunkedDecoder::is_done)
     }
 }
 
@@ -276,28 +201,15 @@ pub(crate) fn post(req: &Request<'_>) -> std::io::Result<Streamed> {
     out.header = req.want_header.and_then(header);
     let chunked = header("transfer-encoding").is_some_and(|v| v.eq_ignore_ascii_case("chunked"));
     let length: Option<usize> = header("content-length").and_then(|v| v.parse().ok());
-    let mut dechunk = Dechunker::default();
-    let mut sse = SseSplitter::default();
+    let mut body = BodyReader::new(chunked);
     let mut body_len = 0usize;
     let mut pending = raw.split_off(split + 4);
     loop {
-        let mut payload = Vec::new();
-        if chunked {
-            dechunk.feed(&pending, &mut payload);
-        } else {
-            payload = std::mem::take(&mut pending);
-        }
-        pending.clear();
-        body_len += payload.len();
         let at = start.elapsed().as_secs_f64();
-        for data in sse.feed(&payload) {
-            out.event(&data, at);
-        }
-        if dechunk.broken() {
-            return Err(invalid("malformed chunked framing"));
-        }
+        body_len += body.feed(&pending, at, &mut out)?;
+        pending.clear();
         let complete = if chunked {
-            dechunk.done()
+            body.chunked_done()
         } else {
             length.is_some_and(|l| body_len >= l)
         };
@@ -367,17 +279,12 @@ mod tests {
     }
 
     fn run(bytes: &[u8], step: usize) -> (Streamed, bool) {
-        let mut d = Dechunker::default();
-        let mut sse = SseSplitter::default();
+        let mut body = BodyReader::new(true);
         let mut out = Streamed::default();
         for (i, piece) in bytes.chunks(step).enumerate() {
-            let mut payload = Vec::new();
-            d.feed(piece, &mut payload);
-            for data in sse.feed(&payload) {
-                out.event(&data, i as f64);
-            }
+            body.feed(piece, i as f64, &mut out).expect("well-formed");
         }
-        (out, d.done())
+        (out, body.chunked_done())
     }
 
     #[test]
@@ -410,7 +317,7 @@ mod tests {
         );
         s.event(r#"{"choices":[{"delta":{"content":"x"}}]}"#, 0.7);
         s.event(r#"{"choices":[{"delta":{"content":"y"}}]}"#, 0.9);
-        assert_eq!((s.first_event, s.ttft), (Some(0.5), Some(0.7)));
+        assert_eq!(s.ttft, Some(0.7));
         // A usage chunk without the details counts no cached tokens.
         s.event(r#"{"choices":[],"usage":{"prompt_tokens":10}}"#, 1.0);
         assert_eq!((s.prompt_tokens, s.cached_tokens), (Some(10), Some(0)));
@@ -420,20 +327,9 @@ mod tests {
     }
 
     #[test]
-    fn sse_accepts_crlf_and_multi_line_data_and_rejects_bad_chunks() {
-        let mut sse = SseSplitter::default();
-        assert_eq!(
-            sse.feed(b": ping\r\n\r\ndata: a\r\ndata: b\r\n\r\ndata:c\n"),
-            ["a\nb"]
-        );
-        assert_eq!(sse.feed(b"\n"), ["c"]);
-        let mut d = Dechunker::default();
-        let mut out = Vec::new();
-        d.feed(b"zz\r\n", &mut out);
-        assert!(d.broken());
-        let mut d = Dechunker::default();
-        d.feed(b"3;ext=1\r\nabc\r\n0\r\nx-trailer: 1\r\n\r\n", &mut out);
-        assert!(d.done());
-        assert_eq!(out, b"abc");
+    fn malformed_chunking_is_an_error() {
+        let mut body = BodyReader::new(true);
+        let mut out = Streamed::default();
+        assert!(body.feed(b"zz\r\n", 0.0, &mut out).is_err());
     }
 }
