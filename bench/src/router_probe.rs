@@ -139,20 +139,28 @@ pub(crate) fn shim_answers(port: u16, chat_body: &str) -> Result<(), String> {
     }
 }
 
+/// Every counter line of `metrics` starting with `prefix` (the metric name and the label
+/// opening, up to the label's value: `name{label="`), as `(label value, count)`, in text order.
+pub(crate) fn labelled_counters(metrics: &str, prefix: &str) -> Vec<(String, u64)> {
+    metrics
+        .lines()
+        .filter_map(|l| {
+            let rest = l.strip_prefix(prefix)?;
+            let (label, count) = rest.split_once("\"}")?;
+            let n = count.trim().parse::<f64>().ok()?;
+            // Counters are whole numbers printed as floats or integers.
+            Some((label.to_owned(), n.max(0.0) as u64))
+        })
+        .collect()
+}
+
 /// The router's `continuum_dynamo_selection_total` lines for decode picks,
 /// as `reason=count` pairs with a non-zero count.
 pub(crate) fn decode_selections(metrics: &str) -> Vec<(String, u64)> {
     const PREFIX: &str = "continuum_dynamo_selection_total{role=\"decode\",reason=\"";
-    metrics
-        .lines()
-        .filter_map(|l| {
-            let rest = l.strip_prefix(PREFIX)?;
-            let (reason, count) = rest.split_once("\"}")?;
-            let n = count.trim().parse::<f64>().ok()?;
-            // Counters are whole numbers printed as floats.
-            (n > 0.0).then(|| (reason.to_owned(), n as u64))
-        })
-        .collect()
+    let mut picks = labelled_counters(metrics, PREFIX);
+    picks.retain(|(_, n)| *n > 0);
+    picks
 }
 
 /// Selections as `reason=count, ...`, or `none`.

@@ -158,7 +158,17 @@ pub(crate) fn run(opts: &FleetHopOptions) -> Result<(), BenchError> {
     // Declared after `fleet`, so dropped (killed) before the fleet's teardown.
     let mut routed: Result<(Supervised, u16), String> = if router_bin.is_file() {
         eprintln!("fleet-hop: starting the router and waiting for discovery ...");
-        match router::start(&router_bin, &dir, place.router, &info, MODEL, &body, ready) {
+        match router::start(&router::Launch {
+            bin: &router_bin,
+            dir: &dir,
+            cpu: place.router,
+            fleet: &info,
+            model: MODEL,
+            chat_body: &body,
+            ready,
+            dynamo_extra: "",
+            name: "router",
+        }) {
             Ok(r) => Ok(r),
             Err(e) => Err(router_probe::lost(e)?),
         }
@@ -249,8 +259,8 @@ fn measure(
 }
 
 /// Waits until a pinned request to each worker through the frontend is
-/// answered 200, so the direct baseline measures successes.
-fn check_direct(
+/// answered 200, so the direct baseline measures successes (`kv-route` too).
+pub(crate) fn check_direct(
     info: &FleetInfo,
     pins: &[Vec<(&'static str, String)>],
     body: &str,

@@ -55,43 +55,51 @@ dynamo:
     )
 }
 
-/// Starts the router for `fleet` on `cpu` and waits until it has discovered
-/// every worker and proxied `chat_body` through the shim path.
-pub(crate) fn start(
-    bin: &Path,
-    dir: &TempDir,
-    cpu: usize,
-    fleet: &FleetInfo,
-    model: &str,
-    chat_body: &str,
-    ready: Duration,
-) -> Result<(Supervised, u16), BenchError> {
-    start_with(bin, dir, cpu, fleet, model, chat_body, ready, "")
+/// What [`start`] starts.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Launch<'a> {
+    /// The router binary.
+    pub(crate) bin: &'a Path,
+    /// Where its config and log go.
+    pub(crate) dir: &'a TempDir,
+    /// The CPU it is pinned to.
+    pub(crate) cpu: usize,
+    /// The fleet it routes for.
+    pub(crate) fleet: &'a FleetInfo,
+    /// The model its shim pool serves.
+    pub(crate) model: &'a str,
+    /// The chat body of the readiness probe.
+    pub(crate) chat_body: &'a str,
+    /// How long each readiness wait may take.
+    pub(crate) ready: Duration,
+    /// Lines appended to the config's `dynamo:` section (indented by two spaces, e.g. a `kv:`
+    /// block); empty for none.
+    pub(crate) dynamo_extra: &'a str,
+    /// Names the config and log (`<name>.yaml`, `<name>.log`), so several routers can share
+    /// `dir`.
+    pub(crate) name: &'a str,
 }
 
-/// [`start`], with `dynamo_extra` appended to the config's `dynamo:`
-/// section (lines indented by two spaces, e.g. a `kv:` block), and the
-/// config and log named after the router's port, so several routers can
-/// share `dir`.
-#[allow(clippy::too_many_arguments)] // start's arguments plus the extra section
-pub(crate) fn start_with(
-    bin: &Path,
-    dir: &TempDir,
-    cpu: usize,
-    fleet: &FleetInfo,
-    model: &str,
-    chat_body: &str,
-    ready: Duration,
-    dynamo_extra: &str,
-) -> Result<(Supervised, u16), BenchError> {
+/// Starts the router and waits until it has discovered every worker of the fleet and proxied
+/// the chat body through the shim path.
+pub(crate) fn start(l: &Launch<'_>) -> Result<(Supervised, u16), BenchError> {
+    let Launch {
+        bin,
+        dir,
+        cpu,
+        fleet,
+        model,
+        chat_body,
+        ready,
+        dynamo_extra,
+        name,
+    } = *l;
     let port = probe::free_port()?;
-    let (conf, log) = if dynamo_extra.is_empty() {
-        ("router.yaml".to_owned(), "router.log".to_owned())
-    } else {
-        (format!("router-{port}.yaml"), format!("router-{port}.log"))
-    };
-    let conf = dir.write(&conf, &(yaml(port, cpu, fleet, model) + dynamo_extra))?;
-    let log = dir.path().join(log);
+    let conf = dir.write(
+        &format!("{name}.yaml"),
+        &(yaml(port, cpu, fleet, model) + dynamo_extra),
+    )?;
+    let log = dir.path().join(format!("{name}.log"));
     let cmd = router_command(bin, &conf, &log)?;
     let mut router = Supervised::spawn("router", cmd, &[cpu], Some(&log))?;
     probe::wait_ready(&mut router, port, probe::HEALTH, ready)?;

@@ -38,9 +38,10 @@ use std::time::{Duration, Instant};
 use crate::child::{self, Supervised};
 use crate::cpu;
 use crate::error::BenchError;
-use crate::fleet_hop::default_python;
 use crate::fleet_hop::fleet::{Fleet, FleetError, FleetInfo, FleetSpec};
-use crate::router_probe::{self, decode_selections};
+use crate::fleet_hop::router::Launch;
+use crate::fleet_hop::{check_direct, default_python};
+use crate::router_probe::decode_selections;
 use crate::shim_load;
 use crate::tempdir::TempDir;
 use load::{LoadSpec, Loaded};
@@ -191,11 +192,6 @@ pub(crate) fn run(opts: &KvRouteOptions) -> Result<(), BenchError> {
             }
         }
     }
-    if let Err(why) = &setup.router
-        && !missing.iter().any(|(k, _)| *k == Kind::Router)
-    {
-        missing.push((Kind::Router, why.clone()));
-    }
     report::render(&mut out, &rows, &missing).map_err(BenchError::io("writing the report"))?;
     match missing.iter().find(|(k, _)| *k == Kind::Dynamo) {
         Some((_, why)) => Err(KvRouteError::NoBaseline(why.clone()).into()),
@@ -245,11 +241,11 @@ fn run_row(setup: &Setup<'_>, kind: Kind, round: u32) -> Result<RowRun, BenchErr
     let mut routed: Option<(Supervised, u16)> = None;
     let (port, pins, worker_header) = match kind {
         Kind::Dynamo => {
-            await_frontend(&info, &[Vec::new()], &probe_body, ready)?;
+            check_direct(&info, &[Vec::new()], &probe_body, ready)?;
             (info.frontend_port, Vec::new(), None)
         }
         Kind::Pinned => {
-            await_frontend(&info, &worker_pins, &probe_body, ready)?;
+            check_direct(&info, &worker_pins, &probe_body, ready)?;
             notes.push(format!(
                 "conversation c pinned to worker c mod {} ({} + {} 0)",
                 ids.len(),
@@ -264,9 +260,21 @@ fn run_row(setup: &Setup<'_>, kind: Kind, round: u32) -> Result<RowRun, BenchErr
                     std::io::Error::other("no router binary"),
                 ));
             };
-            await_frontend(&info, &worker_pins, &probe_body, ready)?;
+            check_direct(&info, &worker_pins, &probe_body, ready)?;
             eprintln!("kv-route: starting the router and waiting for discovery and KV ...");
-            let (r, port) = router::start(bin, &setup.dir, 0, &info, &probe_body, ready, pinned)?;
+            let name = format!("router-{round}");
+            let launch = Launch {
+                bin,
+                dir: &setup.dir,
+                cpu: 0,
+                fleet: &info,
+                model: MODEL,
+                chat_body: &probe_body,
+                ready,
+                dynamo_extra: "",
+                name: &name,
+            };
+            let (r, port) = router::start(launch, pinned)?;
             routed = Some((r, port));
             // An `x-backend` (even empty) makes the router name the picked worker (SHIM-15).
             let disclose = vec![vec![("x-backend", String::new())]];
@@ -360,23 +368,6 @@ fn cpu_note(
     (note, picker)
 }
 
-/// Waits until a request with each entry of `pins` is answered 200 by the frontend.
-fn await_frontend(
-    info: &FleetInfo,
-    pins: &[Vec<(&'static str, String)>],
-    body: &str,
-    ready: Duration,
-) -> Result<(), BenchError> {
-    shim_load::await_pinned(
-        info.frontend_port,
-        pins,
-        body,
-        Instant::now() + ready,
-        Duration::from_millis(200),
-        |pins, detail| FleetError::PinnedRequest { pins, detail }.into(),
-    )
-}
-
 /// The records of `loaded`, each request's worker given by `worker`.
 fn records(loaded: &Loaded, worker: impl Fn(&load::Sent) -> Option<u64>) -> Vec<Record> {
     loaded
@@ -455,7 +446,7 @@ fn router_note(before: &str, after: &str) -> String {
          decode picks: {}",
         100.0 * crate::numbers::per(kv_aware as f64, total as f64),
         router::pairs_text(&sel),
-        router_probe::selections_text(&dec.into_iter().filter(|(_, n)| *n > 0).collect::<Vec<_>>()),
+        router::pairs_text(&dec),
     )
 }
 

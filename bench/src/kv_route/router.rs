@@ -9,16 +9,14 @@
 //! read as whole numbers, absent ones as 0.
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use serde_json::Value;
 
 use crate::child::Supervised;
 use crate::error::BenchError;
-use crate::fleet_hop::fleet::FleetInfo;
-use crate::fleet_hop::router::start_with;
-use crate::router_probe::{BIG_BODY, get, wait_for};
-use crate::tempdir::TempDir;
+use crate::fleet_hop::router::{self as fleet_router, Launch};
+use crate::router_probe::{get, labelled_counters, selections_text, wait_for};
 
 /// The artifacts the router must load before it picks by KV.
 const PINNED_FILES: [&str; 2] = ["tokenizer.json", "tokenizer_config.json"];
@@ -48,28 +46,19 @@ pub(crate) fn kv_yaml(pinned: &[String]) -> String {
     )
 }
 
-/// Starts the KV router for `fleet` on `cpu` and waits until it discovered every worker,
-/// proxied `chat_body`, loaded the pinned artifacts and connected every `kv-events` publisher.
+/// Starts the KV router as `launch` says, its `dynamo:` section extended by the `kv:` block
+/// pinning `pinned`, and waits until it discovered every worker, proxied the chat body, loaded
+/// the pinned artifacts and connected every `kv-events` publisher.
 pub(crate) fn start(
-    bin: &Path,
-    dir: &TempDir,
-    cpu: usize,
-    fleet: &FleetInfo,
-    chat_body: &str,
-    ready: Duration,
+    launch: Launch<'_>,
     pinned: &[String],
 ) -> Result<(Supervised, u16), BenchError> {
-    let model = super::workload::MODEL;
-    let (mut router, port) = start_with(
-        bin,
-        dir,
-        cpu,
-        fleet,
-        model,
-        chat_body,
-        ready,
-        &kv_yaml(pinned),
-    )?;
+    let kv = kv_yaml(pinned);
+    let (mut router, port) = fleet_router::start(&Launch {
+        dynamo_extra: &kv,
+        ..launch
+    })?;
+    let (fleet, ready) = (launch.fleet, launch.ready);
     let deadline = Instant::now() + ready;
     let n = fleet.workers.len();
     wait_for(&mut router, deadline, ready, || kv_ready(port, n))?;
@@ -112,17 +101,7 @@ pub(crate) fn connected_kv_events(admin: &[u8]) -> usize {
 
 /// Every `name{result="..."} N` counter of a metrics text, as `(result, N)`, in text order.
 pub(crate) fn counters(metrics: &str, name: &str) -> Vec<(String, u64)> {
-    let prefix = format!("{name}{{result=\"");
-    metrics
-        .lines()
-        .filter_map(|l| {
-            let rest = l.strip_prefix(&prefix)?;
-            let (result, count) = rest.split_once("\"}")?;
-            let n = count.trim().parse::<f64>().ok()?;
-            // Counters are whole numbers printed as floats or integers.
-            Some((result.to_owned(), n.max(0.0) as u64))
-        })
-        .collect()
+    labelled_counters(metrics, &format!("{name}{{result=\""))
 }
 
 /// The `result` counter of `name`, 0 when absent.
@@ -149,22 +128,14 @@ pub(crate) fn delta(after: &[(String, u64)], before: &[(String, u64)]) -> Vec<(S
 
 /// `label=N, ...` of the non-zero pairs, or `none`.
 pub(crate) fn pairs_text(pairs: &[(String, u64)]) -> String {
-    let parts: Vec<String> = pairs
-        .iter()
-        .filter(|(_, n)| *n > 0)
-        .map(|(l, n)| format!("{l}={n}"))
-        .collect();
-    if parts.is_empty() {
-        "none".to_owned()
-    } else {
-        parts.join(", ")
-    }
+    let nonzero: Vec<(String, u64)> = pairs.iter().filter(|(_, n)| *n > 0).cloned().collect();
+    selections_text(&nonzero)
 }
 
 /// The router's metrics text (empty if it cannot be read).
 pub(crate) fn metrics(port: u16) -> String {
-    crate::probe::request_capped(port, "GET", "/metrics", &[], "", BIG_BODY)
-        .map(|r| r.text())
+    get(port, "/metrics")
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
         .unwrap_or_default()
 }
 
@@ -212,11 +183,13 @@ mod tests {
         if !dir.join("tokenizer.json").is_file() {
             return; // the shared fixtures are not checked out here
         }
-        let d = digests(dir).unwrap();
-        assert_eq!(d.len(), 2);
-        assert!(
-            d.iter()
-                .all(|x| x.starts_with("blake3:") && x.len() == 7 + 64)
+        // The checksums the fleet's cards carry for these files (`sim/src/records.rs`).
+        assert_eq!(
+            digests(dir).unwrap(),
+            [
+                "blake3:a7bb92ed896079ec4872a416916bf7910d50feb8ca39ddeaaf54ae107843c6bb",
+                "blake3:52ee138fd0408ba7ae1c04fe5cc7442814568aea496215cdf68dd24176201cee",
+            ]
         );
     }
 }
