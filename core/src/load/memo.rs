@@ -20,6 +20,8 @@
 //!   went back), so a stamp could only come back to its old value after 2^32 writes of one cell
 //!   within that time;
 //! - one memo serves one store and one list of in-flight tables: on another it starts over;
+//! - a batch read ([`LoadMemo::digests`]) answers each probe as a single read of its hint, else
+//!   of its key's current slot, would, digested;
 //! - the memo grows to the highest slot read (at most [`super::MAX_LOAD_KEYS`] entries) and
 //!   allocates only when it grows.
 
@@ -28,6 +30,8 @@ use std::time::Duration;
 
 use crate::clock::Instant;
 
+use super::LoadKey;
+use super::digest::LoadDigest;
 use super::dispatch::{InflightReader, InflightTable};
 use super::rules::KeyLoad;
 use super::store::{LoadStore, LoadView, SlotRef};
@@ -36,7 +40,8 @@ use super::{MAX_LOAD_KEYS, duration_nanos, nanos};
 /// How long after its read an entry may be used.
 pub(crate) const MAX_ENTRY_AGE: Duration = Duration::from_secs(1);
 
-/// One slot's memoised load.
+/// One slot's memoised load: what a read checks and what stage selection reads (the full
+/// [`KeyLoad`] is kept apart, in [`LoadMemo::loads`], so a pick streams only these).
 #[derive(Debug, Clone, Copy, Default)]
 struct Entry {
     /// The slot epoch read (0: empty; epochs start at 1).
@@ -47,7 +52,16 @@ struct Entry {
     read_at: u64,
     /// Until when (ns, exclusive) time alone leaves it unchanged.
     until: u64,
-    load: KeyLoad,
+    digest: LoadDigest,
+}
+
+/// One candidate of a batch read ([`LoadMemo::digests`]): its key and its cell hint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RankProbe {
+    /// The key.
+    pub key: LoadKey,
+    /// The key's cell in some earlier view of the store (see [`KeyLoad::assess_hinted`]).
+    pub hint: Option<SlotRef>,
 }
 
 /// Which store and tables a memo's entries come from (addresses, compared only).
@@ -73,6 +87,8 @@ impl Source {
 pub struct LoadMemo {
     source: Source,
     entries: Vec<Entry>,
+    /// Each entry's full load.
+    loads: Vec<KeyLoad>,
     /// `entries.len() * source.len` in-flight stamps, per slot in table order.
     stamps: Vec<u32>,
     /// Loads read from the cells (not answered from an entry).
@@ -99,13 +115,59 @@ impl LoadMemo {
         slot: SlotRef,
         now: Instant,
     ) -> Option<KeyLoad> {
-        let tables = inflight.tables();
+        self.start(view, inflight.tables());
+        let i = self.entry(view, inflight, slot, now)?;
+        self.loads.get(i).copied()
+    }
+
+    /// Appends to `out` the digest of each probe's load at `now`: what [`KeyLoad::assess_hinted`]
+    /// would return for it, digested ([`LoadDigest::of`]). A probe whose hint is missing or
+    /// stale is looked up by key.
+    pub fn digests(
+        &mut self,
+        view: &LoadView<'_>,
+        inflight: &InflightReader<'_>,
+        probes: &[RankProbe],
+        now: Instant,
+        out: &mut Vec<LoadDigest>,
+    ) {
+        self.start(view, inflight.tables());
+        for p in probes {
+            let hinted = p.hint.and_then(|s| self.entry(view, inflight, s, now));
+            let entry = hinted.or_else(|| {
+                let slot = view.slot(p.key).ok()?;
+                self.entry(view, inflight, slot, now)
+            });
+            let digest = match entry.and_then(|i| self.entries.get(i)) {
+                Some(e) => e.digest,
+                None => LoadDigest::of(&KeyLoad::assess(view, inflight, p.key, now)),
+            };
+            out.push(digest);
+        }
+    }
+
+    /// Starts over when `view` and `tables` are not the memo's source.
+    fn start(&mut self, view: &LoadView<'_>, tables: &[Arc<InflightTable>]) {
         let source = Source::of(view, tables);
         if source != self.source {
             self.entries.clear();
+            self.loads.clear();
             self.stamps.clear();
             self.source = source;
         }
+    }
+
+    /// The index of `slot`'s entry, brought up to date for `now`; `None` when the cell now
+    /// belongs to another key. The memo must have been started on `view` and `inflight`.
+    #[inline]
+    fn entry(
+        &mut self,
+        view: &LoadView<'_>,
+        inflight: &InflightReader<'_>,
+        slot: SlotRef,
+        now: Instant,
+    ) -> Option<usize> {
+        let tables = inflight.tables();
         let n = tables.len();
         let i = usize::try_from(slot.slot).ok()?;
         if i >= MAX_LOAD_KEYS {
@@ -114,6 +176,7 @@ impl LoadMemo {
         if i >= self.entries.len() {
             let len = (i + 1).next_power_of_two().min(MAX_LOAD_KEYS);
             self.entries.resize(len, Entry::default());
+            self.loads.resize(len, KeyLoad::default());
             self.stamps.resize(len.saturating_mul(n), 0);
         }
         let t = nanos(now);
@@ -132,7 +195,7 @@ impl LoadMemo {
             && t < entry.until
             && unchanged()
         {
-            return Some(entry.load);
+            return Some(i);
         }
         self.misses = self.misses.wrapping_add(1);
         for (table, s) in tables.iter().zip(stamps.iter_mut()) {
@@ -143,14 +206,16 @@ impl LoadMemo {
             return None;
         };
         let (summary, until) = inflight.summary_until(slot, &read, now);
+        let load = KeyLoad::with_summary(read, &summary);
         *entry = Entry {
             epoch: slot.epoch,
             store,
             read_at: t,
             until: until.min(t.saturating_add(duration_nanos(MAX_ENTRY_AGE))),
-            load: KeyLoad::with_summary(read, &summary),
+            digest: LoadDigest::of(&load),
         };
-        Some(entry.load)
+        *self.loads.get_mut(i)? = load;
+        Some(i)
     }
 }
 

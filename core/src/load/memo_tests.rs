@@ -26,17 +26,39 @@ impl Rng {
     }
 }
 
-/// Every key's memoised load equals its direct read.
+/// Every key's memoised load equals its direct read, and a batch read with current, old (maybe
+/// stale) and missing hints (rotating over the keys with `turn`) equals the digests of the
+/// direct hinted reads.
 fn compare(
     store: &LoadStore,
     tables: &[Arc<InflightTable>],
     memo: &mut LoadMemo,
-    keys: &[LoadKey],
+    (keys, old, turn): (&[LoadKey], &[Option<SlotRef>], usize),
     now: Instant,
     context: &str,
 ) {
     let view = store.view();
     let reader = InflightReader::new(tables);
+    let probes: Vec<RankProbe> = keys
+        .iter()
+        .zip(old)
+        .enumerate()
+        .map(|(i, (k, old))| RankProbe {
+            key: *k,
+            hint: match (i + turn) % 3 {
+                0 => view.slot(*k).ok(),
+                1 => *old,
+                _ => None,
+            },
+        })
+        .collect();
+    let mut batch = Vec::new();
+    memo.digests(&view, &reader, &probes, now, &mut batch);
+    let direct: Vec<LoadDigest> = probes
+        .iter()
+        .map(|p| LoadDigest::of(&KeyLoad::assess_hinted(&view, &reader, p.key, p.hint, now)))
+        .collect();
+    assert_eq!(batch, direct, "batch at {now:?} ({context})");
     for k in keys {
         let direct = KeyLoad::assess(&view, &reader, *k, now);
         let memoised = view
@@ -68,6 +90,8 @@ fn memoised_loads_equal_direct_loads_at_every_step() {
         let tables: Vec<_> = ledgers.iter().map(DispatchLedger::table).collect();
         let mut memo = LoadMemo::new();
         let all = [key(1, 0), key(1, 1), key(2, 0), key(3, 0), key(4, 0)];
+        // Hints from the first generation: stale once workers 2 and 4 leave and come back.
+        let old: Vec<Option<SlotRef>> = all.iter().map(|k| store.view().slot(*k).ok()).collect();
         let mut seqs = [0u64; 5];
         let mut ids: Vec<(usize, DispatchId)> = Vec::new();
         for step in 0..400 {
@@ -124,7 +148,7 @@ fn memoised_loads_equal_direct_loads_at_every_step() {
                 &store,
                 &tables,
                 &mut memo,
-                &all,
+                (&all, &old, step),
                 clock.now(),
                 &format!("seed {seed} step {step}"),
             );

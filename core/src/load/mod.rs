@@ -37,6 +37,7 @@
 //! - a reader never observes a torn sample: every field it returns was written by one `apply`.
 
 mod cursor;
+mod digest;
 mod dispatch;
 mod live;
 mod memo;
@@ -64,12 +65,13 @@ use crate::clock::Instant;
 use crate::discovery::{InstanceId, PublisherId};
 
 pub use cursor::{CursorVerdict, SubscriptionCursor};
+pub use digest::{DigestStanding, LoadDigest};
 pub use dispatch::{
     DispatchId, DispatchLedger, DispatchLoad, DispatchRole, Finished, Inflight, InflightReader,
     InflightTable, MAX_RECORDS_PER_KEY, Summary, request_blocks,
 };
 pub use live::{LiveSet, LiveWorker, RetainReport};
-pub use memo::LoadMemo;
+pub use memo::{LoadMemo, RankProbe};
 pub use store::{ApplyOutcome, KeyRead, LoadStore, LoadView, Refusal, SlotRef};
 
 /// The load store holds at most this many `(worker, dp_rank)` keys (LOAD-STORE-18).

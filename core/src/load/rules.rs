@@ -277,12 +277,23 @@ pub fn select(candidates: &[Candidate], cursor: &mut u64) -> Option<Selection> {
     }
     let turn = *cursor;
     *cursor = cursor.wrapping_add(1);
-    let best = if candidates.iter().any(|c| c.fresh_field) {
-        candidates.iter().filter_map(|c| c.cost).min()
-    } else {
-        None
-    };
-    let Some(best) = best else {
+    // One pass: whether any has the stage's fresh field, the lowest defined cost, where it
+    // first occurs and how many tie with it.
+    let mut any_field = false;
+    let mut best: Option<(Cost, usize, u64)> = None;
+    for (i, c) in candidates.iter().enumerate() {
+        any_field |= c.fresh_field;
+        let Some(cost) = c.cost else { continue };
+        match &mut best {
+            None => best = Some((cost, i, 1)),
+            Some((b, first, ties)) => match cost.cmp(b) {
+                Ordering::Less => (*b, *first, *ties) = (cost, i, 1),
+                Ordering::Equal => *ties += 1,
+                Ordering::Greater => {}
+            },
+        }
+    }
+    let Some((best, first, ties)) = best.filter(|_| any_field) else {
         let n = candidates.len() as u64;
         let index = usize::try_from(turn % n).unwrap_or(0);
         return Some(Selection {
@@ -290,17 +301,24 @@ pub fn select(candidates: &[Candidate], cursor: &mut u64) -> Option<Selection> {
             reason: SelectReason::RoundRobinStale,
         });
     };
-    let tied = |c: &&Candidate| c.cost == Some(best);
-    let ties = candidates.iter().filter(tied).count() as u64;
-    let nth = usize::try_from(turn % ties.max(1)).unwrap_or(0);
-    let index = candidates
-        .iter()
-        .enumerate()
-        .filter(|(_, c)| c.cost == Some(best))
-        .nth(nth)
-        .map_or(0, |(i, _)| i);
+    let nth = usize::try_from(turn % ties).unwrap_or(0);
+    let index = if nth == 0 {
+        first
+    } else {
+        candidates
+            .iter()
+            .enumerate()
+            .skip(first + 1)
+            .filter(|(_, c)| c.cost == Some(best))
+            .nth(nth - 1)
+            .map_or(first, |(i, _)| i)
+    };
     Some(Selection {
         index,
         reason: SelectReason::Load,
     })
 }
+
+#[cfg(test)]
+#[path = "rules_tests.rs"]
+mod tests;

@@ -72,7 +72,7 @@ use crate::clock::Instant;
 use crate::discovery::{FleetView, InstanceId};
 use crate::headers::PinHeaders;
 use crate::load::rules::{KeyLoad, SelectReason};
-use crate::load::{InflightReader, LoadKey, LoadMemo, LoadView, SlotRef};
+use crate::load::{InflightReader, LoadDigest, LoadKey, LoadMemo, LoadView, RankProbe, SlotRef};
 
 pub use candidates::{FleetCandidates, MAX_CANDIDATES, RankCard, RankRef};
 pub use estimate::{PromptTokens, estimate_prompt_tokens};
@@ -95,6 +95,16 @@ pub trait LoadSource {
     fn rank_load(&self, key: LoadKey, hint: Option<SlotRef>, now: Instant) -> KeyLoad {
         let _ = hint;
         self.key_load(key, now)
+    }
+
+    /// Appends to `out` the digest of each probe's [`LoadSource::rank_load`] at `now`, in
+    /// order (one call per stage of a pick; the default reads each load).
+    fn digests(&self, probes: &[RankProbe], now: Instant, out: &mut Vec<LoadDigest>) {
+        out.extend(
+            probes
+                .iter()
+                .map(|p| LoadDigest::of(&self.rank_load(p.key, p.hint, now))),
+        );
     }
 }
 
@@ -164,6 +174,22 @@ impl LoadSource for StoreLoads<'_, '_, '_> {
             return self.key_load(key, now);
         }
         KeyLoad::assess_hinted(self.view, self.inflight, key, hint, now)
+    }
+
+    fn digests(&self, probes: &[RankProbe], now: Instant, out: &mut Vec<LoadDigest>) {
+        if let Some(mut memo) = self.memo.and_then(|m| m.try_borrow_mut().ok()) {
+            memo.digests(self.view, self.inflight, probes, now, out);
+            return;
+        }
+        out.extend(probes.iter().map(|p| {
+            LoadDigest::of(&KeyLoad::assess_hinted(
+                self.view,
+                self.inflight,
+                p.key,
+                p.hint,
+                now,
+            ))
+        }));
     }
 }
 
