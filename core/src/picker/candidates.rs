@@ -24,6 +24,7 @@
 //!   key lookup when the cell was reassigned, so a stale hint costs a lookup, never a wrong load.
 
 use std::ops::ControlFlow;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
 use crate::discovery::{FleetView, InstanceId, Role, Worker};
@@ -161,6 +162,9 @@ struct Run {
 /// Every model's runs, for one fleet view.
 #[derive(Debug, Default)]
 pub struct FleetCandidates {
+    /// Unique per built table in this process (0: the empty default), so a picker can tell
+    /// whether the candidate list it kept came from this very table.
+    serial: u64,
     fleet: Weak<FleetView>,
     /// The load-store generation whose cells the ranks carry, if any.
     bound: Option<u64>,
@@ -194,6 +198,7 @@ impl FleetCandidates {
             })
             .collect();
         Self {
+            serial: next_serial(),
             fleet: self.fleet.clone(),
             bound: Some(load.generation()),
             models,
@@ -270,10 +275,16 @@ impl FleetCandidates {
             })
             .collect();
         Self {
+            serial: next_serial(),
             fleet: Arc::downgrade(fleet),
             bound: load.map(LoadView::generation),
             models,
         }
+    }
+
+    /// This table's serial: distinct for every table built in this process.
+    pub fn serial(&self) -> u64 {
+        self.serial
     }
 
     /// Whether this table was built from `fleet`.
@@ -287,6 +298,94 @@ impl FleetCandidates {
             .ok()
             .and_then(|i| self.models.get(i))
             .map(|(_, runs)| runs.as_slice())
+    }
+}
+
+/// A serial for a new table (never 0).
+fn next_serial() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+/// For the table's runs of `input.model`, in order, whether each run's namespace is a candidate
+/// namespace of `input`: with the table and the model, what decides [`visit_ranks`]' ranks.
+/// `None` without a table for the model (the pick scans the fleet).
+fn included_runs<'a>(
+    input: &'a PickInput<'_>,
+) -> Option<(&'a FleetCandidates, impl Iterator<Item = bool> + 'a)> {
+    let table = input.candidates?;
+    let runs = table.runs(input.model)?;
+    let workers = input.fleet.workers.as_slice();
+    let included = runs.iter().map(move |run| {
+        let ns = workers.get(run.start).map_or("", |w| w.namespace.as_str());
+        input.namespaces.contains_namespace(ns)
+    });
+    Some((table, included))
+}
+
+/// Which ranks a kept candidate list holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Scope {
+    /// The stage's ranks across the candidate namespaces ([`visit_ranks`] with the list's own
+    /// role predicate).
+    Candidates,
+    /// The `role` workers of the namespace run starting at `start` ([`visit_namespace_ranks`]).
+    Namespace { start: usize, role: Role },
+}
+
+/// What a picker's kept candidate list was built from (a stage list of one scratch; each list
+/// always uses one role predicate): a pick whose table, model and candidate namespaces (or
+/// namespace run and role) are the same reuses the list instead of walking the table again.
+#[derive(Debug, Default)]
+pub(super) struct ListId {
+    /// The table serial and scope of the last build from a table (`None`: rebuild).
+    built: Option<(u64, Scope)>,
+    /// The model of the last build.
+    model: String,
+    /// With [`Scope::Candidates`]: per run of the model, whether it was a candidate namespace.
+    included: Vec<bool>,
+}
+
+impl ListId {
+    /// Whether the list built last holds `scope`'s ranks for `input`. When not, records
+    /// `input` and `scope` as what the caller now builds (the caller must rebuild the list).
+    /// Without a table for the model it answers `false`
+    /// and records nothing (a scan is not kept). Allocates only when the model name or the
+    /// number of runs grows.
+    pub(super) fn holds(&mut self, input: &PickInput<'_>, scope: Scope) -> bool {
+        let Some((table, included)) = included_runs(input) else {
+            self.built = None;
+            return false;
+        };
+        let id = (table.serial(), scope);
+        let mut same = self.built == Some(id) && self.model == input.model;
+        if scope == Scope::Candidates {
+            let mut n = 0;
+            for (i, inc) in included.enumerate() {
+                match self.included.get_mut(i) {
+                    Some(was) => {
+                        same &= *was == inc;
+                        *was = inc;
+                    }
+                    None => {
+                        same = false;
+                        self.included.push(inc);
+                    }
+                }
+                n = i + 1;
+            }
+            same &= self.included.len() == n;
+            self.included.truncate(n);
+        }
+        if same {
+            return true;
+        }
+        self.built = Some(id);
+        if self.model != input.model {
+            self.model.clear();
+            self.model.push_str(input.model);
+        }
+        false
     }
 }
 

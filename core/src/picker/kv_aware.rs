@@ -61,10 +61,10 @@
 use std::ops::ControlFlow;
 
 use crate::discovery::{InstanceId, Role, Worker};
-use crate::load::rules::{KeyLoad, Stage, Standing, any_fresh, classify, stage_backlog};
-use crate::load::{Inflight, LoadKey, SlotRef};
+use crate::load::rules::Stage;
+use crate::load::{DigestStanding, LoadDigest, LoadKey, RankProbe};
 
-use super::candidates::{RankRef, visit_namespace_ranks, visit_ranks};
+use super::candidates::{ListId, RankRef, Scope, visit_namespace_ranks, visit_ranks};
 use super::kv_conditional::{
     BypassDecision, ConditionalDisagg, DecodeRank, conditional_decode_cost, decide_bypass,
 };
@@ -124,11 +124,15 @@ pub struct ScoredCandidate {
 #[derive(Debug, Default)]
 pub struct KvScratch {
     scored: Vec<ScoredCandidate>,
-    /// Each scored candidate's load-store cell hint ([`super::RankCard::slot`]).
-    hints: Vec<Option<SlotRef>>,
-    loads: Vec<KeyLoad>,
+    /// Each scored candidate's key and load-store cell hint ([`super::RankCard::slot`]).
+    probes: Vec<RankProbe>,
+    digests: Vec<LoadDigest>,
+    /// What `scored` and `probes` were built from (kept across picks while it holds).
+    list: ListId,
     /// The candidates by rank, for the overlap source's reports.
     ranks: RankIndex,
+    /// Whether `ranks` indexes the current `scored`.
+    indexed: bool,
     rows: Vec<usize>,
     costs: Vec<f64>,
     probabilities: Vec<f64>,
@@ -153,39 +157,57 @@ pub fn score_candidates<'s>(
     params: &KvParams,
     scratch: &'s mut KvScratch,
 ) -> &'s [ScoredCandidate] {
-    score_with(input, params, scratch, push_candidates, kv_cost)
+    score_with(
+        input,
+        params,
+        scratch,
+        (Scope::Candidates, push_candidates),
+        kv_cost,
+    )
 }
 
 /// The cost of one competing rank: `(params, isl, block_size, overlap_blocks, terms)`.
 type CostFn = fn(&KvParams, u64, u32, u32, KvTerms) -> Option<f64>;
 
-/// Where a push of candidates goes: the candidates and, index for index, their cell hints.
-type Pushed<'a> = (&'a mut Vec<ScoredCandidate>, &'a mut Vec<Option<SlotRef>>);
+/// Where a push of candidates goes: the candidates and, index for index, their probes.
+type Pushed<'a> = (&'a mut Vec<ScoredCandidate>, &'a mut Vec<RankProbe>);
 
-/// Scores the ranks `push` adds, each group by its own backlog rules (module docs), with `cost`.
+/// Scores the ranks `push` adds (or, while `scope` holds for the scratch's kept list, the same
+/// ranks kept from the last pick), each group by its own backlog rules (module docs), with `cost`.
 fn score_with<'s>(
     input: &PickInput<'_>,
     params: &KvParams,
     scratch: &'s mut KvScratch,
-    push: impl FnOnce(&PickInput<'_>, Pushed<'_>),
+    (scope, push): (Scope, impl FnOnce(&PickInput<'_>, Pushed<'_>)),
     cost: CostFn,
 ) -> &'s [ScoredCandidate] {
     let KvScratch {
         scored,
-        hints,
-        loads,
+        probes,
+        digests,
+        list,
         ranks,
+        indexed,
         ..
     } = scratch;
-    scored.clear();
-    hints.clear();
-    loads.clear();
-    push(input, (&mut *scored, &mut *hints));
-    read_overlap(input.prompt_blocks, input.overlap, scored, ranks);
-    for (c, hint) in scored.iter().zip(hints.iter()) {
-        let key = LoadKey::new(c.instance_id, c.dp_rank);
-        loads.push(input.loads.rank_load(key, *hint, input.now));
+    if list.holds(input, scope) {
+        // The same ranks as the last pick: only what a pick computes starts over.
+        for c in scored.iter_mut() {
+            c.overlap_blocks = 0;
+            c.terms = KvTerms::default();
+            c.status = KvStatus::NoBacklog;
+            c.cost = None;
+        }
+    } else {
+        scored.clear();
+        probes.clear();
+        *indexed = false;
+        push(input, (&mut *scored, &mut *probes));
     }
+    digests.clear();
+    read_overlap(input.prompt_blocks, input.overlap, scored, (ranks, indexed));
+    let (now, max_age) = (input.now, input.max_staleness);
+    input.loads.digests(probes, now, digests);
     let isl = input.prompt_tokens.get();
     for prefill_group in [true, false] {
         let in_group = |c: &ScoredCandidate| (c.role == Role::Prefill) == prefill_group;
@@ -194,19 +216,22 @@ fn score_with<'s>(
         } else {
             Stage::Decode
         };
-        let members = || scored.iter().zip(loads.iter()).filter(|(c, _)| in_group(c));
-        let judge = any_fresh(members().map(|(_, l)| l), input.max_staleness, input.now);
-        let with_backlog = members().any(|(_, l)| {
-            let standing = classify(l, input.max_staleness, input.now, judge);
-            stage_backlog(standing, &l.inflight, stage).fresh_field
-        });
-        for (c, l) in scored.iter_mut().zip(loads.iter()) {
+        let members = || {
+            scored
+                .iter()
+                .zip(digests.iter())
+                .filter(|(c, _)| in_group(c))
+        };
+        let judge = members().any(|(_, d)| d.is_fresh(max_age, now));
+        let with_backlog =
+            members().any(|(_, d)| d.stage_backlog(stage, max_age, now, judge).fresh_field);
+        for (c, d) in scored.iter_mut().zip(digests.iter()) {
             if !in_group(c) {
                 continue;
             }
-            let standing = classify(l, input.max_staleness, input.now, judge);
+            let standing = d.standing(max_age, now, judge);
             (c.status, c.terms) = if with_backlog {
-                backlog_terms(standing, &l.inflight, stage)
+                backlog_terms(d, standing, stage)
             } else {
                 (KvStatus::NoBacklog, KvTerms::default())
             };
@@ -226,25 +251,28 @@ fn score_with<'s>(
 }
 
 /// Pushes the KV-stage candidate ranks in candidate order (module docs).
-fn push_candidates(input: &PickInput<'_>, (scored, hints): Pushed<'_>) {
+fn push_candidates(input: &PickInput<'_>, (scored, probes): Pushed<'_>) {
     let kv_stage = |role: Role, pool: bool| match role {
         Role::Prefill => pool,
         Role::Decode | Role::Aggregated => !pool,
         Role::Unknown => false,
     };
-    visit_ranks(input, &kv_stage, &mut |r, _| push_rank(scored, hints, r));
+    visit_ranks(input, &kv_stage, &mut |r, _| push_rank(scored, probes, r));
 }
 
 /// Pushes the candidate of rank `r`; breaks once [`MAX_CANDIDATES`] are held.
 fn push_rank(
     scored: &mut Vec<ScoredCandidate>,
-    hints: &mut Vec<Option<SlotRef>>,
+    probes: &mut Vec<RankProbe>,
     r: RankRef,
 ) -> ControlFlow<()> {
     if scored.len() >= MAX_CANDIDATES {
         return ControlFlow::Break(());
     }
-    hints.push(r.card.slot);
+    probes.push(RankProbe {
+        key: LoadKey::new(r.card.instance_id, r.rank),
+        hint: r.card.slot,
+    });
     scored.push(ScoredCandidate {
         worker: r.worker as usize,
         instance_id: r.card.instance_id,
@@ -264,9 +292,8 @@ fn read_overlap(
     prompt_blocks: &[PromptBlocks<'_>],
     overlap: &dyn OverlapSource,
     scored: &mut [ScoredCandidate],
-    ranks: &mut RankIndex,
+    (ranks, indexed): (&mut RankIndex, &mut bool),
 ) {
-    let mut indexed = false;
     for (i, pb) in prompt_blocks.iter().enumerate() {
         let first_of_size = !prompt_blocks
             .get(..i)
@@ -277,13 +304,13 @@ fn read_overlap(
         if !first_of_size || !used || pb.hashes.is_empty() || pb.block_size == 0 {
             continue;
         }
-        if !indexed {
+        if !*indexed {
             ranks.rebuild(
                 scored
                     .iter()
                     .map(|c| LoadKey::new(c.instance_id, c.dp_rank)),
             );
-            indexed = true;
+            *indexed = true;
         }
         let cap = u32::try_from(pb.hashes.len()).unwrap_or(u32::MAX);
         overlap.find_matches(*pb, &mut |key, blocks| {
@@ -300,36 +327,24 @@ fn read_overlap(
 }
 
 /// The status and terms of a rank whose stage competes with backlog (module docs).
-fn backlog_terms(standing: Standing, inflight: &Inflight, stage: Stage) -> (KvStatus, KvTerms) {
-    let Some(own) = stage_backlog(standing, inflight, stage).backlog else {
+fn backlog_terms(d: &LoadDigest, standing: DigestStanding, stage: Stage) -> (KvStatus, KvTerms) {
+    let Some(own) = d.backlog_of(standing, stage).backlog else {
         let status = match standing {
-            Standing::SilentWithLoad => KvStatus::SilentWithLoad,
-            Standing::Stalled => KvStatus::Stalled,
-            Standing::Fresh(_) | Standing::Quiet => KvStatus::NoStageField,
+            DigestStanding::SilentWithLoad => KvStatus::SilentWithLoad,
+            DigestStanding::Stalled => KvStatus::Stalled,
+            DigestStanding::Fresh | DigestStanding::Quiet => KvStatus::NoStageField,
         };
         return (status, KvTerms::default());
     };
     let terms = match stage {
-        Stage::Prefill => {
-            let sampled = match standing {
-                Standing::Fresh(s) => s.decode_blocks().unwrap_or(0),
-                _ => 0,
-            };
-            KvTerms {
-                active_prefill_tokens: own,
-                active_decode_blocks: sampled.saturating_add(inflight.decode_blocks),
-            }
-        }
-        Stage::Decode => {
-            let sampled = match standing {
-                Standing::Fresh(s) => s.prefill_tokens().unwrap_or(0),
-                _ => 0,
-            };
-            KvTerms {
-                active_prefill_tokens: sampled.saturating_add(inflight.prefill_tokens),
-                active_decode_blocks: own,
-            }
-        }
+        Stage::Prefill => KvTerms {
+            active_prefill_tokens: own,
+            active_decode_blocks: d.other_stage(standing, Stage::Decode),
+        },
+        Stage::Decode => KvTerms {
+            active_prefill_tokens: d.other_stage(standing, Stage::Prefill),
+            active_decode_blocks: own,
+        },
     };
     (KvStatus::Backlog, terms)
 }
@@ -434,21 +449,25 @@ impl KvAwarePicker {
         let workers = input.fleet.workers.as_slice();
         let pw = workers.get(prefill.worker).ok_or(NoWorker)?;
         let ns_start = workers.partition_point(|x| x.namespace < pw.namespace);
-        let push = |input: &PickInput<'_>, (scored, hints): Pushed<'_>| {
+        let push = |input: &PickInput<'_>, (scored, probes): Pushed<'_>| {
             visit_namespace_ranks(input, ns_start, Role::Decode, &mut |r| {
-                push_rank(scored, hints, r)
+                push_rank(scored, probes, r)
             });
+        };
+        let scope = Scope::Namespace {
+            start: ns_start,
+            role: Role::Decode,
         };
         score_with(
             input,
             &self.params,
             &mut self.pool_decode,
-            push,
+            (scope, push),
             conditional_decode_cost,
         );
         let KvScratch {
             scored,
-            loads,
+            digests,
             rows,
             costs,
             probabilities,
@@ -464,10 +483,10 @@ impl KvAwarePicker {
         .ok_or(NoWorker)?;
         let d = *scored.get(index).ok_or(NoWorker)?;
         let dw = workers.get(d.worker).ok_or(NoWorker)?;
-        let sampled_blocks = loads.get(index).and_then(|l| {
-            let own = l.fresh(input.max_staleness, input.now)?.decode_blocks()?;
-            Some(own.saturating_add(l.inflight.decode_blocks))
-        });
+        let sampled_blocks = digests
+            .get(index)
+            .filter(|d| d.is_fresh(input.max_staleness, input.now))
+            .and_then(|d| d.backlog_of(DigestStanding::Fresh, Stage::Decode).backlog);
         let rank = DecodeRank {
             block_size: d.block_size,
             overlap_blocks: d.overlap_blocks,

@@ -29,12 +29,12 @@
 use std::ops::ControlFlow;
 
 use crate::discovery::{Role, Worker};
-use crate::load::rules::{
-    Candidate, Cost, Stage, StageBacklog, Standing, classify, select, stage_backlog,
-};
-use crate::load::{Inflight, LoadKey, request_blocks};
+use crate::load::rules::{Candidate, Cost, Stage, select};
+use crate::load::{DigestStanding, LoadDigest, LoadKey, RankProbe, request_blocks};
 
-use super::candidates::{MAX_CANDIDATES, RankCard, RankRef, visit_namespace_ranks, visit_ranks};
+use super::candidates::{
+    ListId, MAX_CANDIDATES, RankCard, RankRef, Scope, visit_namespace_ranks, visit_ranks,
+};
 use super::{
     Chosen, DpRankHeaders, MAX_PICKS, NoWorker, Pick, PickInput, PickerCursors, Picks,
     SelectionReason, WorkerPicker,
@@ -50,41 +50,34 @@ pub(super) struct Slot {
 
 /// Caller-owned scratch buffers, reused across picks (one per shard). After warm-up a pick
 /// allocates nothing.
+///
+/// Each stage keeps its candidate list ([`StageList`]) between picks: a pick whose table, model
+/// and candidate namespaces (or chosen namespace and role) are those of the list's last build
+/// reuses it instead of walking the table again. Only the loads are read anew.
 #[derive(Debug, Default)]
 pub struct PickScratch {
-    slots: Vec<Slot>,
-    loads: Vec<Judged>,
+    /// The decode stage's candidates (all candidate namespaces, or one namespace's decode
+    /// workers for a pair).
+    decode: StageList,
+    /// The prefill stage's candidates (the chosen namespace's prefill workers).
+    prefill: StageList,
+    digests: Vec<LoadDigest>,
     candidates: Vec<Candidate>,
 }
 
-/// What selection keeps of one candidate's load (see [`select_stage`]).
-#[derive(Debug, Clone, Copy)]
-struct Judged {
-    /// The stage backlog without the stall judgement.
-    backlog: StageBacklog,
-    /// The in-flight stall flag.
-    stalled: bool,
+/// One stage's candidate list and what it was built from.
+#[derive(Debug, Default)]
+struct StageList {
+    id: ListId,
+    slots: Vec<Slot>,
+    /// Each slot's key and cell hint, index for index (what the load source reads).
+    probes: Vec<RankProbe>,
 }
 
-impl PickScratch {
-    /// Empty scratch space.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Scratch space pre-sized for `n` candidates per stage.
-    pub fn with_capacity(n: usize) -> Self {
-        Self {
-            slots: Vec::with_capacity(n),
-            loads: Vec::with_capacity(n),
-            candidates: Vec::with_capacity(n),
-        }
-    }
-
+impl StageList {
     fn clear(&mut self) {
         self.slots.clear();
-        self.loads.clear();
-        self.candidates.clear();
+        self.probes.clear();
     }
 
     /// Pushes `r`'s slot; breaks once [`MAX_CANDIDATES`] are held.
@@ -97,7 +90,57 @@ impl PickScratch {
             rank: r.rank,
             card: r.card,
         });
+        self.probes.push(RankProbe {
+            key: LoadKey::new(r.card.instance_id, r.rank),
+            hint: r.card.slot,
+        });
         ControlFlow::Continue(())
+    }
+
+    /// Fills the list with the decode stage's candidates, unless it holds them already.
+    fn fill_decode(&mut self, input: &PickInput<'_>) {
+        if self.id.holds(input, Scope::Candidates) {
+            return;
+        }
+        self.clear();
+        let decode_stage = |role: Role, pool: bool| match role {
+            Role::Decode => true,
+            Role::Aggregated => !pool,
+            Role::Prefill | Role::Unknown => false,
+        };
+        visit_ranks(input, &decode_stage, &mut |r, _| self.push(r));
+    }
+
+    /// Fills the list with the `role` ranks of the namespace run at `start`, unless it holds
+    /// them already.
+    fn fill_namespace(&mut self, input: &PickInput<'_>, start: usize, role: Role) {
+        if self.id.holds(input, Scope::Namespace { start, role }) {
+            return;
+        }
+        self.clear();
+        visit_namespace_ranks(input, start, role, &mut |r| self.push(r));
+    }
+}
+
+impl PickScratch {
+    /// Empty scratch space.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Scratch space pre-sized for `n` candidates per stage.
+    pub fn with_capacity(n: usize) -> Self {
+        let list = || StageList {
+            slots: Vec::with_capacity(n),
+            probes: Vec::with_capacity(n),
+            ..StageList::default()
+        };
+        Self {
+            decode: list(),
+            prefill: list(),
+            digests: Vec::with_capacity(n),
+            candidates: Vec::with_capacity(n),
+        }
     }
 }
 
@@ -145,57 +188,65 @@ impl WorkerPicker for LoadBasedPicker {
     }
 }
 
-/// Reads the loads of `scratch.slots`, costs them for `stage` and selects one. Returns the
+/// Reads the loads of `list`'s slots, costs them for `stage` and selects one. Returns the
 /// chosen candidate's index, its slot and the reason.
 ///
-/// One pass reads each load once and keeps only what selection needs: the stage backlog as
-/// [`classify`] judges it without the stall judgement, and whether the candidate is stalled.
-/// The stall judgement applies when some candidate is fresh ([`crate::load::rules::any_fresh`]) and then only turns
-/// a stalled candidate's standing into [`Standing::Stalled`] (undefined cost), so the second
-/// pass applies it to those alone: the same costs as classifying every load with the judgement.
+/// One batch read digests every load ([`LoadSource::digests`]), then one pass costs each
+/// candidate without the stall judgement, noting whether any is fresh and any stalled. The
+/// judgement applies when some candidate is fresh ([`crate::load::rules::any_fresh`]) and then
+/// only makes a stalled candidate's cost undefined ([`DigestStanding::Stalled`]), so a second pass
+/// over the stalled ones alone gives the same costs as classifying every load with it.
 fn select_stage(
     input: &PickInput<'_>,
-    scratch: &mut PickScratch,
+    list: &StageList,
+    (digests, candidates): (&mut Vec<LoadDigest>, &mut Vec<Candidate>),
     stage: Stage,
     cursor: &mut u64,
 ) -> Option<(usize, Slot, SelectionReason)> {
     let now = input.now;
     let max_age = input.max_staleness;
-    scratch.loads.clear();
-    scratch.candidates.clear();
-    let mut judge = false;
-    for s in &scratch.slots {
-        let key = LoadKey::new(s.card.instance_id, s.rank);
-        let load = input.loads.rank_load(key, s.card.slot, now);
-        let standing = classify(&load, max_age, now, false);
-        judge |= matches!(standing, Standing::Fresh(_));
-        scratch.loads.push(Judged {
-            backlog: stage_backlog(standing, &load.inflight, stage),
-            stalled: load.inflight.stalled,
-        });
-    }
-    for (s, j) in scratch.slots.iter().zip(&scratch.loads) {
+    let StageList { slots, probes, .. } = list;
+    digests.clear();
+    candidates.clear();
+    input.loads.digests(probes, now, digests);
+    let prompt = input.prompt_tokens.get();
+    // The request's blocks for the last block size seen (candidates mostly share one).
+    let mut blocks = (None, None);
+    let (mut judge, mut any_stalled) = (false, false);
+    for (s, d) in slots.iter().zip(digests.iter()) {
         let card = &s.card;
-        let b = if judge && j.stalled {
-            stage_backlog(Standing::Stalled, &Inflight::default(), stage)
-        } else {
-            j.backlog
-        };
+        let standing = d.standing(max_age, now, false);
+        judge |= standing == DigestStanding::Fresh;
+        any_stalled |= d.stalled();
+        let b = d.backlog_of(standing, stage);
         let cost = b.backlog.and_then(|backlog| match stage {
             Stage::Prefill => Cost::prefill(backlog, card.max_num_batched_tokens),
-            Stage::Decode => Cost::decode(
-                backlog,
-                request_blocks(input.prompt_tokens.get(), card.block_size)?,
-                card.total_kv_blocks,
-            ),
+            Stage::Decode => {
+                if blocks.0 != card.block_size {
+                    blocks = (card.block_size, request_blocks(prompt, card.block_size));
+                }
+                Cost::decode(backlog, blocks.1?, card.total_kv_blocks)
+            }
         });
-        scratch.candidates.push(Candidate {
+        candidates.push(Candidate {
             cost,
             fresh_field: b.fresh_field,
         });
     }
-    let sel = select(&scratch.candidates, cursor)?;
-    let slot = *scratch.slots.get(sel.index)?;
+    if judge && any_stalled {
+        for (c, d) in candidates.iter_mut().zip(digests.iter()) {
+            if d.stalled() {
+                let b = d.backlog_of(DigestStanding::Stalled, stage);
+                debug_assert!(b.backlog.is_none());
+                *c = Candidate {
+                    cost: None,
+                    fresh_field: b.fresh_field,
+                };
+            }
+        }
+    }
+    let sel = select(candidates, cursor)?;
+    let slot = *slots.get(sel.index)?;
     Some((sel.index, slot, sel.reason.into()))
 }
 
@@ -225,17 +276,17 @@ pub(super) fn pick_with<'f>(
 ) -> Result<Pick<'f>, NoWorker> {
     let fleet = input.fleet;
     let workers = fleet.workers.as_slice();
-    scratch.clear();
 
     // Decode candidates across every candidate namespace (DISC-MULTI-05/07, PICK-12/13).
-    let decode_stage = |role: Role, pool: bool| match role {
-        Role::Decode => true,
-        Role::Aggregated => !pool,
-        Role::Prefill | Role::Unknown => false,
-    };
-    visit_ranks(input, &decode_stage, &mut |r, _| scratch.push(r));
-    let (dindex, dslot, dreason) =
-        select_stage(input, scratch, Stage::Decode, &mut cursors.decode).ok_or(NoWorker)?;
+    scratch.decode.fill_decode(input);
+    let (dindex, dslot, dreason) = select_stage(
+        input,
+        &scratch.decode,
+        (&mut scratch.digests, &mut scratch.candidates),
+        Stage::Decode,
+        &mut cursors.decode,
+    )
+    .ok_or(NoWorker)?;
     let dw = workers.get(dslot.worker).ok_or(NoWorker)?;
     let mut alternates = [None; MAX_PICKS - 1];
     if out.limit() > 1 {
@@ -269,12 +320,17 @@ pub(super) fn pick_with<'f>(
     }
 
     // Prefill candidates inside the chosen namespace only (DISC-MULTI-06/07, SHIM-06).
-    scratch.clear();
     let ns_start = workers.partition_point(|w| w.namespace < dw.namespace);
-    visit_namespace_ranks(input, ns_start, Role::Prefill, &mut |r| scratch.push(r));
-    if let Some((_, pslot, preason)) =
-        select_stage(input, scratch, Stage::Prefill, &mut cursors.prefill)
-        && let Some(pw) = workers.get(pslot.worker)
+    scratch
+        .prefill
+        .fill_namespace(input, ns_start, Role::Prefill);
+    if let Some((_, pslot, preason)) = select_stage(
+        input,
+        &scratch.prefill,
+        (&mut scratch.digests, &mut scratch.candidates),
+        Stage::Prefill,
+        &mut cursors.prefill,
+    ) && let Some(pw) = workers.get(pslot.worker)
     {
         pick.prefill = Some(Chosen {
             instance_id: pw.instance_id,
@@ -299,9 +355,14 @@ pub(super) fn pair_decode(
     alternates: &mut [Option<Slot>],
 ) -> Option<(Slot, SelectionReason)> {
     let workers = input.fleet.workers.as_slice();
-    scratch.clear();
-    visit_namespace_ranks(input, ns_start, Role::Decode, &mut |r| scratch.push(r));
-    let (index, slot, reason) = select_stage(input, scratch, Stage::Decode, cursor)?;
+    scratch.decode.fill_namespace(input, ns_start, Role::Decode);
+    let (index, slot, reason) = select_stage(
+        input,
+        &scratch.decode,
+        (&mut scratch.digests, &mut scratch.candidates),
+        Stage::Decode,
+        cursor,
+    )?;
     if !alternates.is_empty() {
         let dw = workers.get(slot.worker)?;
         runners_up(scratch, workers, index, dw, alternates);
@@ -321,13 +382,13 @@ fn runners_up(
 ) {
     let mut picked = [None; MAX_PICKS - 1];
     let picked = &mut picked[..into.len().min(MAX_PICKS - 1)];
+    let slots = &scratch.decode.slots;
     cheapest_others(
-        scratch.slots.len(),
+        slots.len(),
         chosen,
         |i| scratch.candidates.get(i).and_then(|c| c.cost),
         |i| {
-            scratch
-                .slots
+            slots
                 .get(i)
                 .and_then(|s| workers.get(s.worker))
                 .is_some_and(|w| w.namespace == dw.namespace && w.role == dw.role)
@@ -335,7 +396,7 @@ fn runners_up(
         picked,
     );
     for (slot, i) in into.iter_mut().zip(picked.iter()) {
-        *slot = i.and_then(|i| scratch.slots.get(i).copied());
+        *slot = i.and_then(|i| slots.get(i).copied());
     }
 }
 

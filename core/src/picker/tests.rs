@@ -743,3 +743,51 @@ fn a_preview_picks_as_the_next_pick_and_leaves_the_picker_alone() {
         }
     }
 }
+
+#[test]
+fn a_kept_candidate_list_answers_only_for_its_table_model_and_namespace() {
+    // One scratch across picks, as a shard holds it: the decode and prefill lists it keeps
+    // from one pick must not answer for another model, another table or another namespace.
+    // Fleet 1 has decode worker 7 where fleet 0 has 1.
+    let fleets = [1, 7].map(|first| {
+        Arc::new(fleet(vec![
+            worker("a", first, Role::Decode, "m"),
+            worker("a", 2, Role::Prefill, "m"),
+            worker("a", 3, Role::Aggregated, "n"),
+            worker("b", 4, Role::Aggregated, "m"),
+            worker("b", 5, Role::Decode, "n"),
+            worker("b", 6, Role::Prefill, "n"),
+        ]))
+    });
+    let mut l = MapLoads::default();
+    for id in 1..=7 {
+        fresh_decode(&mut l, id, 10 * id % 70);
+    }
+    let tables = fleets.each_ref().map(super::FleetCandidates::build);
+    let mut s = PickScratch::new();
+    let mut c = PickerCursors::default();
+    let mut run = |model: &str, ns: &[&str], table: usize| {
+        let input = PickInput {
+            fleet: &fleets[table],
+            loads: &l,
+            model,
+            namespaces: &ns,
+            prompt_tokens: PromptTokens(64),
+            now: at_ms(NOW),
+            max_staleness: MAX_AGE,
+            prompt_blocks: &[],
+            overlap: &NoOverlap,
+            candidates: Some(&tables[table]),
+        };
+        let p = pick_load_based(&input, &mut c, &mut s).unwrap();
+        (p.decode.instance_id.get(), prefill_id(&p))
+    };
+    for table in [0, 0, 1, 1, 0] {
+        let first = [1, 7][table];
+        assert_eq!(run("m", &["a", "b"], table), (first, Some(2)));
+        assert_eq!(run("n", &["a", "b"], table), (3, None));
+        assert_eq!(run("n", &["b"], table), (5, Some(6)));
+        assert_eq!(run("m", &["b"], table), (4, None));
+        assert_eq!(run("m", &["a", "b"], table), (first, Some(2)));
+    }
+}
