@@ -20,7 +20,7 @@
 //!   went back), so a stamp could only come back to its old value after 2^32 writes of one cell
 //!   within that time;
 //! - one memo serves one store and one list of in-flight tables: on another it starts over;
-//! - a batch read ([`LoadMemo::digests`]) answers each probe as a single read of its hint, else
+//! - a batch read ([`LoadMemo::visit`], [`LoadMemo::digests`]) answers each probe as a single read of its hint, else
 //!   of its key's current slot, would, digested;
 //! - the memo grows to the highest slot read (at most [`super::MAX_LOAD_KEYS`] entries) and
 //!   allocates only when it grows.
@@ -55,7 +55,7 @@ struct Entry {
     digest: LoadDigest,
 }
 
-/// One candidate of a batch read ([`LoadMemo::digests`]): its key and its cell hint.
+/// One candidate of a batch read ([`LoadMemo::visit`]): its key and its cell hint.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RankProbe {
     /// The key.
@@ -120,9 +120,7 @@ impl LoadMemo {
         self.loads.get(i).copied()
     }
 
-    /// Appends to `out` the digest of each probe's load at `now`: what [`KeyLoad::assess_hinted`]
-    /// would return for it, digested ([`LoadDigest::of`]). A probe whose hint is missing or
-    /// stale is looked up by key.
+    /// Appends to `out` the digest of each probe's load at `now` ([`LoadMemo::visit`]).
     pub fn digests(
         &mut self,
         view: &LoadView<'_>,
@@ -131,6 +129,21 @@ impl LoadMemo {
         now: Instant,
         out: &mut Vec<LoadDigest>,
     ) {
+        self.visit(view, inflight, probes, now, &mut |d| out.push(*d));
+    }
+
+    /// Calls `f` once per probe, in order, with the digest of its load at `now`: what
+    /// [`KeyLoad::assess_hinted`] would return for it, digested ([`LoadDigest::of`]). A probe
+    /// whose hint is missing or stale is looked up by key. The digest is lent from the memo's
+    /// entry (no copy per candidate).
+    pub fn visit(
+        &mut self,
+        view: &LoadView<'_>,
+        inflight: &InflightReader<'_>,
+        probes: &[RankProbe],
+        now: Instant,
+        f: &mut dyn FnMut(&LoadDigest),
+    ) {
         self.start(view, inflight.tables());
         for p in probes {
             let hinted = p.hint.and_then(|s| self.entry(view, inflight, s, now));
@@ -138,11 +151,12 @@ impl LoadMemo {
                 let slot = view.slot(p.key).ok()?;
                 self.entry(view, inflight, slot, now)
             });
-            let digest = match entry.and_then(|i| self.entries.get(i)) {
-                Some(e) => e.digest,
-                None => LoadDigest::of(&KeyLoad::assess(view, inflight, p.key, now)),
-            };
-            out.push(digest);
+            match entry.and_then(|i| self.entries.get(i)) {
+                Some(e) => f(&e.digest),
+                None => f(&LoadDigest::of(&KeyLoad::assess(
+                    view, inflight, p.key, now,
+                ))),
+            }
         }
     }
 

@@ -26,6 +26,7 @@
 //! Bounds: at most [`MAX_CANDIDATES`] candidates per stage (the load store's key cap); ranks
 //! beyond it, and ranks whose number would overflow `u32`, are not candidates.
 
+use std::num::{NonZeroU32, NonZeroU64};
 use std::ops::ControlFlow;
 
 use crate::discovery::{Role, Worker};
@@ -40,12 +41,12 @@ use super::{
     SelectionReason, WorkerPicker,
 };
 
-/// One candidate rank: an index into `fleet.workers`, the rank and what a pick reads of it.
+/// One candidate rank: an index into `fleet.workers` and the rank (what a pick reads of it is
+/// kept apart: [`RankProbe`] for the load, [`CostCard`] for the cost).
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Slot {
     pub(super) worker: usize,
     pub(super) rank: u32,
-    pub(super) card: RankCard,
 }
 
 /// Caller-owned scratch buffers, reused across picks (one per shard). After warm-up a pick
@@ -61,8 +62,9 @@ pub struct PickScratch {
     decode: StageList,
     /// The prefill stage's candidates (the chosen namespace's prefill workers).
     prefill: StageList,
-    digests: Vec<LoadDigest>,
     candidates: Vec<Candidate>,
+    /// Indices of the stalled candidates of the stage being selected.
+    stalled: Vec<usize>,
 }
 
 /// One stage's candidate list and what it was built from.
@@ -72,12 +74,34 @@ struct StageList {
     slots: Vec<Slot>,
     /// Each slot's key and cell hint, index for index (what the load source reads).
     probes: Vec<RankProbe>,
+    /// Each slot's cost figures, index for index (what the cost reads).
+    cards: Vec<CostCard>,
+}
+
+/// The figures a load-only cost reads of a rank, packed (24 bytes instead of a 88-byte slot): a
+/// zero figure is none, as the cost treats a zero capacity or block size.
+#[derive(Debug, Clone, Copy)]
+struct CostCard {
+    total_kv_blocks: Option<NonZeroU64>,
+    max_num_batched_tokens: Option<NonZeroU64>,
+    block_size: Option<NonZeroU32>,
+}
+
+impl CostCard {
+    fn of(card: &RankCard) -> Self {
+        Self {
+            total_kv_blocks: card.total_kv_blocks.and_then(NonZeroU64::new),
+            max_num_batched_tokens: card.max_num_batched_tokens.and_then(NonZeroU64::new),
+            block_size: card.block_size.and_then(NonZeroU32::new),
+        }
+    }
 }
 
 impl StageList {
     fn clear(&mut self) {
         self.slots.clear();
         self.probes.clear();
+        self.cards.clear();
     }
 
     /// Pushes `r`'s slot; breaks once [`MAX_CANDIDATES`] are held.
@@ -88,12 +112,12 @@ impl StageList {
         self.slots.push(Slot {
             worker: r.worker as usize,
             rank: r.rank,
-            card: r.card,
         });
         self.probes.push(RankProbe {
             key: LoadKey::new(r.card.instance_id, r.rank),
             hint: r.card.slot,
         });
+        self.cards.push(CostCard::of(&r.card));
         ControlFlow::Continue(())
     }
 
@@ -133,13 +157,14 @@ impl PickScratch {
         let list = || StageList {
             slots: Vec::with_capacity(n),
             probes: Vec::with_capacity(n),
+            cards: Vec::with_capacity(n),
             ..StageList::default()
         };
         Self {
             decode: list(),
             prefill: list(),
-            digests: Vec::with_capacity(n),
             candidates: Vec::with_capacity(n),
+            stalled: Vec::new(),
         }
     }
 }
@@ -191,52 +216,67 @@ impl WorkerPicker for LoadBasedPicker {
 /// Reads the loads of `list`'s slots, costs them for `stage` and selects one. Returns the
 /// chosen candidate's index, its slot and the reason.
 ///
-/// One batch read digests every load ([`LoadSource::digests`]), then one pass costs each
-/// candidate without the stall judgement, noting whether any is fresh and any stalled. The
-/// judgement applies when some candidate is fresh ([`crate::load::rules::any_fresh`]) and then
-/// only makes a stalled candidate's cost undefined ([`DigestStanding::Stalled`]), so a second pass
-/// over the stalled ones alone gives the same costs as classifying every load with it.
+/// One batch read visits every load's digest in place ([`LoadSource::visit_digests`]) and costs
+/// each candidate without the stall judgement, noting whether any is fresh and which are
+/// stalled. The judgement applies when some candidate is fresh
+/// ([`crate::load::rules::any_fresh`]) and then only makes a stalled candidate's cost undefined
+/// ([`DigestStanding::Stalled`]), so a second pass over the stalled ones alone gives the same
+/// costs as classifying every load with it.
 fn select_stage(
     input: &PickInput<'_>,
     list: &StageList,
-    (digests, candidates): (&mut Vec<LoadDigest>, &mut Vec<Candidate>),
+    (candidates, stalled): (&mut Vec<Candidate>, &mut Vec<usize>),
     stage: Stage,
     cursor: &mut u64,
 ) -> Option<(usize, Slot, SelectionReason)> {
     let now = input.now;
     let max_age = input.max_staleness;
-    let StageList { slots, probes, .. } = list;
-    digests.clear();
+    let StageList {
+        slots,
+        probes,
+        cards,
+        ..
+    } = list;
     candidates.clear();
-    input.loads.digests(probes, now, digests);
+    stalled.clear();
     let prompt = input.prompt_tokens.get();
     // The request's blocks for the last block size seen (candidates mostly share one).
     let mut blocks = (None, None);
-    let (mut judge, mut any_stalled) = (false, false);
-    for (s, d) in slots.iter().zip(digests.iter()) {
-        let card = &s.card;
+    let mut judge = false;
+    input.loads.visit_digests(probes, now, &mut |d| {
+        let i = candidates.len();
+        let card = cards.get(i);
         let standing = d.standing(max_age, now, false);
         judge |= standing == DigestStanding::Fresh;
-        any_stalled |= d.stalled();
+        if d.stalled() {
+            stalled.push(i);
+        }
         let b = d.backlog_of(standing, stage);
-        let cost = b.backlog.and_then(|backlog| match stage {
-            Stage::Prefill => Cost::prefill(backlog, card.max_num_batched_tokens),
+        let cost = b.backlog.zip(card).and_then(|(backlog, card)| match stage {
+            Stage::Prefill => {
+                Cost::prefill(backlog, card.max_num_batched_tokens.map(NonZeroU64::get))
+            }
             Stage::Decode => {
                 if blocks.0 != card.block_size {
-                    blocks = (card.block_size, request_blocks(prompt, card.block_size));
+                    let size = card.block_size.map(NonZeroU32::get);
+                    blocks = (card.block_size, request_blocks(prompt, size));
                 }
-                Cost::decode(backlog, blocks.1?, card.total_kv_blocks)
+                Cost::decode(
+                    backlog,
+                    blocks.1?,
+                    card.total_kv_blocks.map(NonZeroU64::get),
+                )
             }
         });
         candidates.push(Candidate {
             cost,
             fresh_field: b.fresh_field,
         });
-    }
-    if judge && any_stalled {
-        for (c, d) in candidates.iter_mut().zip(digests.iter()) {
-            if d.stalled() {
-                let b = d.backlog_of(DigestStanding::Stalled, stage);
+    });
+    if judge {
+        for &i in stalled.iter() {
+            if let Some(c) = candidates.get_mut(i) {
+                let b = LoadDigest::default().backlog_of(DigestStanding::Stalled, stage);
                 debug_assert!(b.backlog.is_none());
                 *c = Candidate {
                     cost: None,
@@ -282,7 +322,7 @@ pub(super) fn pick_with<'f>(
     let (dindex, dslot, dreason) = select_stage(
         input,
         &scratch.decode,
-        (&mut scratch.digests, &mut scratch.candidates),
+        (&mut scratch.candidates, &mut scratch.stalled),
         Stage::Decode,
         &mut cursors.decode,
     )
@@ -327,7 +367,7 @@ pub(super) fn pick_with<'f>(
     if let Some((_, pslot, preason)) = select_stage(
         input,
         &scratch.prefill,
-        (&mut scratch.digests, &mut scratch.candidates),
+        (&mut scratch.candidates, &mut scratch.stalled),
         Stage::Prefill,
         &mut cursors.prefill,
     ) && let Some(pw) = workers.get(pslot.worker)
@@ -359,7 +399,7 @@ pub(super) fn pair_decode(
     let (index, slot, reason) = select_stage(
         input,
         &scratch.decode,
-        (&mut scratch.digests, &mut scratch.candidates),
+        (&mut scratch.candidates, &mut scratch.stalled),
         Stage::Decode,
         cursor,
     )?;

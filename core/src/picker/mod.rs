@@ -97,14 +97,17 @@ pub trait LoadSource {
         self.key_load(key, now)
     }
 
-    /// Appends to `out` the digest of each probe's [`LoadSource::rank_load`] at `now`, in
-    /// order (one call per stage of a pick; the default reads each load).
+    /// Calls `f` once per probe, in order, with the digest of its [`LoadSource::rank_load`] at
+    /// `now` (one call per stage of a pick; the default reads each load).
+    fn visit_digests(&self, probes: &[RankProbe], now: Instant, f: &mut dyn FnMut(&LoadDigest)) {
+        for p in probes {
+            f(&LoadDigest::of(&self.rank_load(p.key, p.hint, now)));
+        }
+    }
+
+    /// Appends to `out` the digests [`LoadSource::visit_digests`] visits.
     fn digests(&self, probes: &[RankProbe], now: Instant, out: &mut Vec<LoadDigest>) {
-        out.extend(
-            probes
-                .iter()
-                .map(|p| LoadDigest::of(&self.rank_load(p.key, p.hint, now))),
-        );
+        self.visit_digests(probes, now, &mut |d| out.push(*d));
     }
 }
 
@@ -176,20 +179,20 @@ impl LoadSource for StoreLoads<'_, '_, '_> {
         KeyLoad::assess_hinted(self.view, self.inflight, key, hint, now)
     }
 
-    fn digests(&self, probes: &[RankProbe], now: Instant, out: &mut Vec<LoadDigest>) {
+    fn visit_digests(&self, probes: &[RankProbe], now: Instant, f: &mut dyn FnMut(&LoadDigest)) {
         if let Some(mut memo) = self.memo.and_then(|m| m.try_borrow_mut().ok()) {
-            memo.digests(self.view, self.inflight, probes, now, out);
+            memo.visit(self.view, self.inflight, probes, now, f);
             return;
         }
-        out.extend(probes.iter().map(|p| {
-            LoadDigest::of(&KeyLoad::assess_hinted(
+        for p in probes {
+            f(&LoadDigest::of(&KeyLoad::assess_hinted(
                 self.view,
                 self.inflight,
                 p.key,
                 p.hint,
                 now,
-            ))
-        }));
+            )));
+        }
     }
 }
 
