@@ -11,8 +11,9 @@
 //! `LoadDigest::of(&l).stage_backlog(stage, max_age, now, judge)` equals
 //! `stage_backlog(classify(&l, max_age, now, judge), &l.inflight, stage)`,
 //! `LoadDigest::of(&l).is_fresh(..)` equals `l.fresh(..).is_some()`, and
-//! `LoadDigest::of(&l).terms(..)` equals the KV picker's reading of the same load (the
-//! differential tests below check all three over random loads).
+//! `LoadDigest::of(&l).other_stage(..)` equals the KV picker's reading of the other stage's
+//! backlog in the same load (the differential test in `digest_tests.rs` checks all three over
+//! random loads).
 
 use std::time::Duration;
 

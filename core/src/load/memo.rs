@@ -20,7 +20,7 @@
 //!   went back), so a stamp could only come back to its old value after 2^32 writes of one cell
 //!   within that time;
 //! - one memo serves one store and one list of in-flight tables: on another it starts over;
-//! - a batch read ([`LoadMemo::visit`], [`LoadMemo::digests`]) answers each probe as a single read of its hint, else
+//! - a batch read ([`LoadMemo::visit`]) answers each probe as a single read of its hint, else
 //!   of its key's current slot, would, digested;
 //! - the memo grows to the highest slot read (at most [`super::MAX_LOAD_KEYS`] entries) and
 //!   allocates only when it grows.
@@ -118,18 +118,6 @@ impl LoadMemo {
         self.start(view, inflight.tables());
         let i = self.entry(view, inflight, slot, now)?;
         self.loads.get(i).copied()
-    }
-
-    /// Appends to `out` the digest of each probe's load at `now` ([`LoadMemo::visit`]).
-    pub fn digests(
-        &mut self,
-        view: &LoadView<'_>,
-        inflight: &InflightReader<'_>,
-        probes: &[RankProbe],
-        now: Instant,
-        out: &mut Vec<LoadDigest>,
-    ) {
-        self.visit(view, inflight, probes, now, &mut |d| out.push(*d));
     }
 
     /// Calls `f` once per probe, in order, with the digest of its load at `now`: what

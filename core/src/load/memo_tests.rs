@@ -53,7 +53,7 @@ fn compare(
         })
         .collect();
     let mut batch = Vec::new();
-    memo.digests(&view, &reader, &probes, now, &mut batch);
+    memo.visit(&view, &reader, &probes, now, &mut |d| batch.push(*d));
     let direct: Vec<LoadDigest> = probes
         .iter()
         .map(|p| LoadDigest::of(&KeyLoad::assess_hinted(&view, &reader, p.key, p.hint, now)))

@@ -5,6 +5,10 @@
 //! ([`StageBacklog`]), build a load-only cost ([`Cost`], PICK-01, Q-47) and select
 //! ([`select`]: lowest defined cost with round-robin ties, or round-robin over all).
 //!
+//! Pickers apply these rules through [`super::LoadDigest`], the compact form of a [`KeyLoad`]
+//! the load memo keeps; `digest_tests.rs` holds the two equal over random loads, so the functions
+//! here stay the literal statement of the rules that the rule tests (`diff_tests.rs`) exercise.
+//!
 //! Invariants (readings in `docs/decisions.md`):
 //! - publishers are change-based, so absence of a sample is never read as "down" (LOAD-STORE-06);
 //! - [`Standing::Stalled`] wins over every other standing while the stall judgement applies, and

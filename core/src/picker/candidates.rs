@@ -312,7 +312,7 @@ fn next_serial() -> u64 {
 /// `None` without a table for the model (the pick scans the fleet).
 fn included_runs<'a>(
     input: &'a PickInput<'_>,
-) -> Option<(&'a FleetCandidates, impl Iterator<Item = bool> + 'a)> {
+) -> Option<(&'a FleetCandidates, impl Iterator<Item = bool> + Clone + 'a)> {
     let table = input.candidates?;
     let runs = table.runs(input.model)?;
     let workers = input.fleet.workers.as_slice();
@@ -349,9 +349,8 @@ pub(super) struct ListId {
 impl ListId {
     /// Whether the list built last holds `scope`'s ranks for `input`. When not, records
     /// `input` and `scope` as what the caller now builds (the caller must rebuild the list).
-    /// Without a table for the model it answers `false`
-    /// and records nothing (a scan is not kept). Allocates only when the model name or the
-    /// number of runs grows.
+    /// Without a table for the model it answers `false` and records nothing (a scan is not
+    /// kept). Allocates only when the model name or the number of runs grows.
     pub(super) fn holds(&mut self, input: &PickInput<'_>, scope: Scope) -> bool {
         let Some((table, included)) = included_runs(input) else {
             self.built = None;
@@ -359,23 +358,10 @@ impl ListId {
         };
         let id = (table.serial(), scope);
         let mut same = self.built == Some(id) && self.model == input.model;
-        if scope == Scope::Candidates {
-            let mut n = 0;
-            for (i, inc) in included.enumerate() {
-                match self.included.get_mut(i) {
-                    Some(was) => {
-                        same &= *was == inc;
-                        *was = inc;
-                    }
-                    None => {
-                        same = false;
-                        self.included.push(inc);
-                    }
-                }
-                n = i + 1;
-            }
-            same &= self.included.len() == n;
-            self.included.truncate(n);
+        if scope == Scope::Candidates && !self.included.iter().copied().eq(included.clone()) {
+            same = false;
+            self.included.clear();
+            self.included.extend(included);
         }
         if same {
             return true;

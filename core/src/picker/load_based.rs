@@ -31,7 +31,7 @@ use std::ops::ControlFlow;
 
 use crate::discovery::{Role, Worker};
 use crate::load::rules::{Candidate, Cost, Stage, select};
-use crate::load::{DigestStanding, LoadDigest, LoadKey, RankProbe, request_blocks};
+use crate::load::{DigestStanding, LoadKey, RankProbe, request_blocks};
 
 use super::candidates::{
     ListId, MAX_CANDIDATES, RankCard, RankRef, Scope, visit_namespace_ranks, visit_ranks,
@@ -274,13 +274,13 @@ fn select_stage(
         });
     });
     if judge {
+        // Under the judgement a stalled candidate has no backlog and no fresh field
+        // ([`DigestStanding::Stalled`]).
         for &i in stalled.iter() {
             if let Some(c) = candidates.get_mut(i) {
-                let b = LoadDigest::default().backlog_of(DigestStanding::Stalled, stage);
-                debug_assert!(b.backlog.is_none());
                 *c = Candidate {
                     cost: None,
-                    fresh_field: b.fresh_field,
+                    fresh_field: false,
                 };
             }
         }

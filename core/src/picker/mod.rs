@@ -185,13 +185,7 @@ impl LoadSource for StoreLoads<'_, '_, '_> {
             return;
         }
         for p in probes {
-            f(&LoadDigest::of(&KeyLoad::assess_hinted(
-                self.view,
-                self.inflight,
-                p.key,
-                p.hint,
-                now,
-            )));
+            f(&LoadDigest::of(&self.rank_load(p.key, p.hint, now)));
         }
     }
 }
