@@ -1,5 +1,7 @@
 //! `select` against a naive reference: the rule as PICK-06/07 state it, pass by pass.
 
+use crate::picker::SplitMix64;
+
 use super::{Candidate, Cost, SelectReason, Selection, select};
 
 /// PICK-06/07 read literally: with a fresh stage field somewhere, the `turn`-th (mod ties) of
@@ -25,33 +27,26 @@ fn reference(candidates: &[Candidate], turn: u64) -> Selection {
     }
 }
 
-fn next(state: &mut u64) -> u64 {
-    *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    let mut z = *state;
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
-
 #[test]
 fn select_agrees_with_the_reference_and_advances_the_cursor_once() {
-    let mut state = 7;
+    let mut rng = SplitMix64::new(7);
+    let mut next = move || rng.next_u64();
     let mut reasons = [0usize; 2];
     let mut tie_turns = 0;
     for _ in 0..20_000 {
-        let n = 1 + (next(&mut state) % 12) as usize;
+        let n = 1 + (next() % 12) as usize;
         let candidates: Vec<Candidate> = (0..n)
             .map(|_| Candidate {
                 // Few distinct values and two capacities, so costs tie often, also across
                 // fractions (1/2 = 2/4).
-                cost: (!next(&mut state).is_multiple_of(4)).then(|| {
-                    let den = [2, 4][(next(&mut state) % 2) as usize];
-                    Cost::new(next(&mut state) % 3, den).unwrap()
+                cost: (!next().is_multiple_of(4)).then(|| {
+                    let den = [2, 4][(next() % 2) as usize];
+                    Cost::new(next() % 3, den).unwrap()
                 }),
-                fresh_field: !next(&mut state).is_multiple_of(3),
+                fresh_field: !next().is_multiple_of(3),
             })
             .collect();
-        let turn = next(&mut state) % 50;
+        let turn = next() % 50;
         let mut cursor = turn;
         let got = select(&candidates, &mut cursor).unwrap();
         let want = reference(&candidates, turn);
