@@ -23,6 +23,11 @@ impl Instant {
         self.0.saturating_sub(earlier.0)
     }
 
+    /// `self - d`, `None` before the origin.
+    pub fn checked_sub(self, d: Duration) -> Option<Instant> {
+        self.0.checked_sub(d).map(Instant)
+    }
+
     /// `self + d`, saturating.
     pub fn saturating_add(self, d: Duration) -> Instant {
         Instant(self.0.saturating_add(d))

@@ -43,6 +43,87 @@ pub struct LoadDigest {
     flags: u8,
 }
 
+/// The receipt times a pick counts as fresh, worked out once per pick: a sample received at
+/// `r` is fresh at `now` under `max_age` when `now - r <= max_age` (saturating), that is when
+/// `r >= now - max_age`, or always when `now < max_age`. One comparison per candidate instead of
+/// a saturating subtraction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FreshWindow {
+    /// The earliest fresh receipt time; `None`: every receipt time is fresh.
+    since: Option<Instant>,
+}
+
+impl FreshWindow {
+    /// The window of `max_age` ending at `now`.
+    pub fn new(max_age: Duration, now: Instant) -> Self {
+        Self {
+            since: now.checked_sub(max_age),
+        }
+    }
+}
+
+/// The digests of one batch read, in probe order (`super::LoadMemo::visit`): each is lent from
+/// the memo's pool or, for a probe the memo cannot keep, from a spare list.
+#[derive(Debug, Clone, Copy)]
+pub struct DigestBatch<'a> {
+    pool: &'a [LoadDigest],
+    spare: &'a [LoadDigest],
+    /// Per probe: an index into `pool`, or [`SPARE`] plus an index into `spare`.
+    order: &'a [u32],
+}
+
+/// The tag of an [`DigestBatch`] index into its spare list.
+pub(crate) const SPARE: u32 = 1 << 31;
+
+/// The digest of no load (what a probe out of range reads).
+static NO_LOAD: LoadDigest = LoadDigest {
+    received_at: Instant::from_origin(Duration::ZERO),
+    decode: 0,
+    prefill: 0,
+    inflight_decode: 0,
+    inflight_prefill: 0,
+    flags: 0,
+};
+
+impl<'a> DigestBatch<'a> {
+    /// A batch over `pool` and `spare` in `order` (indices into `pool`, or [`SPARE`] plus an
+    /// index into `spare`).
+    pub(crate) fn new(pool: &'a [LoadDigest], spare: &'a [LoadDigest], order: &'a [u32]) -> Self {
+        Self { pool, spare, order }
+    }
+
+    /// A batch of `digests` in their order; `order` is filled with `0..digests.len()`.
+    pub fn of(digests: &'a [LoadDigest], order: &'a mut Vec<u32>) -> Self {
+        order.clear();
+        order.extend((0..digests.len()).filter_map(|i| u32::try_from(i).ok()));
+        Self::new(digests, &[], order)
+    }
+
+    /// How many probes the batch answers.
+    pub fn len(&self) -> usize {
+        self.order.len()
+    }
+
+    /// Whether the batch answers no probe.
+    pub fn is_empty(&self) -> bool {
+        self.order.is_empty()
+    }
+
+    /// The digests in probe order.
+    #[inline]
+    pub fn iter(&self) -> impl ExactSizeIterator<Item = &'a LoadDigest> + 'a {
+        let (pool, spare) = (self.pool, self.spare);
+        self.order.iter().map(move |&j| {
+            let d = if j & SPARE == 0 {
+                pool.get(j as usize)
+            } else {
+                spare.get((j & !SPARE) as usize)
+            };
+            d.unwrap_or(&NO_LOAD)
+        })
+    }
+}
+
 /// How a digested candidate stands ([`super::rules::Standing`] without the sample).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DigestStanding {
@@ -89,7 +170,13 @@ impl LoadDigest {
 
     /// Whether the key has a sample received within `max_age` of `now`.
     pub fn is_fresh(&self, max_age: Duration, now: Instant) -> bool {
-        self.has(SAMPLE) && now.saturating_since(self.received_at) <= max_age
+        self.is_fresh_in(FreshWindow::new(max_age, now))
+    }
+
+    /// Whether the key has a sample received in `window`.
+    #[inline]
+    pub fn is_fresh_in(&self, window: FreshWindow) -> bool {
+        self.has(SAMPLE) && window.since.is_none_or(|since| self.received_at >= since)
     }
 
     /// The in-flight stall flag (LOAD-STORE-11).
@@ -99,9 +186,16 @@ impl LoadDigest {
 
     /// The standing ([`super::rules::classify`]).
     pub fn standing(&self, max_age: Duration, now: Instant, judge: bool) -> DigestStanding {
+        self.standing_in(FreshWindow::new(max_age, now), judge)
+    }
+
+    /// The standing with freshness judged by `window` (as [`LoadDigest::standing`] with the
+    /// window's `max_age` and `now`).
+    #[inline]
+    pub fn standing_in(&self, window: FreshWindow, judge: bool) -> DigestStanding {
         if judge && self.stalled() {
             DigestStanding::Stalled
-        } else if self.is_fresh(max_age, now) {
+        } else if self.is_fresh_in(window) {
             DigestStanding::Fresh
         } else if self.has(SAMPLE) && self.has(BACKLOG) {
             DigestStanding::SilentWithLoad

@@ -57,7 +57,7 @@ use std::sync::Arc;
 
 use crate::clock::Instant;
 
-use super::seqcell::SeqTable;
+use super::seqcell::{SeqTable, Stamps};
 use super::store::{KeyRead, LoadView, SlotRef};
 use super::{DISPATCH_TTL, LoadKey, STALL_AFTER, STALL_MIN_BLOCKS, duration_nanos, nanos};
 
@@ -633,6 +633,11 @@ impl InflightTable {
     /// The stamp of `slot`'s cell (`super::seqcell`).
     pub(crate) fn stamp(&self, slot: u32) -> u32 {
         self.cells.stamp(slot)
+    }
+
+    /// Every cell's stamp.
+    pub(crate) fn stamps(&self) -> Stamps<'_> {
+        self.cells.stamps()
     }
 }
 

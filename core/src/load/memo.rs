@@ -20,6 +20,8 @@
 //!   went back), so a stamp could only come back to its old value after 2^32 writes of one cell
 //!   within that time;
 //! - one memo serves one store and one list of in-flight tables: on another it starts over;
+//! - a batch read takes the stamp arrays once and answers a probe whose entry is current from
+//!   it with exactly the checks of a single read (`LoadMemo::current`), else reads as one;
 //! - a batch read ([`LoadMemo::visit`]) answers each probe as a single read of its hint, else
 //!   of its key's current slot, would, digested;
 //! - the memo grows to the highest slot read (at most [`super::MAX_LOAD_KEYS`] entries) and
@@ -31,17 +33,19 @@ use std::time::Duration;
 use crate::clock::Instant;
 
 use super::LoadKey;
-use super::digest::LoadDigest;
+use super::digest::{DigestBatch, LoadDigest, SPARE};
 use super::dispatch::{InflightReader, InflightTable};
 use super::rules::KeyLoad;
+use super::seqcell::Stamps;
 use super::store::{LoadStore, LoadView, SlotRef};
 use super::{MAX_LOAD_KEYS, duration_nanos, nanos};
 
 /// How long after its read an entry may be used.
 pub(crate) const MAX_ENTRY_AGE: Duration = Duration::from_secs(1);
 
-/// One slot's memoised load: what a read checks and what stage selection reads (the full
-/// [`KeyLoad`] is kept apart, in [`LoadMemo::loads`], so a pick streams only these).
+/// One slot's memoised load: what a read checks (its digest, what stage selection reads, is
+/// kept apart in [`LoadMemo::digests`] and the full [`KeyLoad`] in [`LoadMemo::loads`], so a
+/// check streams 32-byte headers and a pick streams 56-byte digests).
 #[derive(Debug, Clone, Copy, Default)]
 struct Entry {
     /// The slot epoch read (0: empty; epochs start at 1).
@@ -52,7 +56,17 @@ struct Entry {
     read_at: u64,
     /// Until when (ns, exclusive) time alone leaves it unchanged.
     until: u64,
-    digest: LoadDigest,
+}
+
+/// In-flight tables up to which a batch read checks entries with stamp arrays taken once
+/// ([`Quick`]); with more, each check goes through [`LoadMemo::entry`].
+const QUICK_TABLES: usize = 16;
+
+/// What a batch read's quick check reads: `now` in ns and the stamp arrays.
+struct Quick<'a> {
+    t: u64,
+    store: Stamps<'a>,
+    tables: &'a [Stamps<'a>],
 }
 
 /// One candidate of a batch read ([`LoadMemo::visit`]): its key and its cell hint.
@@ -87,8 +101,14 @@ impl Source {
 pub struct LoadMemo {
     source: Source,
     entries: Vec<Entry>,
+    /// Each entry's digest.
+    digests: Vec<LoadDigest>,
     /// Each entry's full load.
     loads: Vec<KeyLoad>,
+    /// A batch read's answer per probe (scratch of [`LoadMemo::visit`]).
+    order: Vec<u32>,
+    /// Digests of a batch read's probes that have no entry (scratch of [`LoadMemo::visit`]).
+    spare: Vec<LoadDigest>,
     /// `entries.len() * source.len` in-flight stamps, per slot in table order.
     stamps: Vec<u32>,
     /// Loads read from the cells (not answered from an entry).
@@ -120,32 +140,79 @@ impl LoadMemo {
         self.loads.get(i).copied()
     }
 
-    /// Calls `f` once per probe, in order, with the digest of its load at `now`: what
-    /// [`KeyLoad::assess_hinted`] would return for it, digested ([`LoadDigest::of`]). A probe
-    /// whose hint is missing or stale is looked up by key. The digest is lent from the memo's
-    /// entry (no copy per candidate).
+    /// Brings every probe's entry up to date for `now`, then calls `f` once with the batch of
+    /// their digests in probe order: each what [`KeyLoad::assess_hinted`] would return for the
+    /// probe, digested ([`LoadDigest::of`]). A probe whose hint is missing or stale is looked
+    /// up by key. The digests are lent from the memo's entries (no copy per candidate).
     pub fn visit(
         &mut self,
         view: &LoadView<'_>,
         inflight: &InflightReader<'_>,
         probes: &[RankProbe],
         now: Instant,
-        f: &mut dyn FnMut(&LoadDigest),
+        f: &mut dyn FnMut(&DigestBatch<'_>),
     ) {
-        self.start(view, inflight.tables());
+        let tables = inflight.tables();
+        self.start(view, tables);
+        let mut order = std::mem::take(&mut self.order);
+        order.clear();
+        self.spare.clear();
+        // The stamp arrays, taken once for the batch (the quick check below).
+        let mut stamps = [Stamps::default(); QUICK_TABLES];
+        for (s, table) in stamps.iter_mut().zip(tables) {
+            *s = table.stamps();
+        }
+        let quick = (tables.len() <= QUICK_TABLES).then(|| Quick {
+            t: nanos(now),
+            store: view.stamps(),
+            tables: stamps.get(..tables.len()).unwrap_or_default(),
+        });
         for p in probes {
-            let hinted = p.hint.and_then(|s| self.entry(view, inflight, s, now));
+            let current = p
+                .hint
+                .zip(quick.as_ref())
+                .and_then(|(s, q)| self.current(s, q));
+            let hinted =
+                current.or_else(|| p.hint.and_then(|s| self.entry(view, inflight, s, now)));
             let entry = hinted.or_else(|| {
                 let slot = view.slot(p.key).ok()?;
                 self.entry(view, inflight, slot, now)
             });
-            match entry.and_then(|i| self.entries.get(i)) {
-                Some(e) => f(&e.digest),
-                None => f(&LoadDigest::of(&KeyLoad::assess(
-                    view, inflight, p.key, now,
-                ))),
-            }
+            let at = match entry.and_then(|i| u32::try_from(i).ok()) {
+                Some(i) => i,
+                None => {
+                    let spare = u32::try_from(self.spare.len()).unwrap_or(0);
+                    self.spare
+                        .push(LoadDigest::of(&KeyLoad::assess(view, inflight, p.key, now)));
+                    SPARE | spare
+                }
+            };
+            order.push(at);
         }
+        f(&DigestBatch::new(&self.digests, &self.spare, &order));
+        self.order = order;
+    }
+
+    /// The index of `slot`'s entry when it is current for `q` (the checks of
+    /// [`LoadMemo::entry`] without its re-read); `None` when it must go through
+    /// [`LoadMemo::entry`].
+    #[inline]
+    fn current(&self, slot: SlotRef, q: &Quick<'_>) -> Option<usize> {
+        let i = usize::try_from(slot.slot).ok()?;
+        let e = self.entries.get(i)?;
+        if e.epoch != slot.epoch || e.read_at > q.t || q.t >= e.until {
+            return None;
+        }
+        if e.store != q.store.get(slot.slot) {
+            return None;
+        }
+        let n = q.tables.len();
+        let kept = self.stamps.get(i * n..(i + 1) * n)?;
+        q.tables
+            .iter()
+            .zip(kept)
+            .all(|(table, k)| table.get(slot.slot) == *k)
+            .then_some(i)
     }
 
     /// Starts over when `view` and `tables` are not the memo's source.
@@ -153,6 +220,7 @@ impl LoadMemo {
         let source = Source::of(view, tables);
         if source != self.source {
             self.entries.clear();
+            self.digests.clear();
             self.loads.clear();
             self.stamps.clear();
             self.source = source;
@@ -178,6 +246,7 @@ impl LoadMemo {
         if i >= self.entries.len() {
             let len = (i + 1).next_power_of_two().min(MAX_LOAD_KEYS);
             self.entries.resize(len, Entry::default());
+            self.digests.resize(len, LoadDigest::default());
             self.loads.resize(len, KeyLoad::default());
             self.stamps.resize(len.saturating_mul(n), 0);
         }
@@ -214,8 +283,8 @@ impl LoadMemo {
             store,
             read_at: t,
             until: until.min(t.saturating_add(duration_nanos(MAX_ENTRY_AGE))),
-            digest: LoadDigest::of(&load),
         };
+        *self.digests.get_mut(i)? = LoadDigest::of(&load);
         *self.loads.get_mut(i)? = load;
         Some(i)
     }

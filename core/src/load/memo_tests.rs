@@ -53,7 +53,9 @@ fn compare(
         })
         .collect();
     let mut batch = Vec::new();
-    memo.visit(&view, &reader, &probes, now, &mut |d| batch.push(*d));
+    memo.visit(&view, &reader, &probes, now, &mut |b| {
+        batch.extend(b.iter().copied());
+    });
     let direct: Vec<LoadDigest> = probes
         .iter()
         .map(|p| LoadDigest::of(&KeyLoad::assess_hinted(&view, &reader, p.key, p.hint, now)))

@@ -65,7 +65,7 @@ use crate::clock::Instant;
 use crate::discovery::{InstanceId, PublisherId};
 
 pub use cursor::{CursorVerdict, SubscriptionCursor};
-pub use digest::{DigestStanding, LoadDigest};
+pub use digest::{DigestBatch, DigestStanding, FreshWindow, LoadDigest};
 pub use dispatch::{
     DispatchId, DispatchLedger, DispatchLoad, DispatchRole, Finished, Inflight, InflightReader,
     InflightTable, MAX_RECORDS_PER_KEY, Summary, request_blocks,

@@ -77,6 +77,20 @@ impl<const W: usize> Cell<W> {
     }
 }
 
+/// A table's dense stamp array ([`SeqTable::stamps`]): loads as [`SeqTable::stamp`] does.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Stamps<'a>(&'a [AtomicU32]);
+
+impl Stamps<'_> {
+    /// The stamp of `slot` ([`SeqTable::stamp`]).
+    #[inline]
+    pub(crate) fn get(self, slot: u32) -> u32 {
+        self.0
+            .get(slot as usize)
+            .map_or(0, |s| s.load(Ordering::Acquire))
+    }
+}
+
 /// A table of `MAX_LOAD_KEYS` seqlock cells of `W` words (`CHUNK * CHUNKS` under loom).
 #[derive(Debug)]
 pub(crate) struct SeqTable<const W: usize> {
@@ -122,6 +136,11 @@ impl<const W: usize> SeqTable<W> {
         self.stamps
             .get(slot as usize)
             .map_or(0, |s| s.load(Ordering::Acquire))
+    }
+
+    /// The table's stamps, to load many of them without going through the table each time.
+    pub(crate) fn stamps(&self) -> Stamps<'_> {
+        Stamps(&self.stamps)
     }
 
     /// A consistent copy of the cell's words; all zero for a never-written cell.

@@ -27,7 +27,7 @@ use crate::clock::Instant;
 use crate::discovery::PublisherId;
 
 use super::live::{KeyEntry, LiveSet, RetainReport, SlotMap, plan};
-use super::seqcell::SeqTable;
+use super::seqcell::{SeqTable, Stamps};
 use super::{
     DEFAULT_MAX_STALENESS, LoadKey, MAX_MAX_STALENESS, MIN_MAX_STALENESS, Sample, SampleView,
     StalenessOutOfRange, duration_nanos, instant, nanos,
@@ -318,6 +318,11 @@ impl LoadView<'_> {
     /// The stamp of a slot's cell (`super::seqcell`): load it before [`Self::read_slot`].
     pub(crate) fn stamp(&self, slot: u32) -> u32 {
         self.store.cells.stamp(slot)
+    }
+
+    /// Every cell's stamp ([`LoadView::stamp`] for many slots).
+    pub(crate) fn stamps(&self) -> Stamps<'_> {
+        self.store.cells.stamps()
     }
 
     /// What the store holds for a slot, `None` if the slot now belongs to another key.

@@ -207,7 +207,9 @@ fn score_with<'s>(
     digests.clear();
     read_overlap(input.prompt_blocks, input.overlap, scored, (ranks, indexed));
     let (now, max_age) = (input.now, input.max_staleness);
-    input.loads.digests(probes, now, digests);
+    input.loads.visit_digests(probes, now, &mut |batch| {
+        digests.extend(batch.iter().copied())
+    });
     let isl = input.prompt_tokens.get();
     for prefill_group in [true, false] {
         let in_group = |c: &ScoredCandidate| (c.role == Role::Prefill) == prefill_group;

@@ -31,7 +31,7 @@ use std::ops::ControlFlow;
 
 use crate::discovery::{Role, Worker};
 use crate::load::rules::{Candidate, Cost, Stage, select};
-use crate::load::{DigestStanding, LoadKey, RankProbe, request_blocks};
+use crate::load::{DigestStanding, FreshWindow, LoadKey, RankProbe, request_blocks};
 
 use super::candidates::{
     ListId, MAX_CANDIDATES, RankCard, RankRef, Scope, visit_namespace_ranks, visit_ranks,
@@ -229,8 +229,7 @@ fn select_stage(
     stage: Stage,
     cursor: &mut u64,
 ) -> Option<(usize, Slot, SelectionReason)> {
-    let now = input.now;
-    let max_age = input.max_staleness;
+    let window = FreshWindow::new(input.max_staleness, input.now);
     let StageList {
         slots,
         probes,
@@ -243,35 +242,35 @@ fn select_stage(
     // The request's blocks for the last block size seen (candidates mostly share one).
     let mut blocks = (None, None);
     let mut judge = false;
-    input.loads.visit_digests(probes, now, &mut |d| {
-        let i = candidates.len();
-        let card = cards.get(i);
-        let standing = d.standing(max_age, now, false);
-        judge |= standing == DigestStanding::Fresh;
-        if d.stalled() {
-            stalled.push(i);
-        }
-        let b = d.backlog_of(standing, stage);
-        let cost = b.backlog.zip(card).and_then(|(backlog, card)| match stage {
-            Stage::Prefill => {
-                Cost::prefill(backlog, card.max_num_batched_tokens.map(NonZeroU64::get))
+    input.loads.visit_digests(probes, input.now, &mut |batch| {
+        for (i, (d, card)) in batch.iter().zip(cards.iter()).enumerate() {
+            let standing = d.standing_in(window, false);
+            judge |= standing == DigestStanding::Fresh;
+            if d.stalled() {
+                stalled.push(i);
             }
-            Stage::Decode => {
-                if blocks.0 != card.block_size {
-                    let size = card.block_size.map(NonZeroU32::get);
-                    blocks = (card.block_size, request_blocks(prompt, size));
+            let b = d.backlog_of(standing, stage);
+            let cost = b.backlog.and_then(|backlog| match stage {
+                Stage::Prefill => {
+                    Cost::prefill(backlog, card.max_num_batched_tokens.map(NonZeroU64::get))
                 }
-                Cost::decode(
-                    backlog,
-                    blocks.1?,
-                    card.total_kv_blocks.map(NonZeroU64::get),
-                )
-            }
-        });
-        candidates.push(Candidate {
-            cost,
-            fresh_field: b.fresh_field,
-        });
+                Stage::Decode => {
+                    if blocks.0 != card.block_size {
+                        let size = card.block_size.map(NonZeroU32::get);
+                        blocks = (card.block_size, request_blocks(prompt, size));
+                    }
+                    Cost::decode(
+                        backlog,
+                        blocks.1?,
+                        card.total_kv_blocks.map(NonZeroU64::get),
+                    )
+                }
+            });
+            candidates.push(Candidate {
+                cost,
+                fresh_field: b.fresh_field,
+            });
+        }
     });
     if judge {
         // Under the judgement a stalled candidate has no backlog and no fresh field

@@ -72,7 +72,9 @@ use crate::clock::Instant;
 use crate::discovery::{FleetView, InstanceId};
 use crate::headers::PinHeaders;
 use crate::load::rules::{KeyLoad, SelectReason};
-use crate::load::{InflightReader, LoadDigest, LoadKey, LoadMemo, LoadView, RankProbe, SlotRef};
+use crate::load::{
+    DigestBatch, InflightReader, LoadDigest, LoadKey, LoadMemo, LoadView, RankProbe, SlotRef,
+};
 
 pub use candidates::{FleetCandidates, MAX_CANDIDATES, RankCard, RankRef};
 pub use estimate::{PromptTokens, estimate_prompt_tokens};
@@ -97,18 +99,29 @@ pub trait LoadSource {
         self.key_load(key, now)
     }
 
-    /// Calls `f` once per probe, in order, with the digest of its [`LoadSource::rank_load`] at
-    /// `now` (one call per stage of a pick; the default reads each load).
-    fn visit_digests(&self, probes: &[RankProbe], now: Instant, f: &mut dyn FnMut(&LoadDigest)) {
-        for p in probes {
-            f(&LoadDigest::of(&self.rank_load(p.key, p.hint, now)));
-        }
+    /// Calls `f` once with the batch of the probes' digests, in probe order: each the digest
+    /// of its [`LoadSource::rank_load`] at `now` (one call per stage of a pick; the default
+    /// reads each load into a list of its own).
+    fn visit_digests(
+        &self,
+        probes: &[RankProbe],
+        now: Instant,
+        f: &mut dyn FnMut(&DigestBatch<'_>),
+    ) {
+        visit_each(probes, f, |p| self.rank_load(p.key, p.hint, now));
     }
+}
 
-    /// Appends to `out` the digests [`LoadSource::visit_digests`] visits.
-    fn digests(&self, probes: &[RankProbe], now: Instant, out: &mut Vec<LoadDigest>) {
-        self.visit_digests(probes, now, &mut |d| out.push(*d));
-    }
+/// Calls `f` with the batch of `read`'s digests of `probes`, read one by one into a list of
+/// their own (a source without a memo).
+fn visit_each(
+    probes: &[RankProbe],
+    f: &mut dyn FnMut(&DigestBatch<'_>),
+    read: impl Fn(&RankProbe) -> KeyLoad,
+) {
+    let digests: Vec<LoadDigest> = probes.iter().map(|p| LoadDigest::of(&read(p))).collect();
+    let mut order = Vec::new();
+    f(&DigestBatch::of(&digests, &mut order));
 }
 
 /// The production [`LoadSource`]: a store view and every shard's in-flight tables, optionally
@@ -179,14 +192,17 @@ impl LoadSource for StoreLoads<'_, '_, '_> {
         KeyLoad::assess_hinted(self.view, self.inflight, key, hint, now)
     }
 
-    fn visit_digests(&self, probes: &[RankProbe], now: Instant, f: &mut dyn FnMut(&LoadDigest)) {
+    fn visit_digests(
+        &self,
+        probes: &[RankProbe],
+        now: Instant,
+        f: &mut dyn FnMut(&DigestBatch<'_>),
+    ) {
         if let Some(mut memo) = self.memo.and_then(|m| m.try_borrow_mut().ok()) {
             memo.visit(self.view, self.inflight, probes, now, f);
             return;
         }
-        for p in probes {
-            f(&LoadDigest::of(&self.rank_load(p.key, p.hint, now)));
-        }
+        visit_each(probes, f, |p| self.rank_load(p.key, p.hint, now));
     }
 }
 
