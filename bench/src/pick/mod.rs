@@ -24,7 +24,7 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use measure::{Budget, RowFigures, TimerCost};
-use sim::{Kind, Sim};
+use sim::{Activity, Kind, Sim};
 
 /// Fleet sizes measured, in workers.
 pub(crate) const SIZES: [u32; 3] = [10, 100, 1_000];
@@ -120,15 +120,19 @@ pub(crate) struct PickReport {
     pub(crate) sizes: Vec<SizeReport>,
 }
 
-/// The rows of every fleet size: `(sim, kind)`. Sim 0 carries the baseline, the estimate alone and
-/// both production pick paths; sim 1 (its own store and ledgers) the refresh diagnostic.
-const PLAN: [(usize, Kind); 6] = [
+/// The rows of every fleet size: `(sim, kind)`. Sim 0 carries the baseline and the estimate
+/// alone; every pick row has a simulated shard (store, ledgers, memo) of its own, as a shard
+/// picks for every request: a shard shared with rows that do not pick would let the fleet
+/// publish for hundreds of operations between two of its picks. The last one publishes in
+/// bursts ([`sim::Activity::Burst`]).
+const PLAN: [(usize, Kind); 7] = [
     (0, Kind::Rr),
     (0, Kind::Estimate),
-    (0, Kind::PickAgg),
-    (0, Kind::PickPd),
-    (0, Kind::PickKvAgg),
-    (1, Kind::RefreshPickPd),
+    (1, Kind::PickAgg),
+    (2, Kind::PickPd),
+    (3, Kind::PickKvAgg),
+    (4, Kind::RefreshPickPd),
+    (5, Kind::BurstPickAgg),
 ];
 
 /// The production pick rows, whose allocations the goal is about.
@@ -147,9 +151,14 @@ pub(crate) fn run(opts: PickOptions) -> Result<PickReport, PickError> {
     for workers in SIZES {
         eprintln!("pick: {workers} workers...");
         let f = fleet::build(workers)?;
+        let shard = |activity| Sim::new(&f.view, body.as_bytes(), activity);
         let mut sims = [
-            Sim::new(&f.view, body.as_bytes())?,
-            Sim::new(&f.view, body.as_bytes())?,
+            shard(Activity::Staggered)?,
+            shard(Activity::Staggered)?,
+            shard(Activity::Staggered)?,
+            shard(Activity::Staggered)?,
+            shard(Activity::Staggered)?,
+            shard(Activity::Burst)?,
         ];
         if let Some(s) = sims.iter().find(|s| s.keys() != f.keys) {
             return Err(PickError::Store {
@@ -229,16 +238,17 @@ impl PickReport {
             "baseline rr: the next worker of the same fleet.workers in turn + the same pin-header \
              rendering. Diagnostics: estimate = estimate_prompt_tokens alone (part of every \
              pick); refresh+p/d = DispatchLedger::refresh (its docs: \"call before each pick\") \
-             then the p/d path, on a second shard state of its own"
+             then the p/d path; burst agg = the agg path right after every key published at              once (the worst case: each pick reads every candidate's cells again). Every pick              row runs on a shard state of its own"
         );
         let _ = writeln!(
             r,
             "fleets (one namespace, Dynamo-shaped etcd records through the discovery reducer): \
              half aggregated `{agg}`, half `{pd}` (1/4 prefill, 3/4 decode), 1/3 with \
              data_parallel_size 2; every (worker, rank) gets a fresh sample with new loads every \
-             {round} operations ({ms} ms simulated at {us} us per operation), after which the \
-             other shard dispatches to 1/4 of the keys; the ledger starts with one dispatch to \
-             every key",
+             {round} operations ({ms} ms simulated at {us} us per operation), the keys in turn \
+             (staggered, as independent workers publish), and the other shard dispatches to a \
+             random key after every fourth sample; the ledger starts with one dispatch to every \
+             key",
             agg = fleet::AGG_MODEL,
             pd = fleet::PD_MODEL,
             round = sim::ROUND_EVERY,
@@ -396,11 +406,12 @@ impl PickReport {
                 d = f.outcomes.dispatch_allocs,
             );
         }
-        for (w, f) in self.all(&PICK_ROWS) {
+        for (w, f) in self.all(&[PICK_ROWS.as_slice(), &[Kind::BurstPickAgg]].concat()) {
             let _ = writeln!(
                 r,
                 "load memo: {l} at {w} workers read {c:.1} candidate loads per pick from the cells \
-                 (the memo answered the rest; every cell changes each {round} operations)",
+                 (the memo answered the rest; each key publishes every {round} operations, or \
+                 before every pick in burst agg)",
                 round = sim::ROUND_EVERY,
                 l = f.kind.label(),
                 c = f.outcomes.cell_reads as f64 / f.ops.max(1) as f64,
@@ -473,6 +484,7 @@ mod tests {
             "\npick agg ",
             "\npick p/d ",
             "\nrefresh+p/d ",
+            "\nburst agg ",
             "allocations after warm-up: ",
             "load memo: pick agg at ",
         ] {

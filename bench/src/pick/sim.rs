@@ -3,12 +3,15 @@
 //! Role: owns a real [`LoadStore`] whose live set is the fleet's, two simulated shards'
 //! [`DispatchLedger`]s (this shard's and the other's, whose [`InflightTable`]s every pick reads)
 //! and the shard-local picker state, and runs one operation at a time ([`Sim::op`]): the `rr`
-//! baseline, the production pick path, or one of two diagnostics ([`Kind`]). Between timed batches the caller lets the fleet publish
-//! ([`Sim::advance`]): every `ROUND_EVERY` operations each `(worker, rank)` gets a fresh sample
-//! with new pseudo-random loads (answering this shard's dispatches) and the other shard
-//! dispatches to a quarter of the keys; both shards finish each dispatch [`REQUEST_OPS`]
-//! operations after making it. The pick reads loads through the shard's `LoadMemo`, as the
-//! shards do: right after a round every cell has changed and the first pick reads them all.
+//! baseline, the production pick path, or one of three diagnostics ([`Kind`]). Between timed
+//! batches the caller lets the fleet publish ([`Sim::advance`]): each `(worker, rank)` gets a
+//! fresh sample with new pseudo-random loads every `ROUND_EVERY` operations, the keys in turn
+//! (staggered, as independent workers publish: about `keys / ROUND_EVERY` per operation), and
+//! the other shard dispatches to a random key after every fourth sample; both shards finish
+//! each dispatch [`REQUEST_OPS`] operations after making it. A shard of [`Activity::Burst`]
+//! instead lets every key publish at once before each operation, so that each pick reads
+//! every candidate's cells again (the worst case, its own diagnostic row). The pick reads loads
+//! through the shard's `LoadMemo`, as the shards do.
 //!
 //! Invariants: time is simulated (the core clock's [`Instant`], `STEP` per operation), so every
 //! sample is fresh and no dispatch expires or stalls; the sequence of picks is deterministic for a
@@ -45,8 +48,17 @@ use crate::alloc::thread_allocations;
 
 /// Simulated time per operation (a shard picking 10,000 times a second).
 pub(crate) const STEP: Duration = Duration::from_micros(100);
-/// Operations between two fleet-wide sample rounds (every 20 ms of simulated time).
+/// Operations between two samples of one key (20 ms of simulated time).
 pub(crate) const ROUND_EVERY: u64 = 200;
+
+/// How the simulated fleet publishes its samples.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Activity {
+    /// Each key every [`ROUND_EVERY`] operations, the keys in turn.
+    Staggered,
+    /// Every key at once before each operation.
+    Burst,
+}
 /// Prompt tokens of each of the other shard's dispatches.
 const OTHER_SHARD_PROMPT: u64 = 512;
 /// Operations a request stays in flight before its dispatch finishes (100 ms of simulated
@@ -73,10 +85,13 @@ pub(crate) enum Kind {
     /// matched against two shards' KV indexes (every rank holding a prefix of it), then the KV
     /// cost (tokenization excluded: the hashes are given).
     PickKvAgg,
+    /// Diagnostic: the aggregated pick right after every key published (run on a shard of
+    /// [`Activity::Burst`]).
+    BurstPickAgg,
 }
 
 /// Number of [`Kind`]s.
-const KINDS: usize = 6;
+const KINDS: usize = 7;
 
 /// Blocks of the KV row's prompt (an 8K-token prompt in blocks of 64).
 pub(crate) const PROMPT_BLOCKS: usize = 128;
@@ -91,6 +106,7 @@ impl Kind {
             Kind::Estimate => "estimate",
             Kind::RefreshPickPd => "refresh+p/d",
             Kind::PickKvAgg => "pick kv",
+            Kind::BurstPickAgg => "burst agg",
         }
     }
 
@@ -102,7 +118,7 @@ impl Kind {
     const fn model(self) -> Option<&'static str> {
         match self {
             Kind::Rr | Kind::Estimate => None,
-            Kind::PickAgg | Kind::PickKvAgg => Some(AGG_MODEL),
+            Kind::PickAgg | Kind::PickKvAgg | Kind::BurstPickAgg => Some(AGG_MODEL),
             Kind::PickPd | Kind::RefreshPickPd => Some(PD_MODEL),
         }
     }
@@ -217,7 +233,8 @@ pub(crate) struct Sim<'f> {
     candidates: FleetCandidates,
     body: &'f [u8],
     namespaces: [&'static str; 1],
-    store: LoadStore,
+    /// Shared only so that the fleet's writers can hold a view while they change the shard.
+    store: Arc<LoadStore>,
     keys: Vec<KeySpec>,
     ledger: DispatchLedger,
     other: DispatchLedger,
@@ -239,8 +256,15 @@ pub(crate) struct Sim<'f> {
     rr: usize,
     now: Instant,
     rng: u64,
+    /// The sequence number of the samples of the current turn over the keys.
     sequence: u64,
-    since_round: u64,
+    activity: Activity,
+    /// The next key to publish (staggered).
+    publish_next: usize,
+    /// Publications owed, in `1 / ROUND_EVERY` of a key (staggered).
+    publish_owed: u64,
+    /// Samples published (every fourth is followed by a dispatch of the other shard).
+    published: u64,
     outcomes: [Outcomes; KINDS],
 }
 
@@ -274,8 +298,12 @@ fn next(state: &mut u64) -> u64 {
 impl<'f> Sim<'f> {
     /// A shard over `fleet` whose store holds a fresh sample for every `(worker, rank)` and whose
     /// ledger has dispatched once to every key (the steady state of a busy shard).
-    pub(crate) fn new(fleet: &'f FleetView, body: &'f [u8]) -> Result<Self, PickError> {
-        let store = LoadStore::new();
+    pub(crate) fn new(
+        fleet: &'f FleetView,
+        body: &'f [u8],
+        activity: Activity,
+    ) -> Result<Self, PickError> {
+        let store = Arc::new(LoadStore::new());
         let report = store.set_live_and_retain(&LiveSet::from_fleet(fleet));
         let mut keys = Vec::with_capacity(report.keys);
         for w in &fleet.workers {
@@ -317,7 +345,10 @@ impl<'f> Sim<'f> {
             now: Instant::from_origin(Duration::from_secs(1_000)),
             rng: 0x00C0_FFEE,
             sequence: 1,
-            since_round: 0,
+            activity,
+            publish_next: 0,
+            publish_owed: 0,
+            published: 0,
             outcomes: [Outcomes::default(); KINDS],
         };
         let applied = sim.round();
@@ -357,7 +388,8 @@ impl<'f> Sim<'f> {
     /// Applies a fresh sample with new loads to every key, then lets the other shard dispatch to
     /// a quarter of the keys. Returns how many samples applied.
     fn round(&mut self) -> usize {
-        let view = self.store.view();
+        let store = Arc::clone(&self.store);
+        let view = store.view();
         finish_due(
             &mut self.other,
             &mut self.other_outstanding,
@@ -366,39 +398,80 @@ impl<'f> Sim<'f> {
             self.now,
         );
         let mut applied = 0;
-        for k in &self.keys {
-            let decode = next(&mut self.rng) % (TOTAL_KV_BLOCKS / 2);
-            let sample = Sample {
-                publisher_id: k.publisher,
-                sequence: self.sequence,
-                active_decode_blocks: Some(decode),
-                active_prefill_tokens: Some(next(&mut self.rng) % MAX_BATCHED_TOKENS),
-                kv_used_blocks: Some(decode + decode / 4),
-            };
-            if view.apply(k.key, &sample, self.now) == ApplyOutcome::Applied {
-                applied += 1;
-            }
+        for i in 0..self.keys.len() {
+            applied += usize::from(self.publish(&view, i));
         }
         self.sequence += 1;
         let len = self.keys.len() as u64;
         for _ in 0..(len / 4).max(1) {
-            let i = (next(&mut self.rng) % len.max(1)) as usize;
-            if let Some(k) = self.keys.get(i) {
-                let load = DispatchLoad::for_role(
-                    DispatchRole::Aggregated,
-                    OTHER_SHARD_PROMPT,
-                    Some(BLOCK_SIZE),
-                );
-                if let Some(id) = self.other.dispatch(&view, k.key, load, self.now) {
-                    self.other_outstanding.push_back((self.ops, id));
-                }
-            }
+            self.other_dispatch(&view);
         }
         applied
     }
 
-    /// Lets `ops` operations' worth of fleet activity happen (untimed): a sample round whenever
-    /// `ROUND_EVERY` operations have run since the last one.
+    /// Applies a fresh sample with new loads to key `i`; whether it applied.
+    fn publish(&mut self, view: &LoadView<'_>, i: usize) -> bool {
+        let Some(k) = self.keys.get(i) else {
+            return false;
+        };
+        let decode = next(&mut self.rng) % (TOTAL_KV_BLOCKS / 2);
+        let sample = Sample {
+            publisher_id: k.publisher,
+            sequence: self.sequence,
+            active_decode_blocks: Some(decode),
+            active_prefill_tokens: Some(next(&mut self.rng) % MAX_BATCHED_TOKENS),
+            kv_used_blocks: Some(decode + decode / 4),
+        };
+        view.apply(k.key, &sample, self.now) == ApplyOutcome::Applied
+    }
+
+    /// The other shard dispatches to a random key.
+    fn other_dispatch(&mut self, view: &LoadView<'_>) {
+        let len = self.keys.len() as u64;
+        let i = (next(&mut self.rng) % len.max(1)) as usize;
+        if let Some(k) = self.keys.get(i) {
+            let load = DispatchLoad::for_role(
+                DispatchRole::Aggregated,
+                OTHER_SHARD_PROMPT,
+                Some(BLOCK_SIZE),
+            );
+            if let Some(id) = self.other.dispatch(view, k.key, load, self.now) {
+                self.other_outstanding.push_back((self.ops, id));
+            }
+        }
+    }
+
+    /// Publishes the samples `ops` operations owe, the keys in turn, each followed (every
+    /// fourth) by a dispatch of the other shard.
+    fn stagger(&mut self, ops: u64) {
+        let store = Arc::clone(&self.store);
+        let view = store.view();
+        finish_due(
+            &mut self.other,
+            &mut self.other_outstanding,
+            &view,
+            self.ops,
+            self.now,
+        );
+        let len = self.keys.len();
+        self.publish_owed += ops.saturating_mul(len as u64);
+        let due = self.publish_owed / ROUND_EVERY;
+        self.publish_owed %= ROUND_EVERY;
+        for _ in 0..due {
+            if self.publish_next >= len {
+                self.publish_next = 0;
+                self.sequence += 1;
+            }
+            self.publish(&view, self.publish_next);
+            self.publish_next += 1;
+            self.published += 1;
+            if self.published.is_multiple_of(4) {
+                self.other_dispatch(&view);
+            }
+        }
+    }
+
+    /// Lets `ops` operations' worth of fleet activity happen (untimed, module docs).
     pub(crate) fn advance(&mut self, ops: u64) {
         let view = self.store.view();
         finish_due(
@@ -409,10 +482,11 @@ impl<'f> Sim<'f> {
             self.now,
         );
         drop(view);
-        self.since_round += ops;
-        if self.since_round >= ROUND_EVERY {
-            self.since_round = 0;
-            self.round();
+        match self.activity {
+            Activity::Staggered => self.stagger(ops),
+            Activity::Burst => {
+                self.round();
+            }
         }
     }
 
@@ -566,7 +640,7 @@ mod tests {
     fn picks_follow_the_loads_and_carry_prefill_for_pd() {
         let f = fleet::build(100).unwrap();
         let body = fleet::chat_body(PD_MODEL);
-        let mut sim = Sim::new(&f.view, body.as_bytes()).unwrap();
+        let mut sim = Sim::new(&f.view, body.as_bytes(), Activity::Staggered).unwrap();
         assert_eq!(sim.keys(), f.keys);
         for _ in 0..1_000 {
             for kind in [Kind::Rr, Kind::PickAgg, Kind::PickPd, Kind::PickKvAgg] {
