@@ -390,13 +390,7 @@ impl<'f> Sim<'f> {
     fn round(&mut self) -> usize {
         let store = Arc::clone(&self.store);
         let view = store.view();
-        finish_due(
-            &mut self.other,
-            &mut self.other_outstanding,
-            &view,
-            self.ops,
-            self.now,
-        );
+        self.finish_other(&view);
         let mut applied = 0;
         for i in 0..self.keys.len() {
             applied += usize::from(self.publish(&view, i));
@@ -407,6 +401,17 @@ impl<'f> Sim<'f> {
             self.other_dispatch(&view);
         }
         applied
+    }
+
+    /// Finishes the other shard's due dispatches.
+    fn finish_other(&mut self, view: &LoadView<'_>) {
+        finish_due(
+            &mut self.other,
+            &mut self.other_outstanding,
+            view,
+            self.ops,
+            self.now,
+        );
     }
 
     /// Applies a fresh sample with new loads to key `i`; whether it applied.
@@ -446,13 +451,7 @@ impl<'f> Sim<'f> {
     fn stagger(&mut self, ops: u64) {
         let store = Arc::clone(&self.store);
         let view = store.view();
-        finish_due(
-            &mut self.other,
-            &mut self.other_outstanding,
-            &view,
-            self.ops,
-            self.now,
-        );
+        self.finish_other(&view);
         let len = self.keys.len();
         self.publish_owed += ops.saturating_mul(len as u64);
         let due = self.publish_owed / ROUND_EVERY;
