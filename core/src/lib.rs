@@ -31,6 +31,7 @@ pub mod picker;
 pub mod prompt;
 pub mod publish;
 pub mod retry_budget;
+pub mod rng;
 pub mod route;
 pub mod shim;
 pub mod snapshot;

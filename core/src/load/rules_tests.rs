@@ -1,6 +1,6 @@
 //! `select` against a naive reference: the rule as PICK-06/07 state it, pass by pass.
 
-use crate::picker::SplitMix64;
+use crate::rng::SplitMix64;
 
 use super::{Candidate, Cost, SelectReason, Selection, select};
 

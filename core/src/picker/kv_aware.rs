@@ -68,7 +68,7 @@ use super::candidates::{ListId, RankRef, Scope, visit_namespace_ranks, visit_ran
 use super::kv_conditional::{
     BypassDecision, ConditionalDisagg, DecodeRank, conditional_decode_cost, decide_bypass,
 };
-use super::kv_cost::{KvParams, KvTerms, UnitSource, kv_cost, softmax_sample_index};
+use super::kv_cost::{KvParams, KvTerms, kv_cost, softmax_sample_index};
 use super::load_based::{
     PickScratch, cheapest_others, pair_decode, pick_with, push_ordered, rank_header, with_decode,
 };
@@ -77,6 +77,7 @@ use super::{
     Chosen, DpRankHeaders, KvOutcome, MAX_CANDIDATES, MAX_PICKS, NoWorker, OverlapSource, Pick,
     PickInput, PickerCursors, Picks, PromptBlocks, SelectionReason, WorkerPicker,
 };
+use crate::rng::UnitSource;
 
 /// How a candidate rank stands in the KV stage.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

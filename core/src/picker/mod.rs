@@ -76,6 +76,7 @@ use crate::load::{
     DigestBatch, InflightReader, LoadDigest, LoadKey, LoadMemo, LoadView, RankProbe, SlotRef,
 };
 
+pub use crate::rng::{SplitMix64, UnitSource};
 pub use candidates::{FleetCandidates, MAX_CANDIDATES, RankCard, RankRef};
 pub use estimate::{PromptTokens, estimate_prompt_tokens};
 pub use kv_aware::{KvAwarePicker, KvScratch, KvStatus, ScoredCandidate, score_candidates};
@@ -83,9 +84,7 @@ pub use kv_conditional::{
     BypassDecision, ConditionalDisagg, DecodeRank, EFF_ISL_RATIO_THRESHOLD, EFF_ISL_THRESHOLD,
     conditional_decode_cost, decide_bypass,
 };
-pub use kv_cost::{
-    KvParams, KvTerms, SplitMix64, UnitSource, decode_cost_blocks, kv_cost, softmax_sample_index,
-};
+pub use kv_cost::{KvParams, KvTerms, decode_cost_blocks, kv_cost, softmax_sample_index};
 pub use load_based::{LoadBasedPicker, PickScratch, pick_load_based};
 
 /// Where a picker reads each candidate's load: the store's sample and the in-flight additions.
