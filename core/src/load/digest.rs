@@ -99,16 +99,6 @@ impl<'a> DigestBatch<'a> {
         Self::new(digests, &[], order)
     }
 
-    /// How many probes the batch answers.
-    pub fn len(&self) -> usize {
-        self.order.len()
-    }
-
-    /// Whether the batch answers no probe.
-    pub fn is_empty(&self) -> bool {
-        self.order.is_empty()
-    }
-
     /// The digests in probe order.
     #[inline]
     pub fn iter(&self) -> impl ExactSizeIterator<Item = &'a LoadDigest> + 'a {

@@ -20,8 +20,8 @@
 //!   went back), so a stamp could only come back to its old value after 2^32 writes of one cell
 //!   within that time;
 //! - one memo serves one store and one list of in-flight tables: on another it starts over;
-//! - a batch read takes the stamp arrays once and answers a probe whose entry is current from
-//!   it with exactly the checks of a single read (`LoadMemo::current`), else reads as one;
+//! - a memo call takes the stamp arrays once (`Quick`) and checks each entry against them
+//!   (`LoadMemo::current`) before reading its cells again;
 //! - a batch read ([`LoadMemo::visit`]) answers each probe as a single read of its hint, else
 //!   of its key's current slot, would, digested;
 //! - the memo grows to the highest slot read (at most [`super::MAX_LOAD_KEYS`] entries) and
@@ -58,15 +58,42 @@ struct Entry {
     until: u64,
 }
 
-/// In-flight tables up to which a batch read checks entries with stamp arrays taken once
-/// ([`Quick`]); with more, each check goes through [`LoadMemo::entry`].
+/// In-flight tables whose stamp arrays a read takes once ([`Quick`]); the stamps of further
+/// tables are loaded through their table.
 const QUICK_TABLES: usize = 16;
 
-/// What a batch read's quick check reads: `now` in ns and the stamp arrays.
+/// What a memo call checks entries against: `now` in ns, the store's stamp array and the
+/// in-flight tables' (the first [`QUICK_TABLES`] taken once, so that checking many entries does
+/// not go through each table per entry).
 struct Quick<'a> {
     t: u64,
     store: Stamps<'a>,
-    tables: &'a [Stamps<'a>],
+    taken: [Stamps<'a>; QUICK_TABLES],
+    tables: &'a [Arc<InflightTable>],
+}
+
+impl<'a> Quick<'a> {
+    fn new(view: &'a LoadView<'_>, tables: &'a [Arc<InflightTable>], now: Instant) -> Self {
+        let mut taken = [Stamps::default(); QUICK_TABLES];
+        for (s, table) in taken.iter_mut().zip(tables) {
+            *s = table.stamps();
+        }
+        Self {
+            t: nanos(now),
+            store: view.stamps(),
+            taken,
+            tables,
+        }
+    }
+
+    /// The stamp of `slot` in table `k`.
+    #[inline]
+    fn table_stamp(&self, k: usize, slot: u32) -> u32 {
+        match self.taken.get(k) {
+            Some(s) => s.get(slot),
+            None => self.tables.get(k).map_or(0, |t| t.stamp(slot)),
+        }
+    }
 }
 
 /// One candidate of a batch read ([`LoadMemo::visit`]): its key and its cell hint.
@@ -136,7 +163,8 @@ impl LoadMemo {
         now: Instant,
     ) -> Option<KeyLoad> {
         self.start(view, inflight.tables());
-        let i = self.entry(view, inflight, slot, now)?;
+        let q = Quick::new(view, inflight.tables(), now);
+        let i = self.entry(view, inflight, slot, now, &q)?;
         self.loads.get(i).copied()
     }
 
@@ -157,26 +185,12 @@ impl LoadMemo {
         let mut order = std::mem::take(&mut self.order);
         order.clear();
         self.spare.clear();
-        // The stamp arrays, taken once for the batch (the quick check below).
-        let mut stamps = [Stamps::default(); QUICK_TABLES];
-        for (s, table) in stamps.iter_mut().zip(tables) {
-            *s = table.stamps();
-        }
-        let quick = (tables.len() <= QUICK_TABLES).then(|| Quick {
-            t: nanos(now),
-            store: view.stamps(),
-            tables: stamps.get(..tables.len()).unwrap_or_default(),
-        });
+        let q = Quick::new(view, tables, now);
         for p in probes {
-            let current = p
-                .hint
-                .zip(quick.as_ref())
-                .and_then(|(s, q)| self.current(s, q));
-            let hinted =
-                current.or_else(|| p.hint.and_then(|s| self.entry(view, inflight, s, now)));
+            let hinted = p.hint.and_then(|s| self.entry(view, inflight, s, now, &q));
             let entry = hinted.or_else(|| {
                 let slot = view.slot(p.key).ok()?;
-                self.entry(view, inflight, slot, now)
+                self.entry(view, inflight, slot, now, &q)
             });
             let at = match entry.and_then(|i| u32::try_from(i).ok()) {
                 Some(i) => i,
@@ -193,9 +207,8 @@ impl LoadMemo {
         self.order = order;
     }
 
-    /// The index of `slot`'s entry when it is current for `q` (the checks of
-    /// [`LoadMemo::entry`] without its re-read); `None` when it must go through
-    /// [`LoadMemo::entry`].
+    /// The index of `slot`'s entry when it is current for `q`: the same epoch, read no later
+    /// than `q.t` and valid until after it, and every cell's stamp as when it was read.
     #[inline]
     fn current(&self, slot: SlotRef, q: &Quick<'_>) -> Option<usize> {
         let i = usize::try_from(slot.slot).ok()?;
@@ -208,10 +221,9 @@ impl LoadMemo {
         }
         let n = q.tables.len();
         let kept = self.stamps.get(i * n..(i + 1) * n)?;
-        q.tables
-            .iter()
-            .zip(kept)
-            .all(|(table, k)| table.get(slot.slot) == *k)
+        kept.iter()
+            .enumerate()
+            .all(|(k, s)| q.table_stamp(k, slot.slot) == *s)
             .then_some(i)
     }
 
@@ -236,9 +248,12 @@ impl LoadMemo {
         inflight: &InflightReader<'_>,
         slot: SlotRef,
         now: Instant,
+        q: &Quick<'_>,
     ) -> Option<usize> {
-        let tables = inflight.tables();
-        let n = tables.len();
+        if let Some(i) = self.current(slot, q) {
+            return Some(i);
+        }
+        let n = q.tables.len();
         let i = usize::try_from(slot.slot).ok()?;
         if i >= MAX_LOAD_KEYS {
             return None;
@@ -250,28 +265,18 @@ impl LoadMemo {
             self.loads.resize(len, KeyLoad::default());
             self.stamps.resize(len.saturating_mul(n), 0);
         }
-        let t = nanos(now);
-        let store = view.stamp(slot.slot);
-        let entry = self.entries.get_mut(i)?;
-        let stamps = self.stamps.get_mut(i * n..(i + 1) * n)?;
-        let unchanged = || {
-            tables
-                .iter()
-                .zip(stamps.iter())
-                .all(|(table, s)| table.stamp(slot.slot) == *s)
-        };
-        if entry.epoch == slot.epoch
-            && entry.store == store
-            && entry.read_at <= t
-            && t < entry.until
-            && unchanged()
-        {
-            return Some(i);
-        }
         self.misses = self.misses.wrapping_add(1);
-        for (table, s) in tables.iter().zip(stamps.iter_mut()) {
-            *s = table.stamp(slot.slot);
+        // Every stamp is loaded before its cell is read (module docs).
+        let store = q.store.get(slot.slot);
+        for (k, s) in self
+            .stamps
+            .get_mut(i * n..(i + 1) * n)?
+            .iter_mut()
+            .enumerate()
+        {
+            *s = q.table_stamp(k, slot.slot);
         }
+        let entry = self.entries.get_mut(i)?;
         let Some(read) = view.read_slot_checked(slot) else {
             entry.epoch = 0;
             return None;
@@ -281,8 +286,8 @@ impl LoadMemo {
         *entry = Entry {
             epoch: slot.epoch,
             store,
-            read_at: t,
-            until: until.min(t.saturating_add(duration_nanos(MAX_ENTRY_AGE))),
+            read_at: q.t,
+            until: until.min(q.t.saturating_add(duration_nanos(MAX_ENTRY_AGE))),
         };
         *self.digests.get_mut(i)? = LoadDigest::of(&load);
         *self.loads.get_mut(i)? = load;
