@@ -187,7 +187,11 @@ impl LoadMemo {
         self.spare.clear();
         let q = Quick::new(view, tables, now);
         for p in probes {
-            let hinted = p.hint.and_then(|s| self.entry(view, inflight, s, now, &q));
+            // The check inline, the re-read behind a call.
+            let hinted = p.hint.and_then(|s| {
+                self.current(s, &q)
+                    .or_else(|| self.entry(view, inflight, s, now, &q))
+            });
             let entry = hinted.or_else(|| {
                 let slot = view.slot(p.key).ok()?;
                 self.entry(view, inflight, slot, now, &q)
@@ -221,10 +225,17 @@ impl LoadMemo {
         }
         let n = q.tables.len();
         let kept = self.stamps.get(i * n..(i + 1) * n)?;
-        kept.iter()
-            .enumerate()
-            .all(|(k, s)| q.table_stamp(k, slot.slot) == *s)
-            .then_some(i)
+        let (taken, rest) = kept.split_at(kept.len().min(QUICK_TABLES));
+        let further = q.tables.get(QUICK_TABLES..).unwrap_or_default();
+        (taken
+            .iter()
+            .zip(&q.taken)
+            .all(|(k, t)| t.get(slot.slot) == *k)
+            && rest
+                .iter()
+                .zip(further)
+                .all(|(k, t)| t.stamp(slot.slot) == *k))
+        .then_some(i)
     }
 
     /// Starts over when `view` and `tables` are not the memo's source.
