@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use crate::clock::Instant;
 
+use super::nanos;
 use super::rules::{KeyLoad, Stage, StageBacklog};
 
 const SAMPLE: u8 = 1;
@@ -60,58 +61,32 @@ impl FreshWindow {
             since: now.checked_sub(max_age),
         }
     }
-}
 
-/// The digests of one batch read, in probe order (`super::LoadMemo::visit`): each is lent from
-/// the memo's pool or, for a probe the memo cannot keep, from a spare list.
-#[derive(Debug, Clone, Copy)]
-pub struct DigestBatch<'a> {
-    pool: &'a [LoadDigest],
-    spare: &'a [LoadDigest],
-    /// Per probe: an index into `pool`, or [`SPARE`] plus an index into `spare`.
-    order: &'a [u32],
-}
-
-/// The tag of an [`DigestBatch`] index into its spare list.
-pub(crate) const SPARE: u32 = 1 << 31;
-
-/// The digest of no load (what a probe out of range reads).
-static NO_LOAD: LoadDigest = LoadDigest {
-    received_at: Instant::from_origin(Duration::ZERO),
-    decode: 0,
-    prefill: 0,
-    inflight_decode: 0,
-    inflight_prefill: 0,
-    flags: 0,
-};
-
-impl<'a> DigestBatch<'a> {
-    /// A batch over `pool` and `spare` in `order` (indices into `pool`, or [`SPARE`] plus an
-    /// index into `spare`).
-    pub(crate) fn new(pool: &'a [LoadDigest], spare: &'a [LoadDigest], order: &'a [u32]) -> Self {
-        Self { pool, spare, order }
-    }
-
-    /// A batch of `digests` in their order; `order` is filled with `0..digests.len()`.
-    pub fn of(digests: &'a [LoadDigest], order: &'a mut Vec<u32>) -> Self {
-        order.clear();
-        order.extend((0..digests.len()).filter_map(|i| u32::try_from(i).ok()));
-        Self::new(digests, &[], order)
-    }
-
-    /// The digests in probe order.
+    /// The window as a bound on [`StageFigures::received`]: a sample is fresh exactly when its
+    /// figure is at least the bound.
     #[inline]
-    pub fn iter(&self) -> impl ExactSizeIterator<Item = &'a LoadDigest> + 'a {
-        let (pool, spare) = (self.pool, self.spare);
-        self.order.iter().map(move |&j| {
-            let d = if j & SPARE == 0 {
-                pool.get(j as usize)
-            } else {
-                spare.get((j & !SPARE) as usize)
-            };
-            d.unwrap_or(&NO_LOAD)
-        })
+    pub fn bound(&self) -> u64 {
+        self.since.map_or(1, |s| nanos(s).saturating_add(1))
     }
+}
+
+/// What a stage's cost reads of a digest, with freshness left to the pick (one comparison
+/// with [`FreshWindow::bound`]) and the stall judgement to the caller: with `fresh` the
+/// standing [`DigestStanding::Fresh`], else `Quiet` or `SilentWithLoad`, a digest's
+/// [`LoadDigest::backlog_of`] is `fresh_backlog` (with `fresh_field` its `is_some()`) or
+/// `stale_backlog` (never a fresh field).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StageFigures {
+    /// The sample's receipt time in ns plus one; 0 without a sample (never fresh).
+    pub received: u64,
+    /// The backlog when the sample is fresh: its stage field plus the in-flight addition, or
+    /// `None` when the sample lacks the field.
+    pub fresh_backlog: Option<u64>,
+    /// The backlog when it is not: the in-flight addition, or `None` when the last sample
+    /// showed backlog (silent with load).
+    pub stale_backlog: Option<u64>,
+    /// The in-flight stall flag.
+    pub stalled: bool,
 }
 
 /// How a digested candidate stands ([`super::rules::Standing`] without the sample).
@@ -207,6 +182,21 @@ impl LoadDigest {
         match stage {
             Stage::Prefill => self.inflight_prefill,
             Stage::Decode => self.inflight_decode,
+        }
+    }
+
+    /// The figures of `stage` ([`StageFigures`]).
+    pub fn stage_figures(&self, stage: Stage) -> StageFigures {
+        let extra = self.inflight(stage);
+        StageFigures {
+            received: if self.has(SAMPLE) {
+                nanos(self.received_at).saturating_add(1)
+            } else {
+                0
+            },
+            fresh_backlog: self.field(stage).map(|v| v.saturating_add(extra)),
+            stale_backlog: (!(self.has(SAMPLE) && self.has(BACKLOG))).then_some(extra),
+            stalled: self.stalled(),
         }
     }
 

@@ -9,7 +9,7 @@ use super::super::dispatch::Inflight;
 use super::super::rules::{KeyLoad, Stage, Standing, classify, stage_backlog};
 use super::super::store::KeyRead;
 use super::super::{Sample, SampleView};
-use super::{DigestStanding, LoadDigest};
+use super::{DigestStanding, FreshWindow, LoadDigest};
 
 /// xorshift64*: a deterministic stream for the generated loads.
 fn next(state: &mut u64) -> u64 {
@@ -84,6 +84,24 @@ fn digests_judge_every_load_as_the_rules_do() {
             "{l:?}"
         );
         assert_eq!(d.stalled(), l.inflight.stalled);
+        let window = FreshWindow::new(max_age, now);
+        let fresh = d.is_fresh(max_age, now);
+        for stage in [Stage::Prefill, Stage::Decode] {
+            let f = d.stage_figures(stage);
+            assert_eq!(f.received >= window.bound(), fresh, "{l:?}");
+            assert_eq!(f.stalled, d.stalled());
+            let b = d.backlog_of(d.standing_in(window, false), stage);
+            let (backlog, fresh_field) = if fresh {
+                (f.fresh_backlog, f.fresh_backlog.is_some())
+            } else {
+                (f.stale_backlog, false)
+            };
+            assert_eq!(
+                (backlog, fresh_field),
+                (b.backlog, b.fresh_field),
+                "{l:?} {stage:?}"
+            );
+        }
         for judge in [false, true] {
             let standing = classify(&l, max_age, now, judge);
             let ds = d.standing(max_age, now, judge);

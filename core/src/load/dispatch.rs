@@ -639,6 +639,11 @@ impl InflightTable {
     pub(crate) fn stamps(&self) -> Stamps<'_> {
         self.cells.stamps()
     }
+
+    /// Every group of cells' stamp (`super::seqcell`'s group stamps).
+    pub(crate) fn groups(&self) -> Stamps<'_> {
+        self.cells.groups()
+    }
 }
 
 #[cfg(test)]

@@ -22,8 +22,9 @@
 //! - one memo serves one store and one list of in-flight tables: on another it starts over;
 //! - a memo call takes the stamp arrays once (`Quick`) and checks each entry against them
 //!   (`LoadMemo::current`) before reading its cells again;
-//! - a batch read ([`LoadMemo::visit`]) answers each probe as a single read of its hint, else
-//!   of its key's current slot, would, digested;
+//! - a set read ([`LoadMemo::refresh`]) answers each probe as a single read of its hint, else
+//!   of its key's current slot, would, digested, and goes to the entries only for the probes
+//!   whose checks in the set no longer hold (`super::probes`);
 //! - the memo grows to the highest slot read (at most [`super::MAX_LOAD_KEYS`] entries) and
 //!   allocates only when it grows.
 
@@ -32,11 +33,11 @@ use std::time::Duration;
 
 use crate::clock::Instant;
 
-use super::LoadKey;
-use super::digest::{DigestBatch, LoadDigest, SPARE};
+use super::digest::LoadDigest;
 use super::dispatch::{InflightReader, InflightTable};
+use super::probes::{Held, NO_CELL, ProbeSet, SourceId};
 use super::rules::KeyLoad;
-use super::seqcell::Stamps;
+use super::seqcell::{GROUP_SHIFT, Stamps};
 use super::store::{LoadStore, LoadView, SlotRef};
 use super::{MAX_LOAD_KEYS, duration_nanos, nanos};
 
@@ -66,24 +67,44 @@ const QUICK_TABLES: usize = 16;
 /// in-flight tables' (the first [`QUICK_TABLES`] taken once, so that checking many entries does
 /// not go through each table per entry).
 struct Quick<'a> {
+    now: Instant,
     t: u64,
     store: Stamps<'a>,
     taken: [Stamps<'a>; QUICK_TABLES],
     tables: &'a [Arc<InflightTable>],
+    /// The store's group stamps, then the first [`QUICK_TABLES`] tables'.
+    groups: [Stamps<'a>; QUICK_TABLES + 1],
 }
 
 impl<'a> Quick<'a> {
     fn new(view: &'a LoadView<'_>, tables: &'a [Arc<InflightTable>], now: Instant) -> Self {
         let mut taken = [Stamps::default(); QUICK_TABLES];
-        for (s, table) in taken.iter_mut().zip(tables) {
+        let mut groups = [Stamps::default(); QUICK_TABLES + 1];
+        groups[0] = view.groups();
+        for ((s, g), table) in taken.iter_mut().zip(groups.iter_mut().skip(1)).zip(tables) {
             *s = table.stamps();
+            *g = table.groups();
         }
         Self {
+            now,
             t: nanos(now),
             store: view.stamps(),
             taken,
             tables,
+            groups,
         }
+    }
+
+    /// Whether `slot`'s in-flight stamps are `kept` (one per table, in table order).
+    #[inline]
+    fn tables_match(&self, slot: u32, kept: &[u32]) -> bool {
+        let (taken, rest) = kept.split_at(kept.len().min(QUICK_TABLES));
+        let further = self.tables.get(QUICK_TABLES..).unwrap_or_default();
+        taken
+            .iter()
+            .zip(&self.taken)
+            .all(|(k, t)| t.get(slot) == *k)
+            && rest.iter().zip(further).all(|(k, t)| t.stamp(slot) == *k)
     }
 
     /// The stamp of `slot` in table `k`.
@@ -96,24 +117,7 @@ impl<'a> Quick<'a> {
     }
 }
 
-/// One candidate of a batch read ([`LoadMemo::visit`]): its key and its cell hint.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RankProbe {
-    /// The key.
-    pub key: LoadKey,
-    /// The key's cell in some earlier view of the store (see [`KeyLoad::assess_hinted`]).
-    pub hint: Option<SlotRef>,
-}
-
-/// Which store and tables a memo's entries come from (addresses, compared only).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-struct Source {
-    store: usize,
-    tables: usize,
-    len: usize,
-}
-
-impl Source {
+impl SourceId {
     fn of(view: &LoadView<'_>, tables: &[Arc<InflightTable>]) -> Self {
         Self {
             store: std::ptr::from_ref::<LoadStore>(view.store()).addr(),
@@ -126,16 +130,12 @@ impl Source {
 /// The memo (module docs). One per shard; not shared.
 #[derive(Debug, Default)]
 pub struct LoadMemo {
-    source: Source,
+    source: SourceId,
     entries: Vec<Entry>,
     /// Each entry's digest.
     digests: Vec<LoadDigest>,
     /// Each entry's full load.
     loads: Vec<KeyLoad>,
-    /// A batch read's answer per probe (scratch of [`LoadMemo::visit`]).
-    order: Vec<u32>,
-    /// Digests of a batch read's probes that have no entry (scratch of [`LoadMemo::visit`]).
-    spare: Vec<LoadDigest>,
     /// `entries.len() * source.len` in-flight stamps, per slot in table order.
     stamps: Vec<u32>,
     /// Loads read from the cells (not answered from an entry).
@@ -168,47 +168,138 @@ impl LoadMemo {
         self.loads.get(i).copied()
     }
 
-    /// Brings every probe's entry up to date for `now`, then calls `f` once with the batch of
-    /// their digests in probe order: each what [`KeyLoad::assess_hinted`] would return for the
-    /// probe, digested ([`LoadDigest::of`]). A probe whose hint is missing or stale is looked
-    /// up by key. The digests are lent from the memo's entries (no copy per candidate).
-    pub fn visit(
+    /// Brings every answer of `set` up to date for `now` and returns them in probe order: each
+    /// what [`KeyLoad::assess_hinted`] would return for its probe, digested
+    /// ([`LoadDigest::of`]). A probe whose checks still hold keeps its answer: a probe in a
+    /// group of cells whose group stamps did not change is not looked at, the others are
+    /// checked by their cells' stamps. The rest are answered from the probe's hint when it is
+    /// current, else from its key's current cell, through this memo's entries (`super::probes`
+    /// has the set's invariants).
+    pub fn refresh<'s>(
         &mut self,
         view: &LoadView<'_>,
         inflight: &InflightReader<'_>,
-        probes: &[RankProbe],
+        set: &'s mut ProbeSet,
         now: Instant,
-        f: &mut dyn FnMut(&DigestBatch<'_>),
-    ) {
+    ) -> &'s [LoadDigest] {
         let tables = inflight.tables();
         self.start(view, tables);
-        let mut order = std::mem::take(&mut self.order);
-        order.clear();
-        self.spare.clear();
         let q = Quick::new(view, tables, now);
-        for p in probes {
-            // The check inline, the re-read behind a call.
-            let hinted = p.hint.and_then(|s| {
-                self.current(s, &q)
-                    .or_else(|| self.entry(view, inflight, s, now, &q))
-            });
-            let entry = hinted.or_else(|| {
-                let slot = view.slot(p.key).ok()?;
-                self.entry(view, inflight, slot, now, &q)
-            });
-            let at = match entry.and_then(|i| u32::try_from(i).ok()) {
-                Some(i) => i,
-                None => {
-                    let spare = u32::try_from(self.spare.len()).unwrap_or(0);
-                    self.spare
-                        .push(LoadDigest::of(&KeyLoad::assess(view, inflight, p.key, now)));
-                    SPARE | spare
-                }
-            };
-            order.push(at);
+        let n = tables.len();
+        let len = set.probes.len();
+        let whole = set.source != self.source
+            || q.t < set.read_at
+            || q.t >= set.until
+            || set.held.len() != len
+            || set.digests.len() != len;
+        set.renewed.clear();
+        set.renewed_all = whole;
+        if whole {
+            set.reset(self.source, n);
+            for i in 0..len {
+                self.renew(view, inflight, &q, set, i);
+            }
+            set.regroup();
+            return &set.digests;
         }
-        f(&DigestBatch::new(&self.digests, &self.spare, &order));
-        self.order = order;
+        // Group stamps first, then the cells' (module docs of `super::seqcell`).
+        let groups = set.mark_dirty(&q.groups, n);
+        let mut moved = false;
+        let mut check = |memo: &mut Self, set: &mut ProbeSet, i: usize| {
+            if !memo.holds(&q, set, i, n) {
+                set.renewed.push(u32::try_from(i).unwrap_or(u32::MAX));
+                moved |= memo.renew(view, inflight, &q, set, i);
+            }
+        };
+        if groups == 0 {
+            for i in 0..len {
+                check(self, set, i);
+            }
+        } else {
+            for w in 0..set.dirty.len() {
+                let mut bits = set.dirty.get(w).copied().unwrap_or(0);
+                while bits != 0 {
+                    let g = w * 64 + bits.trailing_zeros() as usize;
+                    bits &= bits - 1;
+                    for k in set.group_range(g) {
+                        let i = set.grouped.get(k).map_or(usize::MAX, |&i| i as usize);
+                        check(self, set, i);
+                    }
+                }
+            }
+            for k in 0..set.unheld.len() {
+                let i = set.unheld.get(k).map_or(usize::MAX, |&i| i as usize);
+                set.renewed.push(u32::try_from(i).unwrap_or(u32::MAX));
+                moved |= self.renew(view, inflight, &q, set, i);
+            }
+        }
+        if moved {
+            set.regroup();
+        }
+        &set.digests
+    }
+
+    /// Whether probe `i`'s answer in `set` still holds: it came from a cell whose store and
+    /// in-flight stamps are as when it was read.
+    #[inline]
+    fn holds(&self, q: &Quick<'_>, set: &ProbeSet, i: usize, n: usize) -> bool {
+        let (Some(h), Some(kept)) = (set.held.get(i), set.stamps.get(i * n..(i + 1) * n)) else {
+            return false;
+        };
+        h.slot != NO_CELL && h.store == q.store.get(h.slot) && q.tables_match(h.slot, kept)
+    }
+
+    /// Answers probe `i` of `set` anew (from its hint's entry, else its key's cell's, else a
+    /// direct read) with its checks. Returns whether the cell it was answered from changed.
+    fn renew(
+        &mut self,
+        view: &LoadView<'_>,
+        inflight: &InflightReader<'_>,
+        q: &Quick<'_>,
+        set: &mut ProbeSet,
+        i: usize,
+    ) -> bool {
+        let Some(p) = set.probes.get(i).copied() else {
+            return false;
+        };
+        let now = q.now;
+        let n = q.tables.len();
+        let hinted = p
+            .hint
+            .and_then(|s| self.entry(view, inflight, s, now, q).map(|e| (s, e)));
+        let entry = hinted.or_else(|| {
+            let slot = view.slot(p.key).ok()?;
+            self.entry(view, inflight, slot, now, q).map(|e| (slot, e))
+        });
+        let (Some(h), Some(d), Some(kept)) = (
+            set.held.get_mut(i),
+            set.digests.get_mut(i),
+            set.stamps.get_mut(i * n..(i + 1) * n),
+        ) else {
+            return false;
+        };
+        let before = h.slot;
+        match entry.and_then(|(s, e)| Some((s, e, self.entries.get(e)?, self.digests.get(e)?))) {
+            Some((s, e, entry, digest)) => {
+                *d = *digest;
+                *h = Held {
+                    slot: s.slot,
+                    store: entry.store,
+                };
+                set.read_at = set.read_at.max(entry.read_at);
+                set.until = set.until.min(entry.until);
+                let from = self.stamps.get(e * n..(e + 1) * n).unwrap_or_default();
+                for (k, f) in kept.iter_mut().zip(from) {
+                    *k = *f;
+                }
+                set.need_groups = set.need_groups.max((s.slot >> GROUP_SHIFT) as usize + 1);
+            }
+            None => {
+                *d = LoadDigest::of(&KeyLoad::assess(view, inflight, p.key, now));
+                *h = Held::NONE;
+            }
+        }
+        h.slot != before
     }
 
     /// The index of `slot`'s entry when it is current for `q`: the same epoch, read no later
@@ -224,23 +315,13 @@ impl LoadMemo {
             return None;
         }
         let n = q.tables.len();
-        let kept = self.stamps.get(i * n..(i + 1) * n)?;
-        let (taken, rest) = kept.split_at(kept.len().min(QUICK_TABLES));
-        let further = q.tables.get(QUICK_TABLES..).unwrap_or_default();
-        (taken
-            .iter()
-            .zip(&q.taken)
-            .all(|(k, t)| t.get(slot.slot) == *k)
-            && rest
-                .iter()
-                .zip(further)
-                .all(|(k, t)| t.stamp(slot.slot) == *k))
-        .then_some(i)
+        q.tables_match(slot.slot, self.stamps.get(i * n..(i + 1) * n)?)
+            .then_some(i)
     }
 
     /// Starts over when `view` and `tables` are not the memo's source.
     fn start(&mut self, view: &LoadView<'_>, tables: &[Arc<InflightTable>]) {
-        let source = Source::of(view, tables);
+        let source = SourceId::of(view, tables);
         if source != self.source {
             self.entries.clear();
             self.digests.clear();

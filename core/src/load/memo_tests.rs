@@ -7,11 +7,12 @@ use std::time::Duration;
 
 use crate::clock::{Clock, ManualClock};
 use crate::discovery::PublisherId;
+use crate::load::GROUP_SHIFT;
 
 use super::super::test_support::{key, sample, store_with, worker};
 use super::super::{
     DispatchId, DispatchLedger, DispatchLoad, DispatchRole, InflightReader, InflightTable, LiveSet,
-    LoadKey, LoadStore, SlotRef,
+    LoadKey, LoadStore, ProbeSet, RankProbe, Renewed, SlotRef,
 };
 use super::*;
 
@@ -26,41 +27,66 @@ impl Rng {
     }
 }
 
-/// Every key's memoised load equals its direct read, and a batch read with current, old (maybe
-/// stale) and missing hints (rotating over the keys with `turn`) equals the digests of the
-/// direct hinted reads.
-fn compare(
-    store: &LoadStore,
-    tables: &[Arc<InflightTable>],
-    memo: &mut LoadMemo,
-    (keys, old, turn): (&[LoadKey], &[Option<SlotRef>], usize),
-    now: Instant,
-    context: &str,
-) {
-    let view = store.view();
-    let reader = InflightReader::new(tables);
-    let probes: Vec<RankProbe> = keys
-        .iter()
-        .zip(old)
-        .enumerate()
-        .map(|(i, (k, old))| RankProbe {
+/// The probes of `keys` with hints rotating over current, old (maybe stale) and none, by
+/// `turn`.
+fn probe_set(
+    view: &LoadView<'_>,
+    keys: &[LoadKey],
+    old: &[Option<SlotRef>],
+    turn: usize,
+) -> ProbeSet {
+    let mut set = ProbeSet::new();
+    for (i, (k, old)) in keys.iter().zip(old).enumerate() {
+        set.push(RankProbe {
             key: *k,
             hint: match (i + turn) % 3 {
                 0 => view.slot(*k).ok(),
                 1 => *old,
                 _ => None,
             },
-        })
-        .collect();
-    let mut batch = Vec::new();
-    memo.visit(&view, &reader, &probes, now, &mut |b| {
-        batch.extend(b.iter().copied());
-    });
-    let direct: Vec<LoadDigest> = probes
-        .iter()
-        .map(|p| LoadDigest::of(&KeyLoad::assess_hinted(&view, &reader, p.key, p.hint, now)))
-        .collect();
-    assert_eq!(batch, direct, "batch at {now:?} ({context})");
+        });
+    }
+    set
+}
+
+/// Every key's memoised load equals its direct read, and a set read equals the digests of the
+/// direct hinted reads: for `kept` (sets read at earlier steps too, whose checks carry over)
+/// and for a set built now.
+fn compare(
+    store: &LoadStore,
+    tables: &[Arc<InflightTable>],
+    (memo, kept): (&mut LoadMemo, &mut [ProbeSet]),
+    (keys, old, turn): (&[LoadKey], &[Option<SlotRef>], usize),
+    now: Instant,
+    context: &str,
+) {
+    let view = store.view();
+    let reader = InflightReader::new(tables);
+    let mut fresh = probe_set(&view, keys, old, turn);
+    for (i, set) in kept.iter_mut().chain([&mut fresh]).enumerate() {
+        let direct: Vec<LoadDigest> = set
+            .probes()
+            .iter()
+            .map(|p| LoadDigest::of(&KeyLoad::assess_hinted(&view, &reader, p.key, p.hint, now)))
+            .collect();
+        let before = set.answers().to_vec();
+        let read = memo.refresh(&view, &reader, set, now).to_vec();
+        assert_eq!(read, direct, "set {i} at {now:?} ({context})");
+        // Every answer not reported renewed is the one before.
+        if let Renewed::These(renewed) = set.renewed() {
+            assert_eq!(
+                before.len(),
+                read.len(),
+                "set {i}: a partial read keeps every answer"
+            );
+            for (j, (b, r)) in before.iter().zip(&read).enumerate() {
+                if !renewed.contains(&(j as u32)) {
+                    assert_eq!(b, r, "set {i} probe {j} changed unreported ({context})");
+                }
+            }
+        }
+        assert_eq!(set.answers(), direct, "set {i} answers ({context})");
+    }
     for k in keys {
         let direct = KeyLoad::assess(&view, &reader, *k, now);
         let memoised = view
@@ -94,6 +120,9 @@ fn memoised_loads_equal_direct_loads_at_every_step() {
         let all = [key(1, 0), key(1, 1), key(2, 0), key(3, 0), key(4, 0)];
         // Hints from the first generation: stale once workers 2 and 4 leave and come back.
         let old: Vec<Option<SlotRef>> = all.iter().map(|k| store.view().slot(*k).ok()).collect();
+        let mut sets: Vec<ProbeSet> = (0..3)
+            .map(|turn| probe_set(&store.view(), &all, &old, turn))
+            .collect();
         let mut seqs = [0u64; 5];
         let mut ids: Vec<(usize, DispatchId)> = Vec::new();
         for step in 0..400 {
@@ -149,7 +178,7 @@ fn memoised_loads_equal_direct_loads_at_every_step() {
             compare(
                 &store,
                 &tables,
-                &mut memo,
+                (&mut memo, &mut sets),
                 (&all, &old, step),
                 clock.now(),
                 &format!("seed {seed} step {step}"),
@@ -269,4 +298,111 @@ fn an_entry_is_not_used_after_its_maximum_age_or_before_it_was_read() {
         nanos(earlier),
         "a clock that went back reads again"
     );
+}
+
+/// A set's checks hold only for the store they were taken on and only from the time of its
+/// latest answer: another store with the same cells, or a clock that went back, reads again.
+#[test]
+fn a_set_reads_again_on_another_store_or_an_earlier_clock() {
+    let clock = ManualClock::default();
+    clock.advance(Duration::from_secs(10));
+    let (a, b) = (
+        store_with(vec![worker(1, 0, 1)]),
+        store_with(vec![worker(1, 0, 1)]),
+    );
+    a.apply(key(1, 0), &sample(11, 1, Some(7), None), clock.now());
+    b.apply(key(1, 0), &sample(11, 1, Some(40), None), clock.now());
+    let ledger = DispatchLedger::new();
+    let tables = vec![ledger.table()];
+    let reader = InflightReader::new(&tables);
+    let mut memo = LoadMemo::new();
+    let (va, vb) = (a.view(), b.view());
+    let mut set = probe_set(&va, &[key(1, 0)], &[None], 0);
+    let direct =
+        |v: &LoadView<'_>, now| vec![LoadDigest::of(&KeyLoad::assess(v, &reader, key(1, 0), now))];
+    let now = clock.now();
+    assert_eq!(memo.refresh(&va, &reader, &mut set, now), direct(&va, now));
+    assert_eq!(memo.refresh(&vb, &reader, &mut set, now), direct(&vb, now));
+    assert_ne!(direct(&va, now), direct(&vb, now));
+    let misses = memo.misses();
+    assert_eq!(memo.refresh(&vb, &reader, &mut set, now), direct(&vb, now));
+    assert_eq!(memo.misses(), misses, "unchanged: answered from the set");
+    let earlier = Instant::from_origin(Duration::from_secs(1));
+    assert_eq!(
+        memo.refresh(&vb, &reader, &mut set, earlier),
+        direct(&vb, earlier)
+    );
+    assert_eq!(
+        memo.misses(),
+        misses + 1,
+        "a clock that went back reads again"
+    );
+}
+
+/// A key that leaves and comes back between two reads of a set lands in a cell of another
+/// group; the set must then follow that cell's group (a later sample there is seen while the
+/// old cell's group stays unchanged).
+#[test]
+fn a_probe_whose_key_moved_to_another_group_follows_its_new_cell() {
+    let clock = ManualClock::default();
+    let fillers: Vec<_> = (100..140).map(|id| worker(id, 0, 1)).collect();
+    let with = |extra: &[u64]| {
+        let mut live = fillers.clone();
+        live.extend(extra.iter().map(|&id| worker(id, 0, 1)));
+        LiveSet::new(live)
+    };
+    // Worker 50 takes the first cell (keys get cells in key order).
+    let store = LoadStore::new();
+    store.set_live_and_retain(&with(&[50]));
+    let ledger = DispatchLedger::new();
+    let tables = vec![ledger.table()];
+    let reader = InflightReader::new(&tables);
+    let mut memo = LoadMemo::new();
+    let old = store.view().slot(key(50, 0)).unwrap();
+    let mut set = probe_set(&store.view(), &[key(50, 0)], &[Some(old)], 1);
+    let direct = |now| {
+        let view = store.view();
+        vec![LoadDigest::of(&KeyLoad::assess(
+            &view,
+            &reader,
+            key(50, 0),
+            now,
+        ))]
+    };
+    store.apply(key(50, 0), &sample(11, 1, Some(5), None), clock.now());
+    for _ in 0..2 {
+        // The first read answers every probe, the second loads the group stamps.
+        let view = store.view();
+        assert_eq!(
+            memo.refresh(&view, &reader, &mut set, clock.now()),
+            direct(clock.now())
+        );
+    }
+    // Worker 50 leaves, then returns with worker 20: worker 20 (first in key order) takes the
+    // freed first cell, worker 50 a new cell past the fillers, in another group.
+    store.set_live_and_retain(&with(&[]));
+    store.set_live_and_retain(&with(&[20, 50]));
+    let new = store.view().slot(key(50, 0)).unwrap();
+    assert_ne!(new.slot >> GROUP_SHIFT, old.slot >> GROUP_SHIFT);
+    store.apply(key(50, 0), &sample(11, 2, Some(6), None), clock.now());
+    let view = store.view();
+    assert_eq!(
+        memo.refresh(&view, &reader, &mut set, clock.now()),
+        direct(clock.now())
+    );
+    drop(view);
+    for decode in 7..10 {
+        clock.advance(Duration::from_millis(1));
+        store.apply(
+            key(50, 0),
+            &sample(11, decode, Some(decode), None),
+            clock.now(),
+        );
+        let view = store.view();
+        assert_eq!(
+            memo.refresh(&view, &reader, &mut set, clock.now()),
+            direct(clock.now()),
+            "a sample in the new cell's group"
+        );
+    }
 }

@@ -42,6 +42,7 @@ mod dispatch;
 mod live;
 mod memo;
 pub mod metrics;
+mod probes;
 pub mod rules;
 mod seqcell;
 mod store;
@@ -65,13 +66,17 @@ use crate::clock::Instant;
 use crate::discovery::{InstanceId, PublisherId};
 
 pub use cursor::{CursorVerdict, SubscriptionCursor};
-pub use digest::{DigestBatch, DigestStanding, FreshWindow, LoadDigest};
+pub use digest::{DigestStanding, FreshWindow, LoadDigest, StageFigures};
 pub use dispatch::{
     DispatchId, DispatchLedger, DispatchLoad, DispatchRole, Finished, Inflight, InflightReader,
     InflightTable, MAX_RECORDS_PER_KEY, Summary, request_blocks,
 };
 pub use live::{LiveSet, LiveWorker, RetainReport};
-pub use memo::{LoadMemo, RankProbe};
+pub use memo::LoadMemo;
+pub use probes::{ProbeSet, RankProbe, Renewed};
+/// Cells per group stamp, as a shift (tests spread their keys over several groups).
+#[cfg(test)]
+pub(crate) use seqcell::GROUP_SHIFT;
 pub use store::{ApplyOutcome, KeyRead, LoadStore, LoadView, Refusal, SlotRef};
 
 /// The load store holds at most this many `(worker, dp_rank)` keys (LOAD-STORE-18).

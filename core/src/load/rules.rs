@@ -276,20 +276,35 @@ pub struct Selection {
 /// Selects among `candidates` (PICK-06/07). `cursor` is the per-stage round-robin cursor; it
 /// advances by one per selection. `None` only for an empty slice.
 pub fn select(candidates: &[Candidate], cursor: &mut u64) -> Option<Selection> {
-    if candidates.is_empty() {
-        return None;
+    let mut s = Selector::default();
+    for c in candidates {
+        s.offer(*c);
     }
-    let turn = *cursor;
-    *cursor = cursor.wrapping_add(1);
-    // One pass: whether any has the stage's fresh field, the lowest defined cost, where it
-    // first occurs and how many tie with it.
-    let mut any_field = false;
-    let mut best: Option<(Cost, usize, u64)> = None;
-    for (i, c) in candidates.iter().enumerate() {
-        any_field |= c.fresh_field;
-        let Some(cost) = c.cost else { continue };
-        match &mut best {
-            None => best = Some((cost, i, 1)),
+    s.finish(cursor, |i| candidates.get(i).copied())
+}
+
+/// [`select`] one candidate at a time, for a caller that computes its candidates on the fly:
+/// [`Selector::offer`] each in candidate order, then [`Selector::finish`]. One pass notes
+/// whether any has the stage's fresh field, the lowest defined cost, where it first occurs and
+/// how many tie with it.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Selector {
+    offered: usize,
+    any_field: bool,
+    /// The lowest cost, its first index and how many tie with it.
+    best: Option<(Cost, usize, u64)>,
+}
+
+impl Selector {
+    /// Offers the next candidate.
+    #[inline]
+    pub fn offer(&mut self, c: Candidate) {
+        let i = self.offered;
+        self.offered += 1;
+        self.any_field |= c.fresh_field;
+        let Some(cost) = c.cost else { return };
+        match &mut self.best {
+            None => self.best = Some((cost, i, 1)),
             Some((b, first, ties)) => match cost.cmp(b) {
                 Ordering::Less => (*b, *first, *ties) = (cost, i, 1),
                 Ordering::Equal => *ties += 1,
@@ -297,30 +312,41 @@ pub fn select(candidates: &[Candidate], cursor: &mut u64) -> Option<Selection> {
             },
         }
     }
-    let Some((best, first, ties)) = best.filter(|_| any_field) else {
-        let n = candidates.len() as u64;
-        let index = usize::try_from(turn % n).unwrap_or(0);
-        return Some(Selection {
+
+    /// The selection among the offered candidates, advancing `cursor` (none offered: `None`,
+    /// the cursor unmoved). `again(i)` returns the `i`-th offered candidate again; it is asked
+    /// only when the cursor lands on a tie after the first, for the candidates after it.
+    pub fn finish(
+        self,
+        cursor: &mut u64,
+        mut again: impl FnMut(usize) -> Option<Candidate>,
+    ) -> Option<Selection> {
+        if self.offered == 0 {
+            return None;
+        }
+        let turn = *cursor;
+        *cursor = cursor.wrapping_add(1);
+        let Some((best, first, ties)) = self.best.filter(|_| self.any_field) else {
+            let index = usize::try_from(turn % self.offered as u64).unwrap_or(0);
+            return Some(Selection {
+                index,
+                reason: SelectReason::RoundRobinStale,
+            });
+        };
+        let nth = usize::try_from(turn % ties).unwrap_or(0);
+        let index = if nth == 0 {
+            first
+        } else {
+            (first + 1..self.offered)
+                .filter(|&i| again(i).and_then(|c| c.cost) == Some(best))
+                .nth(nth - 1)
+                .unwrap_or(first)
+        };
+        Some(Selection {
             index,
-            reason: SelectReason::RoundRobinStale,
-        });
-    };
-    let nth = usize::try_from(turn % ties).unwrap_or(0);
-    let index = if nth == 0 {
-        first
-    } else {
-        candidates
-            .iter()
-            .enumerate()
-            .skip(first + 1)
-            .filter(|(_, c)| c.cost == Some(best))
-            .nth(nth - 1)
-            .map_or(first, |(i, _)| i)
-    };
-    Some(Selection {
-        index,
-        reason: SelectReason::Load,
-    })
+            reason: SelectReason::Load,
+        })
+    }
 }
 
 #[cfg(test)]

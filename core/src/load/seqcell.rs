@@ -22,7 +22,15 @@
 //!   that remembers the stamp it loaded before a read knows, while the stamp is unchanged, that no
 //!   write has completed since (up to wrap-around after 2^32 writes of one cell, which is why the
 //!   memo that relies on this caps its entries' age, `super::memo`). Checking many cells for
-//!   change touches a few cache lines of stamps instead of one line per cell.
+//!   change touches a few cache lines of stamps instead of one line per cell;
+//! - every table also holds one **group stamp** per [`GROUP`] consecutive cells: after a write
+//!   that stores its changes has published its stamp and released its cell, it adds one to its
+//!   group's stamp (`fetch_add`, `Release`). A reader that loads a group stamp (`Acquire`) then
+//!   loads the group's cell stamps sees every stamp of the writes that group stamp counts, so a
+//!   reader that checked a group's cells after loading its group stamp knows, while the group
+//!   stamp is unchanged, that none of those cells' stamps changed since (a write whose group
+//!   increment it has not seen yet is one still in progress). A pick checks a few hundred group
+//!   stamps instead of one stamp per candidate (`super::probes`).
 //!
 //! Checked by the loom models in `seqcell_loom.rs` (`RUSTFLAGS="--cfg loom"`, see there). Under
 //! loom the atomics, the fence and the spin hints below are loom's (a loom spin hint yields to
@@ -82,7 +90,7 @@ impl<const W: usize> Cell<W> {
 pub(crate) struct Stamps<'a>(&'a [AtomicU32]);
 
 impl Stamps<'_> {
-    /// The stamp of `slot` ([`SeqTable::stamp`]).
+    /// The stamp at `slot` (a cell's, [`SeqTable::stamp`], or a group's).
     #[inline]
     pub(crate) fn get(self, slot: u32) -> u32 {
         self.0
@@ -91,12 +99,23 @@ impl Stamps<'_> {
     }
 }
 
+/// Cells per group stamp is `1 << GROUP_SHIFT` (module docs).
+#[cfg(not(loom))]
+pub(crate) const GROUP_SHIFT: u32 = 4;
+/// Under loom both cells of the one chunk share a group.
+#[cfg(loom)]
+pub(crate) const GROUP_SHIFT: u32 = 1;
+/// Cells per group stamp.
+pub(crate) const GROUP: usize = 1 << GROUP_SHIFT;
+
 /// A table of `MAX_LOAD_KEYS` seqlock cells of `W` words (`CHUNK * CHUNKS` under loom).
 #[derive(Debug)]
 pub(crate) struct SeqTable<const W: usize> {
     chunks: Box<[OnceLock<Box<[Cell<W>]>>]>,
     /// One stamp per cell of every chunk (module docs).
     stamps: Box<[AtomicU32]>,
+    /// One stamp per [`GROUP`] cells (module docs).
+    groups: Box<[AtomicU32]>,
 }
 
 fn backoff(spins: &mut u32) {
@@ -114,6 +133,9 @@ impl<const W: usize> SeqTable<W> {
         Self {
             chunks: (0..CHUNKS).map(|_| OnceLock::new()).collect(),
             stamps: (0..CHUNK * CHUNKS).map(|_| AtomicU32::new(0)).collect(),
+            groups: (0..(CHUNK * CHUNKS).div_ceil(GROUP))
+                .map(|_| AtomicU32::new(0))
+                .collect(),
         }
     }
 
@@ -141,6 +163,12 @@ impl<const W: usize> SeqTable<W> {
     /// The table's stamps, to load many of them without going through the table each time.
     pub(crate) fn stamps(&self) -> Stamps<'_> {
         Stamps(&self.stamps)
+    }
+
+    /// The group stamps (module docs): group `g` counts the writes that stored changes in cells
+    /// `g * GROUP .. (g + 1) * GROUP`, modulo 2^32. Load one *before* checking its cells.
+    pub(crate) fn groups(&self) -> Stamps<'_> {
+        Stamps(&self.groups)
     }
 
     /// A consistent copy of the cell's words; all zero for a never-written cell.
@@ -210,6 +238,9 @@ impl<const W: usize> SeqTable<W> {
             let count = (v.wrapping_add(2) >> 1) as u32;
             stamp.store(count, Ordering::Release);
             cell.version.store(v.wrapping_add(2), Ordering::Release);
+            if let Some(g) = self.groups.get(slot as usize >> GROUP_SHIFT) {
+                g.fetch_add(1, Ordering::Release);
+            }
         } else {
             // Nothing changed: restoring the even version lets overlapping readers succeed.
             cell.version.store(v, Ordering::Release);

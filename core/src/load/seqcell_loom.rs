@@ -9,11 +9,13 @@
 //! - reads are monotone per reader, and an aborted update (`f` returns `false`) is never visible;
 //! - concurrent writers are serialised by the version `compare_exchange`: no increment is lost;
 //! - a read that follows a stamp load returns that write or a later one, and stamps never go
-//!   back (what the load memo relies on, `super::memo`).
+//!   back (what the load memo relies on, `super::memo`);
+//! - a group stamp never runs ahead of the cell stamps it counts (what the probe sets rely on to
+//!   skip unchanged groups, `super::probes`).
 //!
-//! Negative controls: three broken copies of the protocol, each one line away from the real one
+//! Negative controls: four broken copies of the protocol, each one line away from the real one
 //! (reader without its `Acquire` fence; writer releasing the version `Relaxed`; writers taking the
-//! cell with a plain load and store instead of the CAS). Loom must fail each with the matching
+//! cell with a plain load and store instead of the CAS; a `Relaxed` group increment). Loom must fail each with the matching
 //! assertion, which shows the models can see the bugs the real orderings prevent.
 //!
 //! Loom 0.7's partial-order reduction misses interleavings when a thread's store follows its own
@@ -394,6 +396,108 @@ fn loom_models_negative_writers_without_cas_lose_an_increment() {
     });
     assert!(
         msg.contains("an increment was lost"),
+        "failed for another reason: {msg}"
+    );
+}
+
+/// Writes `[1; W]` into `slot` as [`SeqTable::update`] does, except that the group increment is
+/// `Relaxed` when `broken` (it must be `Release`).
+fn group_write(t: &SeqTable<W>, slot: u32, broken: bool) {
+    if !broken {
+        t.update(slot, false, |d| {
+            *d = [1; W];
+            (true, ())
+        });
+        return;
+    }
+    let (Some(cell), Some(stamp), Some(group)) = (
+        t.cell(slot),
+        t.stamps.get(slot as usize),
+        t.groups.get(slot as usize >> GROUP_SHIFT),
+    ) else {
+        return;
+    };
+    let mut spins = 0;
+    let v = loop {
+        let v = cell.version.load(Ordering::Relaxed);
+        if v & 1 == 0
+            && cell
+                .version
+                .compare_exchange_weak(v, v + 1, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok()
+        {
+            break v;
+        }
+        backoff(&mut spins);
+    };
+    fence(Ordering::Release);
+    for w in &cell.words {
+        w.store(1, Ordering::Relaxed);
+    }
+    stamp.store(((v + 2) >> 1) as u32, Ordering::Release);
+    cell.version.store(v + 2, Ordering::Release);
+    group.fetch_add(1, Ordering::Relaxed); // BROKEN: must be Release.
+}
+
+/// Two writers each write one cell of the one group (slots 0 and 1, `group_write`); a reader
+/// loads the group stamp, both cells' stamps, then the group stamp again, and checks that every
+/// write the group stamp counts has its cell stamp visible and that the group stamp never goes
+/// back. Returns (group stamp, sum of cell stamps) per execution.
+fn group_model(broken: bool) -> (usize, BTreeSet<(u32, u32)>) {
+    explore(Some(1), move || {
+        let t = table();
+        let writers: Vec<_> = (0..2u32)
+            .map(|slot| {
+                let t = t.clone();
+                thread::spawn(move || group_write(&t, slot, broken))
+            })
+            .collect();
+        let r = {
+            let t = t.clone();
+            thread::spawn(move || {
+                let g = t.groups().get(0);
+                let cells = t.stamp(0) + t.stamp(1);
+                let again = t.groups().get(0);
+                assert!(cells >= g, "group stamp {g} ahead of cell stamps {cells}");
+                assert!(again >= g, "group stamp went back: {g} then {again}");
+                (g, cells)
+            })
+        };
+        for w in writers {
+            w.join().unwrap_or_else(|_| panic!("writer panicked"));
+        }
+        let out = r.join().unwrap_or_else(|_| panic!("reader panicked"));
+        assert_eq!(t.groups().get(0), 2, "a group increment was lost");
+        out
+    })
+}
+
+/// Model (d): group stamps never run ahead of the cell stamps they count (what the probe sets
+/// rely on to skip unchanged groups, `super::probes`), and loom reached every group stamp and a
+/// cell stamp ahead of its group's (a write between its two stores).
+#[test]
+fn loom_models_group_stamps_never_run_ahead_of_the_cell_stamps() {
+    let (runs, seen) = group_model(false);
+    assert!(runs > 100, "loom explored only {runs} executions");
+    for g in 0..=2 {
+        assert!(
+            seen.iter().any(|&(s, _)| s == g),
+            "never loaded group stamp {g}: {seen:?}"
+        );
+    }
+    assert!(
+        seen.iter().any(|&(g, c)| c > g),
+        "never saw a cell stamp ahead of its group's: {seen:?}"
+    );
+}
+
+#[test]
+fn loom_models_negative_relaxed_group_increment_runs_ahead() {
+    let msg = crate::loom_support::must_fail("seqlock", || {
+        group_model(true);
+    });
+    assert!(
+        msg.contains("ahead of cell stamps"),
         "failed for another reason: {msg}"
     );
 }

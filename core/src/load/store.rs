@@ -325,6 +325,11 @@ impl LoadView<'_> {
         self.store.cells.stamps()
     }
 
+    /// Every group of cells' stamp (`super::seqcell`'s group stamps).
+    pub(crate) fn groups(&self) -> Stamps<'_> {
+        self.store.cells.groups()
+    }
+
     /// What the store holds for a slot, `None` if the slot now belongs to another key.
     pub(crate) fn read_slot_checked(&self, s: SlotRef) -> Option<KeyRead> {
         let w = self.store.cells.read(s.slot);

@@ -62,7 +62,7 @@ use std::ops::ControlFlow;
 
 use crate::discovery::{InstanceId, Role, Worker};
 use crate::load::rules::Stage;
-use crate::load::{DigestStanding, LoadDigest, LoadKey, RankProbe};
+use crate::load::{DigestStanding, LoadDigest, LoadKey, ProbeSet, RankProbe};
 
 use super::candidates::{ListId, RankRef, Scope, visit_namespace_ranks, visit_ranks};
 use super::kv_conditional::{
@@ -125,9 +125,9 @@ pub struct ScoredCandidate {
 #[derive(Debug, Default)]
 pub struct KvScratch {
     scored: Vec<ScoredCandidate>,
-    /// Each scored candidate's key and load-store cell hint ([`super::RankCard::slot`]).
-    probes: Vec<RankProbe>,
-    digests: Vec<LoadDigest>,
+    /// Each scored candidate's key and load-store cell hint ([`super::RankCard::slot`]), with
+    /// its last load.
+    probes: ProbeSet,
     /// What `scored` and `probes` were built from (kept across picks while it holds).
     list: ListId,
     /// The candidates by rank, for the overlap source's reports.
@@ -171,7 +171,7 @@ pub fn score_candidates<'s>(
 type CostFn = fn(&KvParams, u64, u32, u32, KvTerms) -> Option<f64>;
 
 /// Where a push of candidates goes: the candidates and, index for index, their probes.
-type Pushed<'a> = (&'a mut Vec<ScoredCandidate>, &'a mut Vec<RankProbe>);
+type Pushed<'a> = (&'a mut Vec<ScoredCandidate>, &'a mut ProbeSet);
 
 /// Scores the ranks `push` adds (or, while `scope` holds for the scratch's kept list, the same
 /// ranks kept from the last pick), each group by its own backlog rules (module docs), with `cost`.
@@ -185,7 +185,6 @@ fn score_with<'s>(
     let KvScratch {
         scored,
         probes,
-        digests,
         list,
         ranks,
         indexed,
@@ -205,12 +204,9 @@ fn score_with<'s>(
         *indexed = false;
         push(input, (&mut *scored, &mut *probes));
     }
-    digests.clear();
     read_overlap(input.prompt_blocks, input.overlap, scored, (ranks, indexed));
     let (now, max_age) = (input.now, input.max_staleness);
-    input.loads.visit_digests(probes, now, &mut |batch| {
-        digests.extend(batch.iter().copied())
-    });
+    let digests = input.loads.read_digests(probes, now);
     let isl = input.prompt_tokens.get();
     for prefill_group in [true, false] {
         let in_group = |c: &ScoredCandidate| (c.role == Role::Prefill) == prefill_group;
@@ -266,7 +262,7 @@ fn push_candidates(input: &PickInput<'_>, (scored, probes): Pushed<'_>) {
 /// Pushes the candidate of rank `r`; breaks once [`MAX_CANDIDATES`] are held.
 fn push_rank(
     scored: &mut Vec<ScoredCandidate>,
-    probes: &mut Vec<RankProbe>,
+    probes: &mut ProbeSet,
     r: RankRef,
 ) -> ControlFlow<()> {
     if scored.len() >= MAX_CANDIDATES {
@@ -470,7 +466,7 @@ impl KvAwarePicker {
         );
         let KvScratch {
             scored,
-            digests,
+            probes,
             rows,
             costs,
             probabilities,
@@ -486,7 +482,8 @@ impl KvAwarePicker {
         .ok_or(NoWorker)?;
         let d = *scored.get(index).ok_or(NoWorker)?;
         let dw = workers.get(d.worker).ok_or(NoWorker)?;
-        let sampled_blocks = digests
+        let sampled_blocks = probes
+            .answers()
             .get(index)
             .filter(|d| d.is_fresh(input.max_staleness, input.now))
             .and_then(|d| d.backlog_of(DigestStanding::Fresh, Stage::Decode).backlog);

@@ -30,8 +30,10 @@ use std::num::{NonZeroU32, NonZeroU64};
 use std::ops::ControlFlow;
 
 use crate::discovery::{Role, Worker};
-use crate::load::rules::{Candidate, Cost, Stage, select};
-use crate::load::{DigestStanding, FreshWindow, LoadKey, RankProbe, request_blocks};
+use crate::load::rules::{Candidate, Cost, Selector, Stage, select};
+use crate::load::{
+    FreshWindow, LoadKey, ProbeSet, RankProbe, Renewed, StageFigures, request_blocks,
+};
 
 use super::candidates::{
     ListId, MAX_CANDIDATES, RankCard, RankRef, Scope, visit_namespace_ranks, visit_ranks,
@@ -72,10 +74,60 @@ pub struct PickScratch {
 struct StageList {
     id: ListId,
     slots: Vec<Slot>,
-    /// Each slot's key and cell hint, index for index (what the load source reads).
-    probes: Vec<RankProbe>,
+    /// Each slot's key and cell hint, index for index, with its last load (what the load source
+    /// reads).
+    probes: ProbeSet,
     /// Each slot's cost figures, index for index (what the cost reads).
     cards: Vec<CostCard>,
+    /// Each slot's load and card as the cost loop of `lanes_stage` reads them, index for index
+    /// (renewed from the probes' answers the last read renewed).
+    lanes: Vec<Lane>,
+    /// The stage `lanes` were built for.
+    lanes_stage: Option<Stage>,
+}
+
+/// One candidate as the cost loop reads it for one stage: its load's [`StageFigures`] with its
+/// card's denominator, packed (40 bytes, one stream for the loop).
+#[derive(Debug, Clone, Copy, Default)]
+struct Lane {
+    /// [`StageFigures::received`].
+    received: u64,
+    /// [`StageFigures::fresh_backlog`] (with `HAS_FIELD`).
+    fresh: u64,
+    /// [`StageFigures::stale_backlog`] (with `NOT_SILENT`).
+    quiet: u64,
+    /// The cost's denominator: `total_kv_blocks` for decode, `max_num_batched_tokens` for
+    /// prefill; 0 for none (an undefined cost, Q-47).
+    den: u64,
+    block_size: Option<NonZeroU32>,
+    flags: u8,
+}
+
+/// A fresh sample carries the stage's field.
+const HAS_FIELD: u8 = 1;
+/// Not silent with load: a stale candidate's backlog is defined.
+const NOT_SILENT: u8 = 1 << 1;
+/// The in-flight stall flag.
+const STALLED: u8 = 1 << 2;
+
+impl Lane {
+    fn of(f: StageFigures, card: &CostCard, stage: Stage) -> Self {
+        let den = match stage {
+            Stage::Prefill => card.max_num_batched_tokens,
+            Stage::Decode => card.total_kv_blocks,
+        };
+        let flag = |on: bool, flag: u8| if on { flag } else { 0 };
+        Self {
+            received: f.received,
+            fresh: f.fresh_backlog.unwrap_or(0),
+            quiet: f.stale_backlog.unwrap_or(0),
+            den: den.map_or(0, NonZeroU64::get),
+            block_size: card.block_size,
+            flags: flag(f.fresh_backlog.is_some(), HAS_FIELD)
+                | flag(f.stale_backlog.is_some(), NOT_SILENT)
+                | flag(f.stalled, STALLED),
+        }
+    }
 }
 
 /// The figures a load-only cost reads of a rank, packed (24 bytes instead of a 88-byte slot): a
@@ -102,6 +154,35 @@ impl StageList {
         self.slots.clear();
         self.probes.clear();
         self.cards.clear();
+        self.lanes.clear();
+    }
+
+    /// Brings `lanes` up to date with the probes' answers for `stage`: the renewed ones, or all
+    /// when the last read renewed all or the lanes are of another stage or list.
+    fn renew_lanes(&mut self, stage: Stage) {
+        let answers = self.probes.answers();
+        let all = self.lanes_stage != Some(stage)
+            || self.lanes.len() != answers.len()
+            || self.cards.len() != answers.len();
+        let lane = |i: usize| {
+            let d = answers.get(i)?;
+            Some(Lane::of(d.stage_figures(stage), self.cards.get(i)?, stage))
+        };
+        match self.probes.renewed() {
+            Renewed::These(renewed) if !all => {
+                for &i in renewed {
+                    let i = i as usize;
+                    if let (Some(new), Some(l)) = (lane(i), self.lanes.get_mut(i)) {
+                        *l = new;
+                    }
+                }
+            }
+            _ => {
+                self.lanes.clear();
+                self.lanes.extend((0..answers.len()).filter_map(lane));
+                self.lanes_stage = Some(stage);
+            }
+        }
     }
 
     /// Pushes `r`'s slot; breaks once [`MAX_CANDIDATES`] are held.
@@ -156,8 +237,9 @@ impl PickScratch {
     pub fn with_capacity(n: usize) -> Self {
         let list = || StageList {
             slots: Vec::with_capacity(n),
-            probes: Vec::with_capacity(n),
+            probes: ProbeSet::with_capacity(n),
             cards: Vec::with_capacity(n),
+            lanes: Vec::with_capacity(n),
             ..StageList::default()
         };
         Self {
@@ -216,77 +298,120 @@ impl WorkerPicker for LoadBasedPicker {
 /// Reads the loads of `list`'s slots, costs them for `stage` and selects one. Returns the
 /// chosen candidate's index, its slot and the reason.
 ///
-/// One batch read visits every load's digest in place ([`LoadSource::visit_digests`]) and costs
+/// One set read brings every load's digest up to date ([`super::LoadSource::read_digests`]) and costs
 /// each candidate without the stall judgement, noting whether any is fresh and which are
 /// stalled. The judgement applies when some candidate is fresh
 /// ([`crate::load::rules::any_fresh`]) and then only makes a stalled candidate's cost undefined
-/// ([`DigestStanding::Stalled`]), so a second pass over the stalled ones alone gives the same
+/// ([`crate::load::DigestStanding::Stalled`]), so a second pass over the stalled ones alone gives the same
 /// costs as classifying every load with it.
 fn select_stage(
     input: &PickInput<'_>,
-    list: &StageList,
+    list: &mut StageList,
     (candidates, stalled): (&mut Vec<Candidate>, &mut Vec<usize>),
-    stage: Stage,
+    (stage, costs): (Stage, Costs),
     cursor: &mut u64,
 ) -> Option<(usize, Slot, SelectionReason)> {
-    let window = FreshWindow::new(input.max_staleness, input.now);
-    let StageList {
-        slots,
-        probes,
-        cards,
-        ..
-    } = list;
-    candidates.clear();
+    let _ = input.loads.read_digests(&mut list.probes, input.now);
+    list.renew_lanes(stage);
     stalled.clear();
-    let prompt = input.prompt_tokens.get();
-    // The request's blocks for the last block size seen (candidates mostly share one).
-    let mut blocks = (None, None);
+    let mut cost = LaneCost {
+        bound: FreshWindow::new(input.max_staleness, input.now).bound(),
+        prompt: input.prompt_tokens.get(),
+        stage,
+        blocks: (None, None),
+    };
+    let lanes = list.lanes.as_slice();
+    let mut selector = Selector::default();
     let mut judge = false;
-    input.loads.visit_digests(probes, input.now, &mut |batch| {
-        for (i, (d, card)) in batch.iter().zip(cards.iter()).enumerate() {
-            let standing = d.standing_in(window, false);
-            judge |= standing == DigestStanding::Fresh;
-            if d.stalled() {
-                stalled.push(i);
-            }
-            let b = d.backlog_of(standing, stage);
-            let cost = b.backlog.and_then(|backlog| match stage {
-                Stage::Prefill => {
-                    Cost::prefill(backlog, card.max_num_batched_tokens.map(NonZeroU64::get))
-                }
-                Stage::Decode => {
-                    if blocks.0 != card.block_size {
-                        let size = card.block_size.map(NonZeroU32::get);
-                        blocks = (card.block_size, request_blocks(prompt, size));
-                    }
-                    Cost::decode(
-                        backlog,
-                        blocks.1?,
-                        card.total_kv_blocks.map(NonZeroU64::get),
-                    )
-                }
-            });
-            candidates.push(Candidate {
-                cost,
-                fresh_field: b.fresh_field,
-            });
+    for (i, lane) in lanes.iter().enumerate() {
+        let (candidate, fresh) = cost.of(lane);
+        judge |= fresh;
+        if lane.flags & STALLED != 0 {
+            stalled.push(i);
         }
-    });
-    if judge {
-        // Under the judgement a stalled candidate has no backlog and no fresh field
-        // ([`DigestStanding::Stalled`]).
-        for &i in stalled.iter() {
-            if let Some(c) = candidates.get_mut(i) {
-                *c = Candidate {
-                    cost: None,
-                    fresh_field: false,
-                };
-            }
-        }
+        selector.offer(candidate);
     }
-    let sel = select(candidates, cursor)?;
-    let slot = *slots.get(sel.index)?;
+    // Under the stall judgement a stalled candidate has no backlog and no fresh field
+    // ([`crate::load::DigestStanding::Stalled`]): then, or when the caller keeps the costs,
+    // select again over the list of candidates.
+    let judged = judge && !stalled.is_empty();
+    let sel = if judged || costs == Costs::Kept {
+        candidates.clear();
+        candidates.extend(lanes.iter().map(|l| cost.of(l).0));
+        if judged {
+            for &i in stalled.iter() {
+                if let Some(c) = candidates.get_mut(i) {
+                    *c = Candidate {
+                        cost: None,
+                        fresh_field: false,
+                    };
+                }
+            }
+        }
+        select(candidates, cursor)?
+    } else {
+        selector.finish(cursor, |i| lanes.get(i).map(|l| cost.of(l).0))?
+    };
+    let slot = *list.slots.get(sel.index)?;
     Some((sel.index, slot, sel.reason.into()))
+}
+
+/// [`Costs::Kept`] when runners-up are wanted.
+fn kept(runners_up: bool) -> Costs {
+    if runners_up {
+        Costs::Kept
+    } else {
+        Costs::Dropped
+    }
+}
+
+/// Whether a stage selection leaves every candidate's cost in the scratch list (for
+/// [`runners_up`]) or only makes its choice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Costs {
+    Dropped,
+    Kept,
+}
+
+/// What a lane's candidate depends on besides the lane, for one pick and stage.
+struct LaneCost {
+    /// [`FreshWindow::bound`].
+    bound: u64,
+    prompt: u64,
+    stage: Stage,
+    /// The request's blocks for the last block size seen (candidates mostly share one).
+    blocks: (Option<NonZeroU32>, Option<u64>),
+}
+
+impl LaneCost {
+    /// The lane's candidate without the stall judgement, and whether its sample is fresh.
+    #[inline]
+    fn of(&mut self, lane: &Lane) -> (Candidate, bool) {
+        let fresh = lane.received >= self.bound;
+        let (defined, backlog, fresh_field) = if fresh {
+            let field = lane.flags & HAS_FIELD != 0;
+            (field, lane.fresh, field)
+        } else {
+            (lane.flags & NOT_SILENT != 0, lane.quiet, false)
+        };
+        let cost = match self.stage {
+            Stage::Prefill => Cost::new(backlog, lane.den),
+            Stage::Decode => {
+                if self.blocks.0 != lane.block_size {
+                    let size = lane.block_size.map(NonZeroU32::get);
+                    self.blocks = (lane.block_size, request_blocks(self.prompt, size));
+                }
+                self.blocks
+                    .1
+                    .and_then(|b| Cost::new(backlog.saturating_add(b), lane.den))
+            }
+        };
+        let candidate = Candidate {
+            cost: cost.filter(|_| defined),
+            fresh_field,
+        };
+        (candidate, fresh)
+    }
 }
 
 /// The rank header for `w`'s chosen rank (SHIM-12).
@@ -320,9 +445,9 @@ pub(super) fn pick_with<'f>(
     scratch.decode.fill_decode(input);
     let (dindex, dslot, dreason) = select_stage(
         input,
-        &scratch.decode,
+        &mut scratch.decode,
         (&mut scratch.candidates, &mut scratch.stalled),
-        Stage::Decode,
+        (Stage::Decode, kept(out.limit() > 1)),
         &mut cursors.decode,
     )
     .ok_or(NoWorker)?;
@@ -365,9 +490,9 @@ pub(super) fn pick_with<'f>(
         .fill_namespace(input, ns_start, Role::Prefill);
     if let Some((_, pslot, preason)) = select_stage(
         input,
-        &scratch.prefill,
+        &mut scratch.prefill,
         (&mut scratch.candidates, &mut scratch.stalled),
-        Stage::Prefill,
+        (Stage::Prefill, Costs::Dropped),
         &mut cursors.prefill,
     ) && let Some(pw) = workers.get(pslot.worker)
     {
@@ -397,9 +522,9 @@ pub(super) fn pair_decode(
     scratch.decode.fill_namespace(input, ns_start, Role::Decode);
     let (index, slot, reason) = select_stage(
         input,
-        &scratch.decode,
+        &mut scratch.decode,
         (&mut scratch.candidates, &mut scratch.stalled),
-        Stage::Decode,
+        (Stage::Decode, kept(!alternates.is_empty())),
         cursor,
     )?;
     if !alternates.is_empty() {

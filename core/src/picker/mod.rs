@@ -49,6 +49,8 @@ mod diff_support;
 #[cfg(test)]
 mod diff_tests;
 #[cfg(test)]
+mod kept_lists_tests;
+#[cfg(test)]
 mod kv_aware_tests;
 #[cfg(test)]
 mod kv_conditional_tests;
@@ -72,9 +74,7 @@ use crate::clock::Instant;
 use crate::discovery::{FleetView, InstanceId};
 use crate::headers::PinHeaders;
 use crate::load::rules::{KeyLoad, SelectReason};
-use crate::load::{
-    DigestBatch, InflightReader, LoadDigest, LoadKey, LoadMemo, LoadView, RankProbe, SlotRef,
-};
+use crate::load::{InflightReader, LoadDigest, LoadKey, LoadMemo, LoadView, ProbeSet, SlotRef};
 
 pub use crate::rng::{SplitMix64, UnitSource};
 pub use candidates::{FleetCandidates, MAX_CANDIDATES, RankCard, RankRef};
@@ -98,29 +98,12 @@ pub trait LoadSource {
         self.key_load(key, now)
     }
 
-    /// Calls `f` once with the batch of the probes' digests, in probe order: each the digest
-    /// of its [`LoadSource::rank_load`] at `now` (one call per stage of a pick; the default
-    /// reads each load into a list of its own).
-    fn visit_digests(
-        &self,
-        probes: &[RankProbe],
-        now: Instant,
-        f: &mut dyn FnMut(&DigestBatch<'_>),
-    ) {
-        visit_each(probes, f, |p| self.rank_load(p.key, p.hint, now));
+    /// Brings the answers of `set` up to date for `now` and returns them in probe order: each
+    /// the digest of its [`LoadSource::rank_load`] at `now` (one call per stage of a pick; the
+    /// default reads every load).
+    fn read_digests<'s>(&self, set: &'s mut ProbeSet, now: Instant) -> &'s [LoadDigest] {
+        set.fill(|p| LoadDigest::of(&self.rank_load(p.key, p.hint, now)))
     }
-}
-
-/// Calls `f` with the batch of `read`'s digests of `probes`, read one by one into a list of
-/// their own (a source without a memo).
-fn visit_each(
-    probes: &[RankProbe],
-    f: &mut dyn FnMut(&DigestBatch<'_>),
-    read: impl Fn(&RankProbe) -> KeyLoad,
-) {
-    let digests: Vec<LoadDigest> = probes.iter().map(|p| LoadDigest::of(&read(p))).collect();
-    let mut order = Vec::new();
-    f(&DigestBatch::of(&digests, &mut order));
 }
 
 /// The production [`LoadSource`]: a store view and every shard's in-flight tables, optionally
@@ -191,17 +174,11 @@ impl LoadSource for StoreLoads<'_, '_, '_> {
         KeyLoad::assess_hinted(self.view, self.inflight, key, hint, now)
     }
 
-    fn visit_digests(
-        &self,
-        probes: &[RankProbe],
-        now: Instant,
-        f: &mut dyn FnMut(&DigestBatch<'_>),
-    ) {
-        if let Some(mut memo) = self.memo.and_then(|m| m.try_borrow_mut().ok()) {
-            memo.visit(self.view, self.inflight, probes, now, f);
-            return;
+    fn read_digests<'s>(&self, set: &'s mut ProbeSet, now: Instant) -> &'s [LoadDigest] {
+        match self.memo.and_then(|m| m.try_borrow_mut().ok()) {
+            Some(mut memo) => memo.refresh(self.view, self.inflight, set, now),
+            None => set.fill(|p| LoadDigest::of(&self.rank_load(p.key, p.hint, now))),
         }
-        visit_each(probes, f, |p| self.rank_load(p.key, p.hint, now));
     }
 }
 
