@@ -208,6 +208,9 @@ fn bookmarks_come_when_allowed_periodically_and_on_command() {
         10,
     );
     assert_eq!(out, "");
+    // curl may return before the server has counted that watch closed: wait for it, so the
+    // open watch waited for below is the new one.
+    api.wait_open_watches(PODS, 0, STEP);
     let (_, out, _) = std::thread::scope(|scope| {
         let watching = scope.spawn(|| curl(&api, &path, &[], 10));
         api.wait_open_watches(PODS, 1, STEP);
