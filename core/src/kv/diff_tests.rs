@@ -28,7 +28,7 @@ use super::{EngineHash, Outcome, StoredBlock, TokensHash, path_hash};
 use crate::clock::Instant;
 use crate::discovery::InstanceId;
 use crate::load::{LiveSet, LiveWorker, LoadKey};
-use crate::picker::{BlockHash, OverlapSource, PromptBlocks};
+use crate::picker::{BlockHash, OverlapSource, Positions, PromptBlocks, RankPositions};
 
 /// splitmix64: a tiny seeded generator (no dependency).
 struct Rng(u64);
@@ -421,6 +421,27 @@ struct Stream {
     history: Vec<(usize, Vec<Ev>)>,
     snapshot: RefSnapshot,
     tick: u64,
+    /// A candidate list for `find_positions` (changed now and then) and the position maps
+    /// kept across probes, as a picker keeps them across picks.
+    cands: Cands,
+    positions: RankPositions,
+}
+
+/// A candidate list: some of the stream's ranks (some twice) and a rank no index holds.
+struct Cands {
+    serial: u64,
+    keys: Vec<LoadKey>,
+}
+
+impl Positions for Cands {
+    fn serial(&self) -> u64 {
+        self.serial
+    }
+
+    fn first(&self, key: LoadKey) -> Option<u32> {
+        let p = self.keys.iter().position(|k| *k == key)?;
+        u32::try_from(p).ok()
+    }
 }
 
 impl Stream {
@@ -502,6 +523,11 @@ impl Stream {
             history: Vec::new(),
             snapshot,
             tick: 0,
+            cands: Cands {
+                serial: 0,
+                keys: Vec::new(),
+            },
+            positions: RankPositions::default(),
         }
     }
 
@@ -740,7 +766,32 @@ impl Stream {
         self.probe(seed, step);
     }
 
+    /// A new candidate list: each rank of the stream with probability 3/4, shuffled by the
+    /// rng, one repeated, and a rank no index holds.
+    fn new_cands(&mut self) {
+        let mut keys: Vec<LoadKey> = Vec::new();
+        for w in &self.workers {
+            for e in &w.engines {
+                if self.rng.chance(75) {
+                    let at = self.rng.below(keys.len() + 1);
+                    keys.insert(at, e.rank);
+                }
+            }
+        }
+        if let Some(k) = keys.first().copied() {
+            keys.push(k);
+        }
+        keys.insert(self.rng.below(keys.len() + 1), key(999, 0));
+        self.cands = Cands {
+            serial: self.cands.serial + 1,
+            keys,
+        };
+    }
+
     fn probe(&mut self, seed: u64, step: usize) {
+        if self.cands.keys.is_empty() || self.rng.chance(20) {
+            self.new_cands();
+        }
         let len = 1 + self.rng.below(7);
         let random: Vec<u64> = (0..len).map(|_| 1 + self.rng.below(3) as u64).collect();
         let random = (prompt(&random), random);
@@ -759,6 +810,23 @@ impl Stream {
                 got,
                 self.snapshot.matches(hashes),
                 "seed {seed} step {step}: prompt {p:?}"
+            );
+            // The same matches as candidate positions, through the kept position maps.
+            let mut by_position = BTreeMap::new();
+            let prompt = PromptBlocks {
+                block_size: 16,
+                hashes,
+            };
+            merged.find_positions(prompt, &self.cands, &mut self.positions, &mut |p, n| {
+                assert!(by_position.insert(p, n).is_none(), "position {p} twice");
+            });
+            let want: BTreeMap<u32, u32> = got
+                .iter()
+                .filter_map(|(k, n)| Some((self.cands.first(*k)?, *n)))
+                .collect();
+            assert_eq!(
+                by_position, want,
+                "seed {seed} step {step}: positions of prompt {p:?}"
             );
         }
     }

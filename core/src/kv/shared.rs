@@ -58,18 +58,25 @@
 //! - the node and slot tables hash with keys seeded per index (`RandomState`), so fleet-chosen
 //!   hashes cannot pile up in one probe run (the one use of randomness in this module);
 //! - `find_matches` allocates nothing beyond its handle's reused scratch and never panics
-//!   (re-entered from its own callback, it falls back to a fresh scratch).
+//!   (re-entered from its own callback, it falls back to a fresh scratch);
+//! - `find_positions` reports ranks through the caller's slot → position map, which it rebuilds
+//!   whenever the map was made for another index (indexes are numbered per process), another
+//!   slot → rank map (each copy counts the slot assignments it replayed: the same count in both
+//!   copies names the same map) or another candidate list (`crate::picker::positions`).
 
 use std::cell::RefCell;
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use arc_swap::ArcSwap;
 
 use super::arena::{NodeTable, Owners, word_mix};
 use super::keyed::Keyed;
 use crate::load::LoadKey;
-use crate::picker::{BlockHash, OverlapSource, PromptBlocks};
+use crate::picker::{
+    BlockHash, OverlapSource, PartPositions, Positions, PromptBlocks, RankPositions,
+};
 
 /// A change to a [`Table`], journalled by the writer to replay on the other copy.
 #[derive(Debug, Clone, Copy)]
@@ -92,6 +99,9 @@ pub(crate) const BATCH: usize = 16;
 pub(crate) struct Table {
     nodes: NodeTable,
     keys: Vec<Option<LoadKey>>,
+    /// How many [`Op::Key`]s this copy applied: both copies replay the same ops, so a count
+    /// names one slot → rank map (what a reader's position cache is keyed by).
+    layout: u64,
 }
 
 impl fmt::Debug for Table {
@@ -109,6 +119,7 @@ impl Table {
         Self {
             nodes: NodeTable::new(keyed),
             keys: Vec::new(),
+            layout: 0,
         }
     }
 
@@ -167,6 +178,7 @@ impl Table {
             Op::Add { path, slot } => self.nodes.add(path, slot),
             Op::Remove { path, slot } => self.nodes.remove(path, slot),
             Op::Key { slot, key } => {
+                self.layout = self.layout.wrapping_add(1);
                 let i = slot as usize;
                 if self.keys.len() <= i {
                     self.keys.resize(i + 1, None);
@@ -190,16 +202,14 @@ impl Table {
         self.keys.get(slot as usize).copied().flatten()
     }
 
-    /// Visits the rank of every slot set in `set` (bit `b` of word `wi`: slot `64 wi + b`).
-    fn visit_word(&self, wi: usize, mut set: u64, depth: u32, visit: &mut dyn FnMut(LoadKey, u32)) {
+    /// Visits every slot set in `set` (bit `b` of word `wi`: slot `64 wi + b`).
+    fn visit_word(&self, wi: usize, mut set: u64, depth: u32, visit: &mut dyn FnMut(u32, u32)) {
         while set != 0 {
             let slot = (wi as u32)
                 .wrapping_mul(64)
                 .wrapping_add(set.trailing_zeros());
             set &= set - 1;
-            if let Some(k) = self.key(slot) {
-                visit(k, depth);
-            }
+            visit(slot, depth);
         }
     }
 
@@ -210,6 +220,15 @@ impl Table {
         active: &mut Vec<u64>,
         visit: &mut dyn FnMut(LoadKey, u32),
     ) {
+        self.walk(hashes, active, &mut |slot, depth| {
+            if let Some(k) = self.key(slot) {
+                visit(k, depth);
+            }
+        });
+    }
+
+    /// The match walk, reporting each rank as its slot (`visit(slot, blocks)`).
+    fn walk(&self, hashes: &[BlockHash], active: &mut Vec<u64>, visit: &mut dyn FnMut(u32, u32)) {
         let mut walk = Walk {
             active,
             lo: 0,
@@ -258,7 +277,7 @@ struct Walk<'s> {
 impl Walk<'_> {
     /// Goes one block deeper, into a node with `owners`, visiting the ranks that stop here;
     /// `false` once no rank is left (every rank visited).
-    fn step(&mut self, t: &Table, owners: Owners<'_>, visit: &mut dyn FnMut(LoadKey, u32)) -> bool {
+    fn step(&mut self, t: &Table, owners: Owners<'_>, visit: &mut dyn FnMut(u32, u32)) -> bool {
         if self.depth == 0 {
             self.active.clear();
             self.active.resize(t.nodes.words(), 0);
@@ -360,7 +379,13 @@ pub(crate) type Published = ArcSwap<Table>;
 #[derive(Clone)]
 pub struct IndexReaders {
     shared: Arc<Published>,
+    /// The index's number (see [`NEXT_INDEX`]).
+    id: u64,
 }
+
+/// Numbers indexes for the readers' position caches (an address could be reused by a later
+/// index; a number is not).
+static NEXT_INDEX: AtomicU64 = AtomicU64::new(1);
 
 impl fmt::Debug for IndexReaders {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -370,13 +395,17 @@ impl fmt::Debug for IndexReaders {
 
 impl IndexReaders {
     pub(crate) fn new(shared: Arc<Published>) -> Self {
-        Self { shared }
+        Self {
+            shared,
+            id: NEXT_INDEX.fetch_add(1, Ordering::Relaxed),
+        }
     }
 
     /// A reader for the calling thread.
     pub fn handle(&self) -> IndexReader {
         IndexReader {
             shared: Arc::clone(&self.shared),
+            id: self.id,
             scratch: RefCell::new(Vec::new()),
         }
     }
@@ -385,6 +414,8 @@ impl IndexReaders {
 /// One thread's reader of one shard's index (`Send`, not `Sync`).
 pub struct IndexReader {
     shared: Arc<Published>,
+    /// The index's number.
+    id: u64,
     scratch: RefCell<Vec<u64>>,
 }
 
@@ -406,6 +437,35 @@ impl IndexReader {
             Ok(mut s) => table.find_matches(hashes, &mut s, visit),
             // Re-entered from `visit`: correct, just not allocation-free.
             Err(_) => table.find_matches(hashes, &mut Vec::new(), visit),
+        }
+    }
+
+    /// [`IndexReader::find_matches`] for the ranks that are candidates in `positions`, each
+    /// reported as its first position there: `visit(position, blocks)`. `cache` maps this
+    /// index's rank slots to positions; it is rebuilt only when this index's slot → rank map
+    /// or the candidate list changed since its last use.
+    pub fn find_positions(
+        &self,
+        hashes: &[BlockHash],
+        positions: &dyn Positions,
+        cache: &mut PartPositions,
+        visit: &mut dyn FnMut(u32, u32),
+    ) {
+        let table = self.shared.load();
+        cache.ensure(
+            (self.id, table.layout, table.keys.len()),
+            |s| table.key(s),
+            positions,
+        );
+        let mut report = |slot: u32, blocks: u32| {
+            if let Some(p) = cache.get(slot) {
+                visit(p, blocks);
+            }
+        };
+        match self.scratch.try_borrow_mut() {
+            Ok(mut s) => table.walk(hashes, &mut s, &mut report),
+            // Re-entered from `visit`: correct, just not allocation-free.
+            Err(_) => table.walk(hashes, &mut Vec::new(), &mut report),
         }
     }
 }
@@ -434,6 +494,20 @@ impl OverlapSource for Merged<'_> {
     fn find_matches(&self, prompt: PromptBlocks<'_>, visit: &mut dyn FnMut(LoadKey, u32)) {
         for r in self.0 {
             r.find_matches(prompt.hashes, visit);
+        }
+    }
+
+    fn find_positions(
+        &self,
+        prompt: PromptBlocks<'_>,
+        positions: &dyn Positions,
+        cache: &mut RankPositions,
+        visit: &mut dyn FnMut(u32, u32),
+    ) {
+        for (i, r) in self.0.iter().enumerate() {
+            if let Some(part) = cache.part(i) {
+                r.find_positions(prompt.hashes, positions, part, visit);
+            }
         }
     }
 }

@@ -241,17 +241,26 @@ fn a_reassigned_cell_is_no_one_s_load() {
     assert_eq!(l.read.sample.unwrap().sample.active_decode_blocks, Some(40));
 }
 
-/// Two stores whose cells have the same slot, epoch and stamp but hold different samples: the
-/// memo answers each from its own cells (it starts over on another store).
-#[test]
-fn another_store_with_the_same_cells_starts_over() {
-    let clock = ManualClock::default();
+/// Two stores of worker 1 whose cells have the same slot, epoch and stamp but hold different
+/// samples (decode 7 and 40, received at `now`).
+fn twin_stores(now: Instant) -> (LoadStore, LoadStore) {
     let (a, b) = (
         store_with(vec![worker(1, 0, 1)]),
         store_with(vec![worker(1, 0, 1)]),
     );
-    a.apply(key(1, 0), &sample(11, 1, Some(7), None), clock.now());
-    b.apply(key(1, 0), &sample(11, 1, Some(40), None), clock.now());
+    a.apply(key(1, 0), &sample(11, 1, Some(7), None), now);
+    b.apply(key(1, 0), &sample(11, 1, Some(40), None), now);
+    (a, b)
+}
+
+/// The memo answers each of [`twin_stores`] from its own cells (it starts over on another
+/// store); a set's checks likewise hold only for the store they were taken on, and only from
+/// the time of its latest answer (a clock that went back reads again).
+#[test]
+fn another_store_with_the_same_cells_starts_over() {
+    let clock = ManualClock::default();
+    clock.advance(Duration::from_secs(10));
+    let (a, b) = twin_stores(clock.now());
     let ledger = DispatchLedger::new();
     let tables = vec![ledger.table()];
     let reader = InflightReader::new(&tables);
@@ -264,6 +273,27 @@ fn another_store_with_the_same_cells_starts_over() {
     assert_eq!(decode(memo.load(&va, &reader, sa, clock.now())), Some(7));
     assert_eq!(decode(memo.load(&vb, &reader, sb, clock.now())), Some(40));
     assert_eq!(decode(memo.load(&va, &reader, sa, clock.now())), Some(7));
+    // A set likewise: its checks hold only for the store and from the time they were taken.
+    let mut set = probe_set(&va, &[key(1, 0)], &[None], 0);
+    let direct =
+        |v: &LoadView<'_>, now| vec![LoadDigest::of(&KeyLoad::assess(v, &reader, key(1, 0), now))];
+    let now = clock.now();
+    assert_eq!(memo.refresh(&va, &reader, &mut set, now), direct(&va, now));
+    assert_eq!(memo.refresh(&vb, &reader, &mut set, now), direct(&vb, now));
+    assert_ne!(direct(&va, now), direct(&vb, now));
+    let misses = memo.misses();
+    assert_eq!(memo.refresh(&vb, &reader, &mut set, now), direct(&vb, now));
+    assert_eq!(memo.misses(), misses, "unchanged: answered from the set");
+    let earlier = Instant::from_origin(Duration::from_secs(1));
+    assert_eq!(
+        memo.refresh(&vb, &reader, &mut set, earlier),
+        direct(&vb, earlier)
+    );
+    assert_eq!(
+        memo.misses(),
+        misses + 1,
+        "a clock that went back reads again"
+    );
 }
 
 #[test]
@@ -296,45 +326,6 @@ fn an_entry_is_not_used_after_its_maximum_age_or_before_it_was_read() {
     assert_eq!(
         memo.entries[s.slot as usize].read_at,
         nanos(earlier),
-        "a clock that went back reads again"
-    );
-}
-
-/// A set's checks hold only for the store they were taken on and only from the time of its
-/// latest answer: another store with the same cells, or a clock that went back, reads again.
-#[test]
-fn a_set_reads_again_on_another_store_or_an_earlier_clock() {
-    let clock = ManualClock::default();
-    clock.advance(Duration::from_secs(10));
-    let (a, b) = (
-        store_with(vec![worker(1, 0, 1)]),
-        store_with(vec![worker(1, 0, 1)]),
-    );
-    a.apply(key(1, 0), &sample(11, 1, Some(7), None), clock.now());
-    b.apply(key(1, 0), &sample(11, 1, Some(40), None), clock.now());
-    let ledger = DispatchLedger::new();
-    let tables = vec![ledger.table()];
-    let reader = InflightReader::new(&tables);
-    let mut memo = LoadMemo::new();
-    let (va, vb) = (a.view(), b.view());
-    let mut set = probe_set(&va, &[key(1, 0)], &[None], 0);
-    let direct =
-        |v: &LoadView<'_>, now| vec![LoadDigest::of(&KeyLoad::assess(v, &reader, key(1, 0), now))];
-    let now = clock.now();
-    assert_eq!(memo.refresh(&va, &reader, &mut set, now), direct(&va, now));
-    assert_eq!(memo.refresh(&vb, &reader, &mut set, now), direct(&vb, now));
-    assert_ne!(direct(&va, now), direct(&vb, now));
-    let misses = memo.misses();
-    assert_eq!(memo.refresh(&vb, &reader, &mut set, now), direct(&vb, now));
-    assert_eq!(memo.misses(), misses, "unchanged: answered from the set");
-    let earlier = Instant::from_origin(Duration::from_secs(1));
-    assert_eq!(
-        memo.refresh(&vb, &reader, &mut set, earlier),
-        direct(&vb, earlier)
-    );
-    assert_eq!(
-        memo.misses(),
-        misses + 1,
         "a clock that went back reads again"
     );
 }

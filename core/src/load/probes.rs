@@ -3,10 +3,12 @@
 //! Role: a pick reads the loads of the same candidate list pick after pick (a stage list lives
 //! until the fleet or the snapshot changes). [`ProbeSet`] keeps, next to each probe, its last
 //! answer as a [`LoadDigest`] and what that answer was checked against: the cell it came from,
-//! that cell's store stamp and its in-flight stamps. A memoised read of the set
-//! ([`super::LoadMemo::refresh`]) then streams the set in list order, compares each probe's
-//! stamps with the live stamp arrays, and goes to the memo's per-cell entries only for the
-//! probes whose cells changed; the digests come back as one contiguous slice in probe order.
+//! that cell's store stamp and its in-flight stamps, and, per group of cells, the group stamps
+//! (`super::seqcell`) as last loaded. A memoised read of the set ([`super::LoadMemo::refresh`])
+//! loads the group stamps first, checks by cell stamps only the probes of groups that changed
+//! (the set keeps its probes sorted by their cells' groups), and goes to the memo's per-cell
+//! entries only for the probes whose cells changed; the digests come back as one contiguous
+//! slice in probe order, with the list of those it renewed.
 //!
 //! Invariants:
 //! - after a memoised read at `now`, every digest is what [`super::KeyLoad::assess_hinted`]
@@ -15,7 +17,12 @@
 //! - a set's checks are trusted only for the memo source (store and in-flight tables) they were
 //!   taken from, only from the latest read time among its answers and only before the earliest
 //!   instant at which time alone could change one of them; otherwise every probe is read again;
-//! - a probe without a cell (its key is not in the store) is read again on every read;
+//! - a probe in a group whose group stamps are all as loaded at the last read keeps its answer
+//!   unchecked: no write to that group's cells has finished since (a write still in progress is
+//!   seen at the next read, as with cell stamps);
+//! - every probe answered from a cell is in exactly one group run of `grouped` (re-sorted when
+//!   an answer moves to another cell); a probe without a cell (its key is not in the store) is
+//!   in `unheld` and read again on every read;
 //! - a set filled by another source ([`ProbeSet::fill`]) holds no checks;
 //! - the set allocates only when it grows.
 
@@ -118,7 +125,7 @@ pub struct ProbeSet {
 pub enum Renewed<'a> {
     /// Every answer.
     All,
-    /// The answers at these probe indices, ascending.
+    /// The answers at these probe indices (each once, in no particular order).
     These(&'a [u32]),
 }
 

@@ -15,22 +15,11 @@ use crate::load::{
     LiveSet, LoadKey, LoadMemo, LoadStore, Sample,
 };
 
-use super::test_support::{fleet, worker};
+use super::test_support::{Rng, fleet, worker};
 use super::{
     FleetCandidates, LoadBasedPicker, LoadSource, NoOverlap, PickInput, Picks, PromptTokens,
     StoreLoads, WorkerPicker,
 };
-
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n.max(1)
-    }
-}
 
 /// The id of candidate worker `n` (1..=10): candidates are every seventh id, so that the store,
 /// which hands out cells in key order, spreads them over several cell groups with the other
@@ -113,7 +102,7 @@ fn kept_lists_through_the_memo_pick_as_a_pick_from_scratch() {
     let mut by_load = 0u64;
     let mut spread = 0usize;
     for seed in 1..=12u64 {
-        let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+        let mut rng = Rng::new(seed, 10);
         let mut now = Instant::from_origin(Duration::from_secs(100));
         let mut present = true;
         let mut f = Arc::new(fleet(workers(present)));
@@ -139,22 +128,21 @@ fn kept_lists_through_the_memo_pick_as_a_pick_from_scratch() {
             match rng.below(10) {
                 0..=3 => {
                     seqs[k] += 1;
-                    let field = |rng: &mut Rng| (rng.below(4) > 0).then(|| rng.below(400));
                     let s = Sample {
                         publisher_id: PublisherId::new(100 + k as u64),
                         sequence: seqs[k],
-                        active_decode_blocks: field(&mut rng),
-                        active_prefill_tokens: field(&mut rng),
-                        kv_used_blocks: field(&mut rng),
+                        active_decode_blocks: rng.opt(25, 400),
+                        active_prefill_tokens: rng.opt(25, 400),
+                        kv_used_blocks: rng.opt(25, 400),
                     };
                     let _ = store.apply(all[k], &s, now);
                 }
                 4..=5 => {
-                    let role = [
+                    let role = rng.pick(&[
                         DispatchRole::Aggregated,
                         DispatchRole::PairPrefill,
                         DispatchRole::PairDecode,
-                    ][rng.below(3) as usize];
+                    ]);
                     let shard = rng.below(2) as usize;
                     let load = DispatchLoad::for_role(role, rng.below(2_000), Some(16));
                     if let Some(id) = ledgers[shard].dispatch(&store.view(), all[k], load, now) {
@@ -174,7 +162,7 @@ fn kept_lists_through_the_memo_pick_as_a_pick_from_scratch() {
                     table = FleetCandidates::build_bound(&f, &store.view());
                 }
                 _ => {
-                    let d = delays[rng.below(delays.len() as u64) as usize];
+                    let d = rng.pick(&delays);
                     now = now.saturating_add(Duration::from_millis(d));
                 }
             }

@@ -72,6 +72,7 @@ use super::kv_cost::{KvParams, KvTerms, kv_cost, softmax_sample_index};
 use super::load_based::{
     PickScratch, cheapest_others, pair_decode, pick_with, push_ordered, rank_header, with_decode,
 };
+use super::positions::RankPositions;
 use super::rank_index::RankIndex;
 use super::{
     Chosen, DpRankHeaders, KvOutcome, MAX_CANDIDATES, MAX_PICKS, NoWorker, OverlapSource, Pick,
@@ -132,6 +133,8 @@ pub struct KvScratch {
     list: ListId,
     /// The candidates by rank, for the overlap source's reports.
     ranks: RankIndex,
+    /// The overlap source's rank numbering mapped to candidate positions (kept across picks).
+    positions: RankPositions,
     /// Whether `ranks` indexes the current `scored`.
     indexed: bool,
     rows: Vec<usize>,
@@ -188,6 +191,7 @@ fn score_with<'s>(
         list,
         ranks,
         indexed,
+        positions,
         ..
     } = scratch;
     if list.holds(input, scope) {
@@ -204,7 +208,12 @@ fn score_with<'s>(
         *indexed = false;
         push(input, (&mut *scored, &mut *probes));
     }
-    read_overlap(input.prompt_blocks, input.overlap, scored, (ranks, indexed));
+    read_overlap(
+        input.prompt_blocks,
+        input.overlap,
+        scored,
+        (ranks, indexed, positions),
+    );
     let (now, max_age) = (input.now, input.max_staleness);
     let digests = input.loads.read_digests(probes, now);
     let isl = input.prompt_tokens.get();
@@ -291,7 +300,7 @@ fn read_overlap(
     prompt_blocks: &[PromptBlocks<'_>],
     overlap: &dyn OverlapSource,
     scored: &mut [ScoredCandidate],
-    (ranks, indexed): (&mut RankIndex, &mut bool),
+    (ranks, indexed, cache): (&mut RankIndex, &mut bool, &mut RankPositions),
 ) {
     for (i, pb) in prompt_blocks.iter().enumerate() {
         let first_of_size = !prompt_blocks
@@ -312,15 +321,18 @@ fn read_overlap(
             *indexed = true;
         }
         let cap = u32::try_from(pb.hashes.len()).unwrap_or(u32::MAX);
-        overlap.find_matches(*pb, &mut |key, blocks| {
-            ranks.each(key, &mut |at| {
-                // A rank reported twice keeps its largest count.
-                if let Some(c) = scored.get_mut(at)
+        let ranks = &*ranks;
+        overlap.find_positions(*pb, ranks, cache, &mut |first, blocks| {
+            // Every candidate of the rank (a rank reported twice keeps its largest count).
+            let mut at = Some(first);
+            while let Some(p) = at {
+                if let Some(c) = scored.get_mut(p as usize)
                     && c.block_size == pb.block_size
                 {
                     c.overlap_blocks = c.overlap_blocks.max(blocks.min(cap));
                 }
-            });
+                at = ranks.next_of(p);
+            }
         });
     }
 }

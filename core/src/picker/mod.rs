@@ -42,6 +42,7 @@ mod kv_aware;
 mod kv_conditional;
 mod kv_cost;
 mod load_based;
+mod positions;
 mod rank_index;
 
 #[cfg(test)]
@@ -86,6 +87,7 @@ pub use kv_conditional::{
 };
 pub use kv_cost::{KvParams, KvTerms, decode_cost_blocks, kv_cost, softmax_sample_index};
 pub use load_based::{LoadBasedPicker, PickScratch, pick_load_based};
+pub use positions::{PartPositions, Positions, RankPositions};
 
 /// Where a picker reads each candidate's load: the store's sample and the in-flight additions.
 pub trait LoadSource {
@@ -260,6 +262,25 @@ pub struct PromptBlocks<'a> {
 pub trait OverlapSource {
     /// Calls `visit(key, blocks)` once for every rank holding at least the prompt's first block.
     fn find_matches(&self, prompt: PromptBlocks<'_>, visit: &mut dyn FnMut(LoadKey, u32));
+
+    /// [`OverlapSource::find_matches`] for the ranks that are candidates in `positions`, each
+    /// reported as its first position there: `visit(position, blocks)`. `cache` keeps what the
+    /// source needs to map its own rank numbering to positions across calls (the default looks
+    /// every reported key up and keeps nothing).
+    fn find_positions(
+        &self,
+        prompt: PromptBlocks<'_>,
+        positions: &dyn Positions,
+        cache: &mut RankPositions,
+        visit: &mut dyn FnMut(u32, u32),
+    ) {
+        let _ = cache;
+        self.find_matches(prompt, &mut |key, blocks| {
+            if let Some(p) = positions.first(key) {
+                visit(p, blocks);
+            }
+        });
+    }
 }
 
 /// No KV index: no rank holds anything.

@@ -2,9 +2,11 @@
 //! the KV index reports per rank reaches its candidate in O(1) instead of through a sort of
 //! every match and a binary search per candidate (issue 11, item 7).
 //!
-//! Invariants: rebuilt per pick into reused buffers (no allocation once they have grown);
-//! open addressing with linear probing, at most half the buckets used, so every probe run ends
-//! at an empty bucket; buckets are chosen by a splitmix64 mix of the key and a per-index secret
+//! Invariants: rebuilt with the candidate list into reused buffers (no allocation once they
+//! have grown), each rebuild with a serial of its own ([`Positions::serial`]); a key's bucket
+//! holds its first position and `next` chains its further ones (ascending); open addressing
+//! with linear probing, at most half the buckets used, so every probe run ends at an empty
+//! bucket; buckets are chosen by a splitmix64 mix of the key and a per-index secret
 //! from `std`'s `RandomState`, so fleet-chosen worker ids cannot build long probe runs. The
 //! secret only places entries in this private table: picks stay deterministic.
 
@@ -12,12 +14,23 @@ use std::hash::BuildHasher as _;
 
 use crate::load::{LoadKey, mix_key as mix};
 
+use super::positions::Positions;
+
+/// The end of a position chain.
+const END: u32 = u32::MAX;
+
 /// `(worker, dp_rank)` → candidate positions.
 #[derive(Debug)]
 pub(super) struct RankIndex {
     seed: u64,
-    /// `1 + candidate position`, or 0 when empty.
+    /// `1 + candidate position` of a key's first position, or 0 when empty.
     buckets: Vec<u32>,
+    /// Per position, the key's next position ([`END`]: none).
+    next: Vec<u32>,
+    /// Per chain head, the chain's last position (scratch of a rebuild).
+    last: Vec<u32>,
+    /// Which rebuild this is.
+    serial: u64,
     keys: Vec<LoadKey>,
 }
 
@@ -26,6 +39,9 @@ impl Default for RankIndex {
         Self {
             seed: std::collections::hash_map::RandomState::new().hash_one(0x7261_6e6b_u64),
             buckets: Vec::new(),
+            next: Vec::new(),
+            last: Vec::new(),
+            serial: 0,
             keys: Vec::new(),
         }
     }
@@ -34,46 +50,79 @@ impl Default for RankIndex {
 impl RankIndex {
     /// Index `keys` (candidate `i` has key `keys[i]`; a key may repeat).
     pub(super) fn rebuild(&mut self, keys: impl Iterator<Item = LoadKey>) {
+        self.serial = self.serial.wrapping_add(1);
         self.keys.clear();
         self.keys.extend(keys);
         let n = self.keys.len().saturating_mul(2).max(8).next_power_of_two();
         self.buckets.clear();
         self.buckets.resize(n, 0);
+        self.next.clear();
+        self.next.resize(self.keys.len(), END);
+        self.last.clear();
+        self.last.resize(self.keys.len(), END);
         let mask = n - 1;
         for (pos, &key) in self.keys.iter().enumerate() {
             let Ok(tag) = u32::try_from(pos + 1) else {
                 break;
             };
             let mut i = mix(key, self.seed) & mask;
-            while self.buckets.get(i).is_some_and(|&b| b != 0) {
-                i = (i + 1) & mask;
-            }
-            if let Some(b) = self.buckets.get_mut(i) {
-                *b = tag;
+            loop {
+                match self.buckets.get(i).copied() {
+                    Some(0) => {
+                        if let Some(b) = self.buckets.get_mut(i) {
+                            *b = tag;
+                        }
+                        if let Some(l) = self.last.get_mut(pos) {
+                            *l = tag - 1;
+                        }
+                        break;
+                    }
+                    Some(b) if self.keys.get(b as usize - 1) == Some(&key) => {
+                        // Appended after the chain's last position (chains stay ascending).
+                        let head = b as usize - 1;
+                        let tail = self.last.get(head).copied().unwrap_or(END);
+                        if let Some(n) = self.next.get_mut(tail as usize) {
+                            *n = tag - 1;
+                        }
+                        if let Some(l) = self.last.get_mut(head) {
+                            *l = tag - 1;
+                        }
+                        break;
+                    }
+                    Some(_) => i = (i + 1) & mask,
+                    None => break,
+                }
             }
         }
     }
 
-    /// Calls `f(position)` for every candidate whose key is `key`.
-    pub(super) fn each(&self, key: LoadKey, f: &mut dyn FnMut(usize)) {
+    /// The position after `pos` with the same key.
+    #[inline]
+    pub(super) fn next_of(&self, pos: u32) -> Option<u32> {
+        self.next.get(pos as usize).copied().filter(|&n| n != END)
+    }
+}
+
+impl Positions for RankIndex {
+    fn serial(&self) -> u64 {
+        self.serial
+    }
+
+    fn first(&self, key: LoadKey) -> Option<u32> {
         let n = self.buckets.len();
         if n == 0 {
-            return;
+            return None;
         }
         let mask = n - 1;
         let mut i = mix(key, self.seed) & mask;
         for _ in 0..n {
-            let Some(&tag) = self.buckets.get(i) else {
-                return;
-            };
-            let Some(pos) = (tag as usize).checked_sub(1) else {
-                return;
-            };
-            if self.keys.get(pos) == Some(&key) {
-                f(pos);
+            let pos = self.buckets.get(i)?.checked_sub(1)?;
+            if self.keys.get(pos as usize) == Some(&key) {
+                return Some(pos);
             }
             i = (i + 1) & mask;
         }
+        None
     }
 }
 
@@ -88,8 +137,13 @@ mod tests {
 
     fn positions(ix: &RankIndex, k: LoadKey) -> Vec<usize> {
         let mut out = Vec::new();
-        ix.each(k, &mut |p| out.push(p));
-        out.sort_unstable();
+        let mut at = ix.first(k);
+        while let Some(p) = at {
+            out.push(p as usize);
+            at = ix.next_of(p);
+        }
+        // Chains list a key's positions in ascending order.
+        assert!(out.windows(2).all(|w| w[0] < w[1]), "{out:?}");
         out
     }
 
@@ -99,15 +153,20 @@ mod tests {
         assert!(positions(&ix, key(1, 0)).is_empty(), "never built");
         for n in [0u64, 1, 5, 300, 2000] {
             // Keys with repeats (every 7th key repeats an earlier one) and high-bit ids.
-            let keys: Vec<LoadKey> = (0..n)
-                .map(|i| {
-                    if i % 7 == 6 {
-                        key(i - 3, 0)
-                    } else {
-                        key(i << 33 | i, (i % 3) as u32)
-                    }
-                })
-                .collect();
+            let mut keys: Vec<LoadKey> = Vec::new();
+            for i in 0..n {
+                let k = match keys.get(i.saturating_sub(3) as usize) {
+                    Some(earlier) if i % 7 == 6 => *earlier,
+                    Some(earlier) if i % 11 == 10 => *earlier,
+                    _ => key(i << 33 | i, (i % 3) as u32),
+                };
+                keys.push(k);
+            }
+            let repeats = keys.len() - keys.iter().collect::<std::collections::BTreeSet<_>>().len();
+            assert!(
+                n < 300 || repeats > n as usize / 10,
+                "n={n}: {repeats} repeats"
+            );
             ix.rebuild(keys.iter().copied());
             for (p, k) in keys.iter().enumerate() {
                 let want: Vec<usize> = keys
