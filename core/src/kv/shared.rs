@@ -433,11 +433,7 @@ impl IndexReader {
     /// an index from it (that index's writer would wait for this read to end).
     pub fn find_matches(&self, hashes: &[BlockHash], visit: &mut dyn FnMut(LoadKey, u32)) {
         let table = self.shared.load();
-        match self.scratch.try_borrow_mut() {
-            Ok(mut s) => table.find_matches(hashes, &mut s, visit),
-            // Re-entered from `visit`: correct, just not allocation-free.
-            Err(_) => table.find_matches(hashes, &mut Vec::new(), visit),
-        }
+        self.with_scratch(|s| table.find_matches(hashes, s, visit));
     }
 
     /// [`IndexReader::find_matches`] for the ranks that are candidates in `positions`, each
@@ -462,10 +458,15 @@ impl IndexReader {
                 visit(p, blocks);
             }
         };
+        self.with_scratch(|s| table.walk(hashes, s, &mut report));
+    }
+
+    /// Runs `f` with this handle's walk scratch.
+    fn with_scratch(&self, f: impl FnOnce(&mut Vec<u64>)) {
         match self.scratch.try_borrow_mut() {
-            Ok(mut s) => table.walk(hashes, &mut s, &mut report),
-            // Re-entered from `visit`: correct, just not allocation-free.
-            Err(_) => table.walk(hashes, &mut Vec::new(), &mut report),
+            Ok(mut s) => f(&mut s),
+            // Re-entered from a visit: correct, just not allocation-free.
+            Err(_) => f(&mut Vec::new()),
         }
     }
 }

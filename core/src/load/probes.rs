@@ -102,11 +102,9 @@ pub struct ProbeSet {
     pub(super) renewed: Vec<u32>,
     /// Whether the last read answered every probe anew.
     pub(super) renewed_all: bool,
-    /// Per cell group below `seen_groups`, the group stamps of the store and each in-flight
-    /// table (`1 + tables` values per group) as loaded at the last read.
+    /// Per cell group, the group stamps of the store and each in-flight table (`1 + tables`
+    /// values per group) as loaded at the last read; empty when none are to be trusted.
     pub(super) seen: Vec<u32>,
-    /// How many groups `seen` holds.
-    pub(super) seen_groups: usize,
     /// One past the highest group of a cell an answer was read from (a bound).
     pub(super) need_groups: usize,
     /// Groups whose stamps changed since the last read (bits; scratch of a read).
@@ -180,16 +178,6 @@ impl ProbeSet {
         }
     }
 
-    /// How many probes the set holds.
-    pub fn len(&self) -> usize {
-        self.probes.len()
-    }
-
-    /// Whether the set holds no probe.
-    pub fn is_empty(&self) -> bool {
-        self.probes.is_empty()
-    }
-
     /// Sets every probe's answer to `read(probe)` and drops the checks (a source without a
     /// memo). Returns the answers in probe order.
     pub fn fill(&mut self, mut read: impl FnMut(&RankProbe) -> LoadDigest) -> &[LoadDigest] {
@@ -218,7 +206,7 @@ impl ProbeSet {
         self.source = source;
         self.read_at = 0;
         self.until = u64::MAX;
-        self.seen_groups = 0;
+        self.seen.clear();
         self.need_groups = 0;
     }
 
@@ -280,11 +268,13 @@ impl ProbeSet {
     pub(super) fn mark_dirty(&mut self, groups: &[Stamps<'_>], tables: usize) -> usize {
         let width = tables + 1;
         if width > groups.len() {
-            self.seen_groups = 0;
+            self.seen.clear();
             return 0;
         }
         let count = self.need_groups;
-        let valid = self.seen_groups.min(count);
+        // `seen` has `width` values per group: only a table count change (a new source, so a
+        // reset) could make it another width.
+        let valid = (self.seen.len() / width).min(count);
         self.dirty.clear();
         self.dirty.resize(count.div_ceil(64), 0);
         self.seen.resize(count.saturating_mul(width), 0);
@@ -299,7 +289,6 @@ impl ProbeSet {
                 *w |= 1 << (g % 64);
             }
         }
-        self.seen_groups = count;
         count
     }
 }
@@ -333,6 +322,6 @@ mod tests {
         assert_eq!(got, 3);
         assert_eq!(set.source, SourceId::NONE);
         set.clear();
-        assert!(set.is_empty());
+        assert!(set.probes().is_empty());
     }
 }

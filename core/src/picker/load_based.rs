@@ -321,7 +321,9 @@ fn select_stage(
         blocks: (None, None),
     };
     let lanes = list.lanes.as_slice();
+    // The costs go to the list when the caller keeps them, else straight to a selector.
     let mut selector = Selector::default();
+    candidates.clear();
     let mut judge = false;
     for (i, lane) in lanes.iter().enumerate() {
         let (candidate, fresh) = cost.of(lane);
@@ -329,15 +331,18 @@ fn select_stage(
         if lane.flags & STALLED != 0 {
             stalled.push(i);
         }
-        selector.offer(candidate);
+        match costs {
+            Costs::Kept => candidates.push(candidate),
+            Costs::Dropped => selector.offer(candidate),
+        }
     }
     // Under the stall judgement a stalled candidate has no backlog and no fresh field
-    // ([`crate::load::DigestStanding::Stalled`]): then, or when the caller keeps the costs,
-    // select again over the list of candidates.
+    // ([`crate::load::DigestStanding::Stalled`]): then select over the list of candidates.
     let judged = judge && !stalled.is_empty();
     let sel = if judged || costs == Costs::Kept {
-        candidates.clear();
-        candidates.extend(lanes.iter().map(|l| cost.of(l).0));
+        if costs == Costs::Dropped {
+            candidates.extend(lanes.iter().map(|l| cost.of(l).0));
+        }
         if judged {
             for &i in stalled.iter() {
                 if let Some(c) = candidates.get_mut(i) {
