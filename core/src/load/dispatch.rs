@@ -52,11 +52,12 @@
 //! - a summary names its slot epoch: after a worker departs and its slot is reused, stale
 //!   summaries read as zero.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::clock::Instant;
 
+use super::records::{List, ListPool, NodeIx};
 use super::seqcell::{SeqTable, Stamps};
 use super::store::{KeyRead, LoadView, SlotRef};
 use super::{DISPATCH_TTL, LoadKey, STALL_AFTER, STALL_MIN_BLOCKS, duration_nanos, nanos};
@@ -140,6 +141,8 @@ impl DispatchLoad {
 pub struct DispatchId {
     slot: SlotRef,
     seq: u64,
+    /// The record's node in the ledger's pool (found there only while its `seq` matches).
+    node: NodeIx,
 }
 
 /// The summed in-flight additions of one key and its stall judgement input.
@@ -191,6 +194,8 @@ pub struct InflightTable {
 #[derive(Debug)]
 struct Record {
     t: u64,
+    /// Answered by a sample: in the key's answered prefix, running, out of the sums.
+    answered: bool,
     seq: u64,
     prefill: u64,
     decode: u64,
@@ -206,10 +211,12 @@ struct Record {
 #[derive(Debug)]
 struct SlotLedger {
     epoch: u64,
-    /// Ordered by time; the first `answered` records are answered (kept only to be credited when
-    /// they finish, not in the sums).
-    records: VecDeque<Record>,
+    /// Ordered by time, in the ledger's pool; the first `answered` records are answered (kept
+    /// only to be credited when they finish, not in the sums), `unanswered` is the first of the
+    /// others.
+    records: List,
     answered: usize,
+    unanswered: Option<NodeIx>,
     prefill: u64,
     decode: u64,
     /// Credits of finished answered records, and the latest of their finish times.
@@ -228,8 +235,9 @@ impl SlotLedger {
     fn new(epoch: u64) -> Self {
         Self {
             epoch,
-            records: VecDeque::new(),
+            records: List::new(),
             answered: 0,
+            unanswered: None,
             prefill: 0,
             decode: 0,
             credit: Finished::default(),
@@ -240,10 +248,11 @@ impl SlotLedger {
         }
     }
 
-    fn reset(&mut self, epoch: u64) {
+    fn reset(&mut self, pool: &mut ListPool<Record>, epoch: u64) {
         self.epoch = epoch;
-        self.records.clear();
+        pool.clear(&mut self.records);
         self.answered = 0;
+        self.unanswered = None;
         self.prefill = 0;
         self.decode = 0;
         self.credit = Finished::default();
@@ -254,12 +263,28 @@ impl SlotLedger {
 
     /// Whether a prune at `now` after a read at store stamp `stamp` could change anything: the
     /// cell was written since the last prune, or the oldest record has reached its expiry.
-    fn prune_due(&self, stamp: u32, now: u64) -> bool {
+    fn prune_due(&self, pool: &ListPool<Record>, stamp: u32, now: u64) -> bool {
         self.pruned_at_stamp != Some(stamp)
             || self
                 .records
                 .front()
+                .and_then(|at| pool.get(at))
                 .is_some_and(|r| r.t.saturating_add(ttl_ns()) <= now)
+    }
+
+    /// Unlinks record `at`, moving the first-unanswered mark past it.
+    fn unlink(&mut self, pool: &mut ListPool<Record>, at: NodeIx) -> Option<Record> {
+        if self.unanswered == Some(at) {
+            self.unanswered = pool.next(at);
+        }
+        pool.remove(&mut self.records, at)
+    }
+
+    /// Appends a record (the newest, so unanswered).
+    fn push(&mut self, pool: &mut ListPool<Record>, record: Record) -> Option<NodeIx> {
+        let at = pool.push_back(&mut self.records, record)?;
+        self.unanswered.get_or_insert(at);
+        Some(at)
     }
 
     /// Takes an answered record's size off the running sums.
@@ -279,6 +304,8 @@ impl SlotLedger {
 pub struct DispatchLedger {
     table: Arc<InflightTable>,
     slots: HashMap<u32, SlotLedger>,
+    /// Every key's records (`super::records`: the ledger allocates only past its total peak).
+    pool: ListPool<Record>,
     next_seq: u64,
 }
 
@@ -300,6 +327,7 @@ impl DispatchLedger {
                 cells: SeqTable::new(),
             }),
             slots: HashMap::new(),
+            pool: ListPool::new(),
             next_seq: 0,
         }
     }
@@ -324,46 +352,53 @@ impl DispatchLedger {
         let seq = self.next_seq;
         self.next_seq = seq.wrapping_add(1);
         let t = nanos(now);
+        let pool = &mut self.pool;
         let entry = self
             .slots
             .entry(slot.slot)
             .or_insert_with(|| SlotLedger::new(slot.epoch));
         if entry.epoch != slot.epoch {
-            entry.reset(slot.epoch);
+            entry.reset(pool, slot.epoch);
         }
-        entry.prune(&read, t, stamp);
-        entry.prefill = entry.prefill.saturating_add(load.prefill_tokens);
-        entry.decode = entry.decode.saturating_add(load.decode_blocks);
+        entry.prune(pool, &read, t, stamp);
         let mut full = entry.records.len() >= MAX_RECORDS_PER_KEY;
         if full && entry.answered > 0 && entry.records.len() == entry.answered {
             // Every kept record is answered: the oldest gives up its floor and future credit.
-            if let Some(r) = entry.records.pop_front() {
+            if let Some(r) = entry.records.front().and_then(|at| entry.unlink(pool, at)) {
                 entry.stop_running(&r);
             }
             entry.answered -= 1;
             full = false;
         }
-        match entry.records.back_mut() {
-            Some(last) if full => {
+        let last = entry.records.back().filter(|_| full);
+        let node = match last.and_then(|at| Some((at, pool.get_mut(at)?))) {
+            Some((at, last)) => {
                 last.t = last.t.max(t);
                 last.seq = seq;
                 last.prefill = last.prefill.saturating_add(load.prefill_tokens);
                 last.decode = last.decode.saturating_add(load.decode_blocks);
                 last.eligible |= load.stall_eligible;
                 last.merged = true;
+                at
             }
-            _ => entry.records.push_back(Record {
-                t,
-                seq,
-                prefill: load.prefill_tokens,
-                decode: load.decode_blocks,
-                eligible: load.stall_eligible,
-                finished: false,
-                merged: false,
-            }),
-        }
-        entry.publish(&self.table, slot.slot);
-        Some(DispatchId { slot, seq })
+            None => entry.push(
+                pool,
+                Record {
+                    t,
+                    answered: false,
+                    seq,
+                    prefill: load.prefill_tokens,
+                    decode: load.decode_blocks,
+                    eligible: load.stall_eligible,
+                    finished: false,
+                    merged: false,
+                },
+            )?,
+        };
+        entry.prefill = entry.prefill.saturating_add(load.prefill_tokens);
+        entry.decode = entry.decode.saturating_add(load.decode_blocks);
+        entry.publish(pool, &self.table, slot.slot);
+        Some(DispatchId { slot, seq, node })
     }
 
     /// Marks a dispatch finished (completed, rejected, failed or cancelled) at `now`. An
@@ -381,24 +416,26 @@ impl DispatchLedger {
             return;
         };
         let t = nanos(now);
-        entry.prune(&read, t, stamp);
-        let Ok(i) = entry.records.binary_search_by_key(&id.seq, |r| r.seq) else {
-            entry.publish(&self.table, id.slot.slot);
-            return;
-        };
-        let merged = entry.records.get(i).is_some_and(|r| r.merged);
-        if i < entry.answered && !merged {
-            if let Some(r) = entry.records.remove(i) {
-                entry.answered -= 1;
-                entry.stop_running(&r);
-                entry.credit.add((r.prefill, r.decode));
-                entry.credit_t = t;
+        let pool = &mut self.pool;
+        entry.prune(pool, &read, t, stamp);
+        // The record is still there while its node holds the id's sequence number (sequence
+        // numbers are unique per ledger; a merged record took its newest dispatch's).
+        match pool.get_mut(id.node).filter(|r| r.seq == id.seq) {
+            Some(r) if r.answered && !r.merged => {
+                if let Some(r) = entry.unlink(pool, id.node) {
+                    entry.answered -= 1;
+                    entry.stop_running(&r);
+                    entry.credit.add((r.prefill, r.decode));
+                    entry.credit_t = t;
+                }
             }
-        } else if let Some(r) = entry.records.get_mut(i) {
-            r.eligible = false;
-            r.finished |= !merged;
+            Some(r) => {
+                r.eligible = false;
+                r.finished |= !r.merged;
+            }
+            None => {}
         }
-        entry.publish(&self.table, id.slot.slot);
+        entry.publish(pool, &self.table, id.slot.slot);
     }
 
     /// Drops answered and expired records of every key, forgets departed keys and republishes
@@ -406,9 +443,10 @@ impl DispatchLedger {
     pub fn refresh(&mut self, view: &LoadView<'_>, now: Instant) {
         let t = nanos(now);
         let table = &self.table;
+        let pool = &mut self.pool;
         self.slots.retain(|slot, entry| {
             let stamp = view.stamp(*slot);
-            if !entry.prune_due(stamp, t) {
+            if !entry.prune_due(pool, stamp, t) {
                 // Nothing to prune, and the summary was published by the last prune's caller.
                 return true;
             }
@@ -418,24 +456,24 @@ impl DispatchLedger {
             });
             let live = match read {
                 Some(read) => {
-                    entry.prune(&read, t, stamp);
+                    entry.prune(pool, &read, t, stamp);
                     true
                 }
                 None => {
-                    entry.reset(entry.epoch);
+                    entry.reset(pool, entry.epoch);
                     false
                 }
             };
             if entry.is_empty() {
-                entry.reset(entry.epoch);
+                entry.reset(pool, entry.epoch);
                 // Empty: nothing to prune until its cell changes (a departure zeroes it).
                 entry.pruned_at_stamp = Some(stamp);
                 entry.publish_words(table, *slot, [0; WORDS]);
-                // A live key keeps its (empty) entry and its queue's capacity, so the next
-                // dispatch to it allocates nothing; a departed key's entry goes.
+                // A live key keeps its (empty) entry, so the next dispatch to it allocates
+                // nothing; a departed key's entry goes.
                 live
             } else {
-                entry.publish(table, *slot);
+                entry.publish(pool, table, *slot);
                 true
             }
         });
@@ -452,18 +490,21 @@ impl DispatchLedger {
 
 impl SlotLedger {
     /// Applies `read` (taken after loading the cell's stamp `stamp`) and `now` to the records.
-    fn prune(&mut self, read: &KeyRead, now: u64, stamp: u32) {
+    fn prune(&mut self, pool: &mut ListPool<Record>, read: &KeyRead, now: u64, stamp: u32) {
         self.pruned_at_stamp = Some(stamp);
         let receipt = read.last_receipt.map(nanos);
         // Expired records leave (a prefix: records are in time order).
-        while let Some(r) = self.records.front() {
-            if r.t.saturating_add(ttl_ns()) > now {
+        while let Some(at) = self.records.front() {
+            if pool
+                .get(at)
+                .is_none_or(|r| r.t.saturating_add(ttl_ns()) > now)
+            {
                 break;
             }
-            let Some(r) = self.records.pop_front() else {
+            let Some(r) = self.unlink(pool, at) else {
                 break;
             };
-            if self.answered > 0 {
+            if r.answered {
                 self.answered -= 1;
                 self.stop_running(&r);
             } else {
@@ -472,7 +513,10 @@ impl SlotLedger {
             }
         }
         // Newly answered records leave the sums (the next prefix) and wait for their finish.
-        while let Some(r) = self.records.get(self.answered) {
+        while let Some(at) = self.unanswered {
+            let Some(r) = pool.get_mut(at) else {
+                break;
+            };
             if receipt.is_none_or(|rc| rc <= r.t) {
                 break;
             }
@@ -480,12 +524,14 @@ impl SlotLedger {
             self.decode = self.decode.saturating_sub(r.decode);
             if r.finished {
                 // Nothing of it runs any more: it leaves (and credits nothing).
-                self.records.remove(self.answered);
+                self.unlink(pool, at);
                 continue;
             }
+            r.answered = true;
             let size = (r.prefill, r.decode);
             self.running.add(size);
             self.answered += 1;
+            self.unanswered = pool.next(at);
         }
         // A sample after the latest finish already shows every credited request gone.
         // (A sample at the very instant of the finish counts as after it.)
@@ -495,15 +541,24 @@ impl SlotLedger {
         }
     }
 
-    fn publish(&mut self, table: &InflightTable, slot: u32) {
-        let counted = self.records.range(self.answered..);
-        let newest = self
-            .records
-            .back()
-            .filter(|_| self.records.len() > self.answered)
-            .map_or(NONE, |r| r.t);
-        let earliest = counted.clone().find(|r| r.eligible).map_or(NONE, |r| r.t);
-        let latest = counted.rev().find(|r| r.eligible).map_or(NONE, |r| r.t);
+    fn publish(&mut self, pool: &ListPool<Record>, table: &InflightTable, slot: u32) {
+        // The counted records: from the first unanswered one to the back.
+        let counted = self.unanswered.and(self.records.back());
+        let newest = counted.and_then(|at| pool.get(at)).map_or(NONE, |r| r.t);
+        let eligible_t = |mut at: Option<NodeIx>, step: fn(&ListPool<Record>, NodeIx) -> _| {
+            while let Some(r) = at.and_then(|i| Some((i, pool.get(i)?))) {
+                if r.1.answered {
+                    break;
+                }
+                if r.1.eligible {
+                    return r.1.t;
+                }
+                at = step(pool, r.0);
+            }
+            NONE
+        };
+        let earliest = eligible_t(self.unanswered, ListPool::next);
+        let latest = eligible_t(counted, ListPool::prev);
         let words = [
             self.epoch,
             pack(self.prefill, self.decode),

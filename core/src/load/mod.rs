@@ -43,6 +43,7 @@ mod live;
 mod memo;
 pub mod metrics;
 mod probes;
+mod records;
 pub mod rules;
 mod seqcell;
 mod store;
