@@ -137,6 +137,8 @@ pub struct KvScratch {
     positions: RankPositions,
     /// Whether `ranks` indexes the current `scored`.
     indexed: bool,
+    /// How many of `scored` are prefill ranks (counted when the list is built).
+    prefill_ranks: usize,
     rows: Vec<usize>,
     costs: Vec<f64>,
     probabilities: Vec<f64>,
@@ -192,6 +194,7 @@ fn score_with<'s>(
         ranks,
         indexed,
         positions,
+        prefill_ranks,
         ..
     } = scratch;
     if list.holds(input, scope) {
@@ -207,6 +210,7 @@ fn score_with<'s>(
         probes.clear();
         *indexed = false;
         push(input, (&mut *scored, &mut *probes));
+        *prefill_ranks = scored.iter().filter(|c| c.role == Role::Prefill).count();
     }
     read_overlap(
         input.prompt_blocks,
@@ -217,7 +221,9 @@ fn score_with<'s>(
     let (now, max_age) = (input.now, input.max_staleness);
     let digests = input.loads.read_digests(probes, now);
     let isl = input.prompt_tokens.get();
-    for prefill_group in [true, false] {
+    // A group without members is skipped (an aggregated fleet has no prefill group).
+    let present = [*prefill_ranks > 0, *prefill_ranks < scored.len()];
+    for (prefill_group, _) in [true, false].into_iter().zip(present).filter(|(_, p)| *p) {
         let in_group = |c: &ScoredCandidate| (c.role == Role::Prefill) == prefill_group;
         let stage = if prefill_group {
             Stage::Prefill
@@ -374,32 +380,56 @@ fn select_kv(
     }
     let turn = *cursor;
     *cursor = cursor.wrapping_add(1);
-    rows.clear();
-    costs.clear();
-    for (i, c) in scored.iter().enumerate() {
-        if let Some(cost) = c.cost {
-            rows.push(i);
-            costs.push(cost);
+    let round_robin = || {
+        let index = usize::try_from(turn % scored.len() as u64).unwrap_or(0);
+        Some((index, SelectionReason::RoundRobinStale))
+    };
+    if temperature > 0.0 {
+        rows.clear();
+        costs.clear();
+        for (i, c) in scored.iter().enumerate() {
+            if let Some(cost) = c.cost {
+                rows.push(i);
+                costs.push(cost);
+            }
+        }
+        if rows.is_empty() {
+            return round_robin();
+        }
+        let row = softmax_sample_index(costs, temperature, units.next_unit(), probabilities)?;
+        return Some((*rows.get(row)?, SelectionReason::KvAware));
+    }
+    // Temperature 0: the lowest cost, exact ties in candidate order rotated by the cursor. One
+    // pass finds the lowest and counts its ties; a second runs only when there are several.
+    // (Costs are never NaN: the cost functions return `None` instead.)
+    let mut best: Option<(usize, f64)> = None;
+    let mut ties = 0_u64;
+    for (i, cost) in scored
+        .iter()
+        .enumerate()
+        .filter_map(|(i, c)| Some((i, c.cost?)))
+    {
+        match best {
+            Some((_, b)) if cost > b => {}
+            Some((_, b)) if cost == b => ties += 1,
+            _ => (best, ties) = (Some((i, cost)), 1),
         }
     }
-    if rows.is_empty() {
-        let index = usize::try_from(turn % scored.len() as u64).unwrap_or(0);
-        return Some((index, SelectionReason::RoundRobinStale));
-    }
-    let row = if temperature > 0.0 {
-        softmax_sample_index(costs, temperature, units.next_unit(), probabilities)?
-    } else {
-        let best = costs.iter().copied().fold(f64::INFINITY, f64::min);
-        let ties = costs.iter().filter(|c| **c == best).count() as u64;
-        let nth = usize::try_from(turn % ties.max(1)).unwrap_or(0);
-        costs
-            .iter()
-            .enumerate()
-            .filter(|(_, c)| **c == best)
-            .nth(nth)
-            .map_or(0, |(i, _)| i)
+    let Some((first, lowest)) = best else {
+        return round_robin();
     };
-    Some((*rows.get(row)?, SelectionReason::KvAware))
+    let nth = usize::try_from(turn % ties.max(1)).unwrap_or(0);
+    if nth == 0 {
+        return Some((first, SelectionReason::KvAware));
+    }
+    let index = scored
+        .iter()
+        .enumerate()
+        .skip(first)
+        .filter(|(_, c)| c.cost == Some(lowest))
+        .nth(nth)
+        .map_or(first, |(i, _)| i);
+    Some((index, SelectionReason::KvAware))
 }
 
 /// The KV-aware [`WorkerPicker`] (module docs): its tunables, cursors, scratch space and sample
@@ -571,6 +601,7 @@ impl WorkerPicker for KvAwarePicker {
             return pick_with(input, &mut self.cursors, &mut self.load, out).map(|_| ());
         }
         score_candidates(input, &self.params, &mut self.kv);
+        let prefill_ranks = self.kv.prefill_ranks;
         let KvScratch {
             scored,
             rows,
@@ -578,7 +609,7 @@ impl WorkerPicker for KvAwarePicker {
             probabilities,
             ..
         } = &mut self.kv;
-        let cursor = if scored.iter().any(|c| c.role == Role::Prefill) {
+        let cursor = if prefill_ranks > 0 {
             &mut self.cursors.prefill
         } else {
             &mut self.cursors.decode
