@@ -24,7 +24,7 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use measure::{Budget, RowFigures, TimerCost};
-use sim::{Activity, Kind, Sim};
+use sim::{Activity, FixedWork, Kind, Sim};
 
 /// Fleet sizes measured, in workers.
 pub(crate) const SIZES: [u32; 3] = [10, 100, 1_000];
@@ -125,8 +125,10 @@ pub(crate) struct PickReport {
 /// picks for every request: a shard shared with rows that do not pick would let the fleet
 /// publish for hundreds of operations between two of its picks. The last one publishes in
 /// bursts ([`sim::Activity::Burst`]).
-const PLAN: [(usize, Kind); 7] = [
+const PLAN: [(usize, Kind); 9] = [
     (0, Kind::Rr),
+    (0, Kind::Fixed(FixedWork::Short)),
+    (0, Kind::Fixed(FixedWork::Long)),
     (0, Kind::Estimate),
     (1, Kind::PickAgg),
     (2, Kind::PickPd),
@@ -238,7 +240,11 @@ impl PickReport {
             "baseline rr: the next worker of the same fleet.workers in turn + the same pin-header \
              rendering. Diagnostics: estimate = estimate_prompt_tokens alone (part of every \
              pick); refresh+p/d = DispatchLedger::refresh (its docs: \"call before each pick\") \
-             then the p/d path; burst agg = the agg path right after every key published at              once (the worst case: each pick reads every candidate's cells again). Every pick              row runs on a shard state of its own"
+             then the p/d path; burst agg = the agg path right after every key published at \
+             once (the worst case: each pick reads every candidate's cells again); fixed 2k / 6k = \
+             the same work every time (that many dependent loads around a 128 KiB table), whose \
+             p99/p50 is the tail the machine alone adds (the reference for the pick rows' p99s). Every pick row runs on a shard \
+             state of its own"
         );
         let _ = writeln!(
             r,
@@ -353,6 +359,38 @@ impl PickReport {
         }
     }
 
+    /// Each pick row's p99/p50 beside the fixed row's of the same fleet: how much of a pick's
+    /// tail the machine alone accounts for.
+    fn render_tails(&self, r: &mut String) {
+        let tail = |f: &RowFigures| f.p99_ns / f.p50_ns.max(1e-9);
+        for workers in SIZES {
+            let mut line = format!("tails (p99/p50) at {workers:>4} workers:");
+            for work in [FixedWork::Short, FixedWork::Long] {
+                if let Some(f) = self.row(workers, Kind::Fixed(work)) {
+                    let _ = write!(
+                        line,
+                        " {} {:.2}x (p50 {:.1} us);",
+                        Kind::Fixed(work).label(),
+                        tail(f),
+                        f.p50_ns / 1e3
+                    );
+                }
+            }
+            for kind in PICK_ROWS {
+                if let Some(f) = self.row(workers, kind) {
+                    let _ = write!(
+                        line,
+                        " {} {:.2}x (p50 {:.1} us);",
+                        kind.label(),
+                        tail(f),
+                        f.p50_ns / 1e3
+                    );
+                }
+            }
+            let _ = writeln!(r, "{}", line.trim_end_matches(';'));
+        }
+    }
+
     fn render_summary(&self, r: &mut String) {
         let smallest = SIZES[0];
         let _ = writeln!(
@@ -390,6 +428,7 @@ impl PickReport {
                 100.0 * e.p50_ns / p.p50_ns.max(1e-9)
             );
         }
+        self.render_tails(r);
         let allocating = self.allocating(&PICK_ROWS);
         if allocating.is_empty() {
             let _ = writeln!(r, "allocations after warm-up: 0 in every pick row (goal 0)");
@@ -458,11 +497,11 @@ mod tests {
                     assert_eq!(row.outcomes.ops, row.ops, "{workers} {kind:?}");
                     assert_eq!(row.outcomes.by_load, row.ops, "{workers} {kind:?}");
                 }
-                if matches!(kind, Kind::Rr | Kind::Estimate) {
+                if matches!(kind, Kind::Rr | Kind::Estimate | Kind::Fixed(_)) {
                     assert_eq!(row.allocs, 0, "{workers} {kind:?}: {row:?}");
                 }
-                // The goal is 0 allocations per pick after warm-up. What the pick path allocates
-                // is the dispatch ledger's per-key record queue growing (VecDeque doubling, kept
+                // The goal is 0 allocations per pick after warm-up. What the pick path may
+                // allocate is the dispatch ledger's record pool growing past its peak (kept
                 // afterwards): nothing outside DispatchLedger::dispatch may allocate.
                 if kind.is_pick() {
                     assert_eq!(
@@ -480,6 +519,9 @@ mod tests {
             "== 100 workers",
             "== 1000 workers",
             "\nrr ",
+            "\nfixed 2k ",
+            "\nfixed 6k ",
+            "tails (p99/p50) at ",
             "\nestimate ",
             "\npick agg ",
             "\npick p/d ",

@@ -88,10 +88,51 @@ pub(crate) enum Kind {
     /// Diagnostic: the aggregated pick right after every key published (run on a shard of
     /// [`Activity::Burst`]).
     BurstPickAgg,
+    /// Reference for the tails: the same work every time, [`FixedWork::steps`] dependent loads
+    /// around one cycle through a [`CHASE_BYTES`] table (memory like a pick's, in the caches
+    /// like a pick's), so its p99 over its p50 is what the machine alone adds to the tail of an
+    /// operation that long (interrupts, the hypervisor, cache shared with other tenants: the
+    /// longer the operation, the likelier one of them lands in it).
+    Fixed(FixedWork),
+}
+
+/// The two lengths of [`Kind::Fixed`]: about a load-only pick's and a KV pick's p50.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FixedWork {
+    /// 2,048 steps.
+    Short,
+    /// 6,144 steps.
+    Long,
+}
+
+impl FixedWork {
+    const fn steps(self) -> u32 {
+        match self {
+            FixedWork::Short => 2_048,
+            FixedWork::Long => 6_144,
+        }
+    }
+}
+
+/// Size of the [`Kind::Fixed`] table (a pick's working set at 1,000 workers is of this order).
+const CHASE_BYTES: usize = 128 * 1024;
+
+/// One cycle through every entry of a [`CHASE_BYTES`] table in a pseudo-random order (Sattolo's
+/// shuffle), so each load depends on the last and the prefetcher cannot guess the next.
+fn chase_table() -> Vec<u32> {
+    let n = CHASE_BYTES / std::mem::size_of::<u32>();
+    let mut t: Vec<u32> = (0..n as u32).collect();
+    let mut seed = 0x000C_4A5E_u64;
+    for i in (1..n).rev() {
+        let j = (next(&mut seed) % i as u64) as usize;
+        t.swap(i, j);
+    }
+    // `t` as a permutation has one cycle; following `t[at]` walks it.
+    t
 }
 
 /// Number of [`Kind`]s.
-const KINDS: usize = 7;
+const KINDS: usize = 9;
 
 /// Blocks of the KV row's prompt (an 8K-token prompt in blocks of 64).
 pub(crate) const PROMPT_BLOCKS: usize = 128;
@@ -107,6 +148,23 @@ impl Kind {
             Kind::RefreshPickPd => "refresh+p/d",
             Kind::PickKvAgg => "pick kv",
             Kind::BurstPickAgg => "burst agg",
+            Kind::Fixed(FixedWork::Short) => "fixed 2k",
+            Kind::Fixed(FixedWork::Long) => "fixed 6k",
+        }
+    }
+
+    /// Position in per-kind arrays (`0..KINDS`).
+    const fn index(self) -> usize {
+        match self {
+            Kind::Rr => 0,
+            Kind::PickAgg => 1,
+            Kind::PickPd => 2,
+            Kind::Estimate => 3,
+            Kind::RefreshPickPd => 4,
+            Kind::PickKvAgg => 5,
+            Kind::BurstPickAgg => 6,
+            Kind::Fixed(FixedWork::Short) => 7,
+            Kind::Fixed(FixedWork::Long) => 8,
         }
     }
 
@@ -117,7 +175,7 @@ impl Kind {
 
     const fn model(self) -> Option<&'static str> {
         match self {
-            Kind::Rr | Kind::Estimate => None,
+            Kind::Rr | Kind::Estimate | Kind::Fixed(_) => None,
             Kind::PickAgg | Kind::PickKvAgg | Kind::BurstPickAgg => Some(AGG_MODEL),
             Kind::PickPd | Kind::RefreshPickPd => Some(PD_MODEL),
         }
@@ -266,6 +324,9 @@ pub(crate) struct Sim<'f> {
     /// Samples published (every fourth is followed by a dispatch of the other shard).
     published: u64,
     outcomes: [Outcomes; KINDS],
+    /// The [`Kind::Fixed`] table and where its walk stands.
+    chase: Vec<u32>,
+    chase_at: u32,
 }
 
 /// Finishes, in order, the dispatches of `queue` made at least [`REQUEST_OPS`] operations before
@@ -350,6 +411,8 @@ impl<'f> Sim<'f> {
             publish_owed: 0,
             published: 0,
             outcomes: [Outcomes::default(); KINDS],
+            chase: chase_table(),
+            chase_at: 0,
         };
         let applied = sim.round();
         if applied != sim.keys.len() || report.keys != sim.keys.len() {
@@ -379,10 +442,7 @@ impl<'f> Sim<'f> {
 
     /// What the operations of `kind` chose so far.
     pub(crate) fn outcomes(&self, kind: Kind) -> Outcomes {
-        self.outcomes
-            .get(kind as usize)
-            .copied()
-            .unwrap_or_default()
+        self.outcomes.get(kind.index()).copied().unwrap_or_default()
     }
 
     /// Applies a fresh sample with new loads to every key, then lets the other shard dispatch to
@@ -496,6 +556,7 @@ impl<'f> Sim<'f> {
         let Some(model) = kind.model() else {
             return Ok(match kind {
                 Kind::Estimate => self.estimate_only(),
+                Kind::Fixed(work) => self.fixed_work(work),
                 _ => self.round_robin(),
             });
         };
@@ -579,7 +640,7 @@ impl<'f> Sim<'f> {
         let ops = self.ops;
         self.outstanding
             .extend(ids.into_iter().flatten().map(|id| (ops, id)));
-        if let Some(o) = self.outcomes.get_mut(kind as usize) {
+        if let Some(o) = self.outcomes.get_mut(kind.index()) {
             o.ops += 1;
             // The row's own cost decided: `load`, or `kv_aware` for the KV row (a KV pick that
             // fell back to load would mean its fixture matched nothing).
@@ -598,10 +659,24 @@ impl<'f> Sim<'f> {
 
     /// The prompt estimate alone.
     fn estimate_only(&mut self) -> usize {
-        if let Some(o) = self.outcomes.get_mut(Kind::Estimate as usize) {
+        if let Some(o) = self.outcomes.get_mut(Kind::Estimate.index()) {
             o.ops += 1;
         }
         estimate_prompt_tokens(black_box(self.body)).get() as usize
+    }
+
+    /// The tail reference: `work`'s steps around the chase table, from where the last left
+    /// off (the same work every time).
+    fn fixed_work(&mut self, work: FixedWork) -> usize {
+        if let Some(o) = self.outcomes.get_mut(Kind::Fixed(work).index()) {
+            o.ops += 1;
+        }
+        let mut at = self.chase_at;
+        for _ in 0..work.steps() {
+            at = self.chase.get(at as usize).copied().unwrap_or(0);
+        }
+        self.chase_at = black_box(at);
+        at as usize
     }
 
     /// The baseline: the next worker in turn, its pin header rendered the same way.
@@ -623,7 +698,7 @@ impl<'f> Sim<'f> {
         };
         self.headers.clear();
         pins.write_to(&mut self.headers);
-        if let Some(o) = self.outcomes.get_mut(Kind::Rr as usize) {
+        if let Some(o) = self.outcomes.get_mut(Kind::Rr.index()) {
             o.ops += 1;
         }
         black_box(&self.headers).len()
@@ -654,5 +729,22 @@ mod tests {
         let kv = sim.outcomes(Kind::PickKvAgg);
         assert_eq!((kv.ops, kv.by_load, kv.with_prefill), (1_000, 1_000, 0));
         assert_eq!(sim.outcomes(Kind::Rr).ops, 1_000);
+    }
+
+    /// The fixed rows' table is one cycle through every entry: the walk comes back to its start
+    /// after exactly as many steps as there are entries, and not before (so every step loads a
+    /// new entry and a row's work does not depend on where its walk stands).
+    #[test]
+    fn the_chase_table_is_one_cycle_through_every_entry() {
+        let t = chase_table();
+        assert_eq!(t.len() * std::mem::size_of::<u32>(), CHASE_BYTES);
+        let mut at = 0_u32;
+        for step in 1..=t.len() {
+            at = t[at as usize];
+            if at == 0 {
+                assert_eq!(step, t.len(), "back at the start after {step} steps");
+            }
+        }
+        assert_eq!(at, 0);
     }
 }
