@@ -43,8 +43,10 @@
 //!   and may miss a stall whose record is neither the earliest nor the latest eligible one, and
 //!   counts records answered since (those finished unanswered included) as running — the shard
 //!   refreshes before each pick and on its housekeeping tick, which bounds that window;
-//! - `dispatch` and `finish` allocate only when a key gets its first record on this shard or its
-//!   record queue grows; at most [`MAX_RECORDS_PER_KEY`] records are kept per key (a further
+//! - `dispatch` and `finish` allocate only when a key gets its first record on this shard or the
+//!   shard holds more records than ever before (every key's records share one pool of list
+//!   nodes, `super::records`); a [`DispatchId`] names its record's node and counts only while
+//!   that node holds the id's sequence number; at most [`MAX_RECORDS_PER_KEY`] records are kept per key (a further
 //!   dispatch is merged into the newest unanswered record, which over-counts rather than
 //!   under-counts, and a merged record is never credited or marked finished, so finishing one of
 //!   its dispatches cannot take the others' load away; when every kept record is answered, the
@@ -708,6 +710,42 @@ mod cap_tests {
 
     fn records(l: &DispatchLedger) -> usize {
         l.slots.values().map(|e| e.records.len()).sum()
+    }
+
+    /// A record that expired gives its pool node back; a dispatch to another key may take it.
+    /// Finishing the expired dispatch afterwards (a request running past the 30 s expiry) must
+    /// leave the new record alone: its id no longer matches the node's sequence number.
+    #[test]
+    fn finishing_an_expired_dispatch_leaves_the_record_that_reused_its_node_alone() {
+        let store = store_with(vec![worker(1, 0, 1), worker(2, 0, 1)]);
+        let (k1, k2) = (key(1, 0), key(2, 0));
+        let one = DispatchLoad::for_role(DispatchRole::Aggregated, 16, Some(16)); // 1 block
+        let mut ledger = DispatchLedger::new();
+        let view = store.view();
+        let old = ledger.dispatch(&view, k1, one, at_ms(1)).expect("recorded");
+        let later = at_ms(1 + 31_000);
+        ledger.refresh(&view, later); // expired: its node is free
+        let new = ledger.dispatch(&view, k2, one, later).expect("recorded");
+        assert_eq!(new.node, old.node, "the freed node was reused");
+        ledger.finish(&view, old, at_ms(2 + 31_000));
+        let tables = [ledger.table()];
+        let reader = InflightReader::new(&tables);
+        let now = at_ms(3 + 31_000);
+        let inflight = reader.inflight(&view, k2, &view.read(k2), now);
+        assert_eq!(inflight.decode_blocks, 1, "k2's dispatch still counts");
+        assert!(
+            ledger
+                .slots
+                .get(&view.slot(k2).expect("cell").slot)
+                .is_some_and(|e| { e.records.len() == 1 && e.unanswered == e.records.front() }),
+            "k2's list is intact"
+        );
+        // The new dispatch, answered by a sample and finished, is credited as usual.
+        view.apply(k2, &sample(7, 1, Some(0), None), now);
+        ledger.finish(&view, new, at_ms(4 + 31_000));
+        let sum = reader.summary_slot(view.slot(k2).expect("cell"), &view.read(k2), now);
+        assert_eq!(sum.finished.decode_blocks, 1);
+        assert_eq!(records(&ledger), 0);
     }
 
     /// At most [`MAX_RECORDS_PER_KEY`] records per key: further unanswered dispatches merge into
