@@ -321,21 +321,14 @@ fn select_stage(
         blocks: (None, None),
     };
     let lanes = list.lanes.as_slice();
-    // The costs go to the list when the caller keeps them, else straight to a selector.
+    // The costs go to the list when the caller keeps them, else straight to a selector (one
+    // loop each, so the usual one carries no branch on where they go).
     let mut selector = Selector::default();
     candidates.clear();
-    let mut judge = false;
-    for (i, lane) in lanes.iter().enumerate() {
-        let (candidate, fresh) = cost.of(lane);
-        judge |= fresh;
-        if lane.flags & STALLED != 0 {
-            stalled.push(i);
-        }
-        match costs {
-            Costs::Kept => candidates.push(candidate),
-            Costs::Dropped => selector.offer(candidate),
-        }
-    }
+    let judge = match costs {
+        Costs::Kept => cost_lanes(lanes, &mut cost, stalled, |c| candidates.push(c)),
+        Costs::Dropped => cost_lanes(lanes, &mut cost, stalled, |c| selector.offer(c)),
+    };
     // Under the stall judgement a stalled candidate has no backlog and no fresh field
     // ([`crate::load::DigestStanding::Stalled`]): then select over the list of candidates.
     let judged = judge && !stalled.is_empty();
@@ -359,6 +352,27 @@ fn select_stage(
     };
     let slot = *list.slots.get(sel.index)?;
     Some((sel.index, slot, sel.reason.into()))
+}
+
+/// Costs every lane into `sink` in order, noting the stalled ones in `stalled`; whether any
+/// lane's sample is fresh.
+#[inline]
+fn cost_lanes(
+    lanes: &[Lane],
+    cost: &mut LaneCost,
+    stalled: &mut Vec<usize>,
+    mut sink: impl FnMut(Candidate),
+) -> bool {
+    let mut judge = false;
+    for (i, lane) in lanes.iter().enumerate() {
+        let (candidate, fresh) = cost.of(lane);
+        judge |= fresh;
+        if lane.flags & STALLED != 0 {
+            stalled.push(i);
+        }
+        sink(candidate);
+    }
+    judge
 }
 
 /// [`Costs::Kept`] when runners-up are wanted.
