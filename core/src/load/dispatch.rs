@@ -213,11 +213,9 @@ struct Record {
 #[derive(Debug)]
 struct SlotLedger {
     epoch: u64,
-    /// Ordered by time, in the ledger's pool; the first `answered` records are answered (kept
-    /// only to be credited when they finish, not in the sums), `unanswered` is the first of the
-    /// others.
+    /// Ordered by time, in the ledger's pool; a prefix of them is answered (kept only to be
+    /// credited when they finish, not in the sums), `unanswered` is the first of the others.
     records: List,
-    answered: usize,
     unanswered: Option<NodeIx>,
     prefill: u64,
     decode: u64,
@@ -238,7 +236,6 @@ impl SlotLedger {
         Self {
             epoch,
             records: List::new(),
-            answered: 0,
             unanswered: None,
             prefill: 0,
             decode: 0,
@@ -253,7 +250,6 @@ impl SlotLedger {
     fn reset(&mut self, pool: &mut ListPool<Record>, epoch: u64) {
         self.epoch = epoch;
         pool.clear(&mut self.records);
-        self.answered = 0;
         self.unanswered = None;
         self.prefill = 0;
         self.decode = 0;
@@ -364,12 +360,11 @@ impl DispatchLedger {
         }
         entry.prune(pool, &read, t, stamp);
         let mut full = entry.records.len() >= MAX_RECORDS_PER_KEY;
-        if full && entry.answered > 0 && entry.records.len() == entry.answered {
+        if full && entry.unanswered.is_none() {
             // Every kept record is answered: the oldest gives up its floor and future credit.
             if let Some(r) = entry.records.front().and_then(|at| entry.unlink(pool, at)) {
                 entry.stop_running(&r);
             }
-            entry.answered -= 1;
             full = false;
         }
         let last = entry.records.back().filter(|_| full);
@@ -425,7 +420,6 @@ impl DispatchLedger {
         match pool.get_mut(id.node).filter(|r| r.seq == id.seq) {
             Some(r) if r.answered && !r.merged => {
                 if let Some(r) = entry.unlink(pool, id.node) {
-                    entry.answered -= 1;
                     entry.stop_running(&r);
                     entry.credit.add((r.prefill, r.decode));
                     entry.credit_t = t;
@@ -507,7 +501,6 @@ impl SlotLedger {
                 break;
             };
             if r.answered {
-                self.answered -= 1;
                 self.stop_running(&r);
             } else {
                 self.prefill = self.prefill.saturating_sub(r.prefill);
@@ -532,7 +525,6 @@ impl SlotLedger {
             r.answered = true;
             let size = (r.prefill, r.decode);
             self.running.add(size);
-            self.answered += 1;
             self.unanswered = pool.next(at);
         }
         // A sample after the latest finish already shows every credited request gone.

@@ -33,12 +33,6 @@ pub(crate) struct List {
     len: usize,
 }
 
-impl Default for List {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
 impl List {
     /// An empty list.
     pub(crate) const fn new() -> Self {
@@ -76,12 +70,6 @@ pub(crate) struct ListPool<T> {
     nodes: Vec<Node<T>>,
     /// First free node (chained through `next`).
     free: NodeIx,
-}
-
-impl<T> Default for ListPool<T> {
-    fn default() -> Self {
-        Self::new()
-    }
 }
 
 impl<T> ListPool<T> {

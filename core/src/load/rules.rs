@@ -283,6 +283,58 @@ pub fn select(candidates: &[Candidate], cursor: &mut u64) -> Option<Selection> {
     s.finish(cursor, |i| candidates.get(i).copied())
 }
 
+/// The lowest of values offered in index order: the value, the first index holding it and how
+/// many tie with it; and which tie a cursor turn chooses (ties rotate in index order: turn `t`
+/// takes tie `t mod ties`). The load-only [`Selector`] and the KV picker select with it.
+#[derive(Debug, Clone, Copy)]
+pub struct Lowest<C> {
+    best: Option<(C, usize, u64)>,
+}
+
+impl<C> Default for Lowest<C> {
+    fn default() -> Self {
+        Self { best: None }
+    }
+}
+
+impl<C: PartialOrd + Copy> Lowest<C> {
+    /// Offers value `c` at index `i` (indices ascending). A value unordered with the lowest
+    /// (a NaN) is ignored.
+    #[inline]
+    pub fn offer(&mut self, i: usize, c: C) {
+        match &mut self.best {
+            None => self.best = Some((c, i, 1)),
+            Some((b, first, ties)) => match c.partial_cmp(b) {
+                Some(Ordering::Less) => (*b, *first, *ties) = (c, i, 1),
+                Some(Ordering::Equal) => *ties += 1,
+                Some(Ordering::Greater) | None => {}
+            },
+        }
+    }
+
+    /// The index turn `turn` chooses among the ties (`None`: nothing offered). `value_at(i)`
+    /// gives the value offered at `i` again; it is asked only when the turn lands on a tie after
+    /// the first, for the indices after the first below `end`.
+    pub fn choose(
+        &self,
+        turn: u64,
+        end: usize,
+        mut value_at: impl FnMut(usize) -> Option<C>,
+    ) -> Option<usize> {
+        let (best, first, ties) = self.best?;
+        let nth = usize::try_from(turn % ties).unwrap_or(0);
+        if nth == 0 {
+            return Some(first);
+        }
+        Some(
+            (first + 1..end)
+                .filter(|&i| value_at(i) == Some(best))
+                .nth(nth - 1)
+                .unwrap_or(first),
+        )
+    }
+}
+
 /// [`select`] one candidate at a time, for a caller that computes its candidates on the fly:
 /// [`Selector::offer`] each in candidate order, then [`Selector::finish`]. One pass notes
 /// whether any has the stage's fresh field, the lowest defined cost, where it first occurs and
@@ -292,7 +344,7 @@ pub struct Selector {
     offered: usize,
     any_field: bool,
     /// The lowest cost, its first index and how many tie with it.
-    best: Option<(Cost, usize, u64)>,
+    lowest: Lowest<Cost>,
 }
 
 impl Selector {
@@ -302,14 +354,8 @@ impl Selector {
         let i = self.offered;
         self.offered += 1;
         self.any_field |= c.fresh_field;
-        let Some(cost) = c.cost else { return };
-        match &mut self.best {
-            None => self.best = Some((cost, i, 1)),
-            Some((b, first, ties)) => match cost.cmp(b) {
-                Ordering::Less => (*b, *first, *ties) = (cost, i, 1),
-                Ordering::Equal => *ties += 1,
-                Ordering::Greater => {}
-            },
+        if let Some(cost) = c.cost {
+            self.lowest.offer(i, cost);
         }
     }
 
@@ -326,25 +372,21 @@ impl Selector {
         }
         let turn = *cursor;
         *cursor = cursor.wrapping_add(1);
-        let Some((best, first, ties)) = self.best.filter(|_| self.any_field) else {
-            let index = usize::try_from(turn % self.offered as u64).unwrap_or(0);
-            return Some(Selection {
-                index,
-                reason: SelectReason::RoundRobinStale,
-            });
-        };
-        let nth = usize::try_from(turn % ties).unwrap_or(0);
-        let index = if nth == 0 {
-            first
+        let chosen = if self.any_field {
+            self.lowest
+                .choose(turn, self.offered, |i| again(i).and_then(|c| c.cost))
         } else {
-            (first + 1..self.offered)
-                .filter(|&i| again(i).and_then(|c| c.cost) == Some(best))
-                .nth(nth - 1)
-                .unwrap_or(first)
+            None
         };
-        Some(Selection {
-            index,
-            reason: SelectReason::Load,
+        Some(match chosen {
+            Some(index) => Selection {
+                index,
+                reason: SelectReason::Load,
+            },
+            None => Selection {
+                index: usize::try_from(turn % self.offered as u64).unwrap_or(0),
+                reason: SelectReason::RoundRobinStale,
+            },
         })
     }
 }

@@ -61,7 +61,7 @@
 use std::ops::ControlFlow;
 
 use crate::discovery::{InstanceId, Role, Worker};
-use crate::load::rules::Stage;
+use crate::load::rules::{Lowest, Stage};
 use crate::load::{DigestStanding, LoadDigest, LoadKey, ProbeSet, RankProbe};
 
 use super::candidates::{ListId, RankRef, Scope, visit_namespace_ranks, visit_ranks};
@@ -399,37 +399,17 @@ fn select_kv(
         let row = softmax_sample_index(costs, temperature, units.next_unit(), probabilities)?;
         return Some((*rows.get(row)?, SelectionReason::KvAware));
     }
-    // Temperature 0: the lowest cost, exact ties in candidate order rotated by the cursor. One
-    // pass finds the lowest and counts its ties; a second runs only when there are several.
-    // (Costs are never NaN: the cost functions return `None` instead.)
-    let mut best: Option<(usize, f64)> = None;
-    let mut ties = 0_u64;
-    for (i, cost) in scored
-        .iter()
-        .enumerate()
-        .filter_map(|(i, c)| Some((i, c.cost?)))
-    {
-        match best {
-            Some((_, b)) if cost > b => {}
-            Some((_, b)) if cost == b => ties += 1,
-            _ => (best, ties) = (Some((i, cost)), 1),
+    // Temperature 0: the lowest cost, exact ties in candidate order rotated by the cursor.
+    let mut lowest = Lowest::default();
+    for (i, c) in scored.iter().enumerate() {
+        if let Some(cost) = c.cost {
+            lowest.offer(i, cost);
         }
     }
-    let Some((first, lowest)) = best else {
-        return round_robin();
-    };
-    let nth = usize::try_from(turn % ties.max(1)).unwrap_or(0);
-    if nth == 0 {
-        return Some((first, SelectionReason::KvAware));
+    match lowest.choose(turn, scored.len(), |i| scored.get(i).and_then(|c| c.cost)) {
+        Some(index) => Some((index, SelectionReason::KvAware)),
+        None => round_robin(),
     }
-    let index = scored
-        .iter()
-        .enumerate()
-        .skip(first)
-        .filter(|(_, c)| c.cost == Some(lowest))
-        .nth(nth)
-        .map_or(first, |(i, _)| i);
-    Some((index, SelectionReason::KvAware))
 }
 
 /// The KV-aware [`WorkerPicker`] (module docs): its tunables, cursors, scratch space and sample
