@@ -342,11 +342,13 @@ async fn run(params: ControlParams, signals: Signals) -> Result<ExitReason, Cont
                 }
             }
             Some(done) = loaded.recv() => {
-                st.kv.absorb(done);
+                let result = st.kv.absorb(done);
                 if st.kv.refresh(&st.fleet, &st.params.config.dynamo.kv) {
                     let generation = st.publish();
                     tracing::info!(generation, "prompt pipelines published");
                 }
+                // Counted once published: `loaded` in the metrics means the shards have it.
+                st.kv.count(result);
             }
             _ = sleep_until_opt(st.kv.retry_at().map(|at| tokio::time::Instant::from_std(crate::clock::to_std(at)))) => {
                 if st.kv.refresh(&st.fleet, &st.params.config.dynamo.kv) {

@@ -99,23 +99,21 @@ impl KvArtifacts {
         true
     }
 
-    /// A load ended: record it (then call [`KvArtifacts::refresh`] to publish).
-    pub fn absorb(&mut self, done: LoadDone) {
+    /// A load ended: record it (then call [`KvArtifacts::refresh`] to publish, then
+    /// [`KvArtifacts::count`] the returned result, so a reader that sees it counted finds the
+    /// snapshot already holding it).
+    pub fn absorb(&mut self, done: LoadDone) -> ArtifactResult {
         let now = crate::clock::now();
-        let result = match done.result {
-            Ok(ok) => {
-                self.count(ArtifactResult::Loaded);
-                Ok(ok)
-            }
-            Err(r) => {
-                self.count(r);
-                Err(())
-            }
+        let (counted, result) = match done.result {
+            Ok(ok) => (ArtifactResult::Loaded, Ok(ok)),
+            Err(r) => (r, Err(())),
         };
         self.planner.finished(done.key, result, now);
+        counted
     }
 
-    fn count(&self, r: ArtifactResult) {
+    /// Counts a load's result in `continuum_dynamo_kv_artifacts_total`.
+    pub fn count(&self, r: ArtifactResult) {
         if let Some(c) = self.stats.kv_artifacts.get(r.index()) {
             c.fetch_add(1, Ordering::Relaxed);
         }
