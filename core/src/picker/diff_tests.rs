@@ -208,7 +208,17 @@ fn reference_pick(
     Some(out)
 }
 
-fn random_worker(rng: &mut Rng, id: u64) -> Worker {
+/// How a generated fleet's workers declare their cost figures.
+#[derive(Clone, Copy)]
+enum Figures {
+    /// Each its own (block size, capacity and batch size drawn per worker).
+    Drawn,
+    /// One set for all: every stage list has one cost shape, so the picker selects by its
+    /// uniform scan (`super::lanes`) instead of costing each candidate.
+    Shared,
+}
+
+fn random_worker(rng: &mut Rng, id: u64, figures: Figures) -> Worker {
     let ns = NAMESPACES[usize::try_from(rng.below(3)).unwrap_or(0)];
     let role = match rng.below(10) {
         0..=2 => Role::Prefill,
@@ -228,6 +238,11 @@ fn random_worker(rng: &mut Rng, id: u64) -> Worker {
     };
     w.capacity.total_kv_blocks = rng.opt(8, 2000);
     w.capacity.max_num_batched_tokens = rng.opt(8, 16_384);
+    if let Figures::Shared = figures {
+        w.block_size = Some(16);
+        w.capacity.total_kv_blocks = Some(1000);
+        w.capacity.max_num_batched_tokens = Some(8192);
+    }
     w.dp_start_rank = (!rng.chance(60)).then(|| u32::try_from(rng.below(4)).unwrap_or(0));
     w.dp_size = match rng.below(20) {
         0 => Some(0),
@@ -269,7 +284,16 @@ fn random_loads(rng: &mut Rng, f: &FleetView) -> MapLoads {
 
 #[test]
 fn differential_against_naive_reference() {
-    let mut rng = Rng::new(0x5EED_C0DE, 15);
+    differential(0x5EED_C0DE, Figures::Drawn);
+}
+
+#[test]
+fn differential_against_naive_reference_with_shared_figures() {
+    differential(0x0005_11A2_ED00, Figures::Shared);
+}
+
+fn differential(seed: u64, figures: Figures) {
+    let mut rng = Rng::new(seed, 15);
     let now = at_ms(NOW_MS);
     let (mut picks, mut no_worker, mut prefills) = (0u32, 0u32, 0u32);
     let mut reasons: BTreeSet<(&'static str, &'static str)> = BTreeSet::new();
@@ -281,7 +305,7 @@ fn differential_against_naive_reference() {
             .map(|_| {
                 let i = usize::try_from(rng.below(ids.len() as u64)).unwrap_or(0);
                 let id = ids.swap_remove(i);
-                random_worker(&mut rng, id)
+                random_worker(&mut rng, id, figures)
             })
             .collect();
         let f = std::sync::Arc::new(fleet(workers));

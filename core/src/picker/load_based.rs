@@ -30,14 +30,13 @@ use std::num::{NonZeroU32, NonZeroU64};
 use std::ops::ControlFlow;
 
 use crate::discovery::{Role, Worker};
-use crate::load::rules::{Candidate, Cost, Selector, Stage, select};
-use crate::load::{
-    FreshWindow, LoadKey, ProbeSet, RankProbe, Renewed, StageFigures, request_blocks,
-};
+use crate::load::rules::{Candidate, Selector, Stage, select};
+use crate::load::{FreshWindow, LoadKey, ProbeSet, RankProbe, Renewed};
 
 use super::candidates::{
     ListId, MAX_CANDIDATES, RankCard, RankRef, Scope, visit_namespace_ranks, visit_ranks,
 };
+use super::lanes::{Lane, LaneCost, Scan, Shape, cost_lanes, scan_uniform};
 use super::{
     Chosen, DpRankHeaders, MAX_PICKS, NoWorker, Pick, PickInput, PickerCursors, Picks,
     SelectionReason, WorkerPicker,
@@ -64,9 +63,19 @@ pub struct PickScratch {
     decode: StageList,
     /// The prefill stage's candidates (the chosen namespace's prefill workers).
     prefill: StageList,
+    /// What selecting a stage writes as it goes.
+    work: StageWork,
+}
+
+/// The buffers one stage selection writes (either stage's; a pick selects one at a time).
+#[derive(Debug, Default)]
+struct StageWork {
+    /// Each candidate's cost (when they are kept, or selected the general way).
     candidates: Vec<Candidate>,
     /// Indices of the stalled candidates of the stage being selected.
     stalled: Vec<usize>,
+    /// The keys of a uniform scan ([`scan_uniform`]).
+    keys: Vec<u64>,
 }
 
 /// One stage's candidate list and what it was built from.
@@ -84,50 +93,9 @@ struct StageList {
     lanes: Vec<Lane>,
     /// The stage `lanes` were built for.
     lanes_stage: Option<Stage>,
-}
-
-/// One candidate as the cost loop reads it for one stage: its load's [`StageFigures`] with its
-/// card's denominator, packed (40 bytes, one stream for the loop).
-#[derive(Debug, Clone, Copy, Default)]
-struct Lane {
-    /// [`StageFigures::received`].
-    received: u64,
-    /// [`StageFigures::fresh_backlog`] (with `HAS_FIELD`).
-    fresh: u64,
-    /// [`StageFigures::stale_backlog`] (with `NOT_SILENT`).
-    quiet: u64,
-    /// The cost's denominator: `total_kv_blocks` for decode, `max_num_batched_tokens` for
-    /// prefill; 0 for none (an undefined cost, Q-47).
-    den: u64,
-    block_size: Option<NonZeroU32>,
-    flags: u8,
-}
-
-/// A fresh sample carries the stage's field.
-const HAS_FIELD: u8 = 1;
-/// Not silent with load: a stale candidate's backlog is defined.
-const NOT_SILENT: u8 = 1 << 1;
-/// The in-flight stall flag.
-const STALLED: u8 = 1 << 2;
-
-impl Lane {
-    fn of(f: StageFigures, card: &CostCard, stage: Stage) -> Self {
-        let den = match stage {
-            Stage::Prefill => card.max_num_batched_tokens,
-            Stage::Decode => card.total_kv_blocks,
-        };
-        let flag = |on: bool, flag: u8| if on { flag } else { 0 };
-        Self {
-            received: f.received,
-            fresh: f.fresh_backlog.unwrap_or(0),
-            quiet: f.stale_backlog.unwrap_or(0),
-            den: den.map_or(0, NonZeroU64::get),
-            block_size: card.block_size,
-            flags: flag(f.fresh_backlog.is_some(), HAS_FIELD)
-                | flag(f.stale_backlog.is_some(), NOT_SILENT)
-                | flag(f.stalled, STALLED),
-        }
-    }
+    /// The cost shape every lane shares, if one (set when `lanes` are built; a renewal keeps
+    /// each lane's card, so it holds until they are built again).
+    shape: Option<Shape>,
 }
 
 /// The figures a load-only cost reads of a rank, packed (24 bytes instead of a 88-byte slot): a
@@ -165,8 +133,12 @@ impl StageList {
             || self.lanes.len() != answers.len()
             || self.cards.len() != answers.len();
         let lane = |i: usize| {
-            let d = answers.get(i)?;
-            Some(Lane::of(d.stage_figures(stage), self.cards.get(i)?, stage))
+            let (d, card) = (answers.get(i)?, self.cards.get(i)?);
+            let den = match stage {
+                Stage::Prefill => card.max_num_batched_tokens,
+                Stage::Decode => card.total_kv_blocks,
+            };
+            Some(Lane::of(d.stage_figures(stage), den, card.block_size))
         };
         match self.probes.renewed() {
             Renewed::These(renewed) if !all => {
@@ -181,6 +153,7 @@ impl StageList {
                 self.lanes.clear();
                 self.lanes.extend((0..answers.len()).filter_map(lane));
                 self.lanes_stage = Some(stage);
+                self.shape = Shape::of(&self.lanes);
             }
         }
     }
@@ -245,8 +218,11 @@ impl PickScratch {
         Self {
             decode: list(),
             prefill: list(),
-            candidates: Vec::with_capacity(n),
-            stalled: Vec::new(),
+            work: StageWork {
+                candidates: Vec::with_capacity(n),
+                stalled: Vec::new(),
+                keys: Vec::with_capacity(n),
+            },
         }
     }
 }
@@ -307,20 +283,33 @@ impl WorkerPicker for LoadBasedPicker {
 fn select_stage(
     input: &PickInput<'_>,
     list: &mut StageList,
-    (candidates, stalled): (&mut Vec<Candidate>, &mut Vec<usize>),
+    work: &mut StageWork,
     (stage, costs): (Stage, Costs),
     cursor: &mut u64,
 ) -> Option<(usize, Slot, SelectionReason)> {
     let _ = input.loads.read_digests(&mut list.probes, input.now);
     list.renew_lanes(stage);
-    stalled.clear();
-    let mut cost = LaneCost {
-        bound: FreshWindow::new(input.max_staleness, input.now).bound(),
-        prompt: input.prompt_tokens.get(),
-        stage,
-        blocks: (None, None),
-    };
+    let bound = FreshWindow::new(input.max_staleness, input.now).bound();
+    let prompt = input.prompt_tokens.get();
     let lanes = list.lanes.as_slice();
+    if let (Costs::Dropped, Some(shape)) = (costs, list.shape) {
+        // One denominator and block size: compare backlogs alone (`super::lanes`).
+        match scan_uniform(lanes, shape, (stage, bound, prompt), cursor, &mut work.keys) {
+            Scan::Chose(sel) => {
+                let slot = *list.slots.get(sel.index)?;
+                return Some((sel.index, slot, sel.reason.into()));
+            }
+            Scan::Empty => return None,
+            Scan::Declined => {}
+        }
+    }
+    let StageWork {
+        candidates,
+        stalled,
+        ..
+    } = work;
+    stalled.clear();
+    let mut cost = LaneCost::new(bound, prompt, stage);
     // The costs go to the list when the caller keeps them, else straight to a selector (one
     // loop each, so the usual one carries no branch on where they go).
     let mut selector = Selector::default();
@@ -354,27 +343,6 @@ fn select_stage(
     Some((sel.index, slot, sel.reason.into()))
 }
 
-/// Costs every lane into `sink` in order, noting the stalled ones in `stalled`; whether any
-/// lane's sample is fresh.
-#[inline]
-fn cost_lanes(
-    lanes: &[Lane],
-    cost: &mut LaneCost,
-    stalled: &mut Vec<usize>,
-    mut sink: impl FnMut(Candidate),
-) -> bool {
-    let mut judge = false;
-    for (i, lane) in lanes.iter().enumerate() {
-        let (candidate, fresh) = cost.of(lane);
-        judge |= fresh;
-        if lane.flags & STALLED != 0 {
-            stalled.push(i);
-        }
-        sink(candidate);
-    }
-    judge
-}
-
 /// [`Costs::Kept`] when runners-up are wanted.
 fn kept(runners_up: bool) -> Costs {
     if runners_up {
@@ -390,47 +358,6 @@ fn kept(runners_up: bool) -> Costs {
 enum Costs {
     Dropped,
     Kept,
-}
-
-/// What a lane's candidate depends on besides the lane, for one pick and stage.
-struct LaneCost {
-    /// [`FreshWindow::bound`].
-    bound: u64,
-    prompt: u64,
-    stage: Stage,
-    /// The request's blocks for the last block size seen (candidates mostly share one).
-    blocks: (Option<NonZeroU32>, Option<u64>),
-}
-
-impl LaneCost {
-    /// The lane's candidate without the stall judgement, and whether its sample is fresh.
-    #[inline]
-    fn of(&mut self, lane: &Lane) -> (Candidate, bool) {
-        let fresh = lane.received >= self.bound;
-        let (defined, backlog, fresh_field) = if fresh {
-            let field = lane.flags & HAS_FIELD != 0;
-            (field, lane.fresh, field)
-        } else {
-            (lane.flags & NOT_SILENT != 0, lane.quiet, false)
-        };
-        let cost = match self.stage {
-            Stage::Prefill => Cost::new(backlog, lane.den),
-            Stage::Decode => {
-                if self.blocks.0 != lane.block_size {
-                    let size = lane.block_size.map(NonZeroU32::get);
-                    self.blocks = (lane.block_size, request_blocks(self.prompt, size));
-                }
-                self.blocks
-                    .1
-                    .and_then(|b| Cost::new(backlog.saturating_add(b), lane.den))
-            }
-        };
-        let candidate = Candidate {
-            cost: cost.filter(|_| defined),
-            fresh_field,
-        };
-        (candidate, fresh)
-    }
 }
 
 /// The rank header for `w`'s chosen rank (SHIM-12).
@@ -465,7 +392,7 @@ pub(super) fn pick_with<'f>(
     let (dindex, dslot, dreason) = select_stage(
         input,
         &mut scratch.decode,
-        (&mut scratch.candidates, &mut scratch.stalled),
+        &mut scratch.work,
         (Stage::Decode, kept(out.limit() > 1)),
         &mut cursors.decode,
     )
@@ -510,7 +437,7 @@ pub(super) fn pick_with<'f>(
     if let Some((_, pslot, preason)) = select_stage(
         input,
         &mut scratch.prefill,
-        (&mut scratch.candidates, &mut scratch.stalled),
+        &mut scratch.work,
         (Stage::Prefill, Costs::Dropped),
         &mut cursors.prefill,
     ) && let Some(pw) = workers.get(pslot.worker)
@@ -542,7 +469,7 @@ pub(super) fn pair_decode(
     let (index, slot, reason) = select_stage(
         input,
         &mut scratch.decode,
-        (&mut scratch.candidates, &mut scratch.stalled),
+        &mut scratch.work,
         (Stage::Decode, kept(!alternates.is_empty())),
         cursor,
     )?;
@@ -569,7 +496,7 @@ fn runners_up(
     cheapest_others(
         slots.len(),
         chosen,
-        |i| scratch.candidates.get(i).and_then(|c| c.cost),
+        |i| scratch.work.candidates.get(i).and_then(|c| c.cost),
         |i| {
             slots
                 .get(i)

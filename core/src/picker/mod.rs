@@ -41,6 +41,7 @@ mod estimate;
 mod kv_aware;
 mod kv_conditional;
 mod kv_cost;
+mod lanes;
 mod load_based;
 mod positions;
 mod rank_index;
