@@ -828,6 +828,18 @@ impl Stream {
                 by_position, want,
                 "seed {seed} step {step}: positions of prompt {p:?}"
             );
+            // And written by position into a dense array (the picker's way).
+            let mut best = vec![0_u32; self.cands.keys.len()];
+            merged.fill_positions(prompt, &self.cands, &mut self.positions, &mut best);
+            let dense: BTreeMap<u32, u32> = (0_u32..)
+                .zip(&best)
+                .filter(|(_, n)| **n > 0)
+                .map(|(p, n)| (p, *n))
+                .collect();
+            assert_eq!(
+                dense, want,
+                "seed {seed} step {step}: filled positions of prompt {p:?}"
+            );
         }
     }
 }

@@ -62,7 +62,9 @@
 //! - `find_positions` reports ranks through the caller's slot → position map, which it rebuilds
 //!   whenever the map was made for another index (indexes are numbered per process), another
 //!   slot → rank map (each copy counts the slot assignments it replayed: the same count in both
-//!   copies names the same map) or another candidate list (`crate::picker::positions`).
+//!   copies names the same map) or another candidate list (`crate::picker::positions`);
+//!   `fill_positions` writes the same reports into the caller's array by position, the walk
+//!   compiled with the write inlined (no call per rank: what a pick uses).
 
 use std::cell::RefCell;
 use std::fmt;
@@ -202,15 +204,26 @@ impl Table {
         self.keys.get(slot as usize).copied().flatten()
     }
 
-    /// Visits every slot set in `set` (bit `b` of word `wi`: slot `64 wi + b`).
-    fn visit_word(&self, wi: usize, mut set: u64, depth: u32, visit: &mut dyn FnMut(u32, u32)) {
+    /// Visits every slot set in `set` (bit `b` of word `wi`: slot `64 wi + b`); returns how many
+    /// (the walk's count of the ranks left, without a popcount: the baseline x86-64 target has
+    /// no popcount instruction, and a word's leavers are few).
+    fn visit_word(
+        &self,
+        wi: usize,
+        mut set: u64,
+        depth: u32,
+        visit: &mut impl FnMut(u32, u32),
+    ) -> u32 {
+        let mut visited = 0;
         while set != 0 {
             let slot = (wi as u32)
                 .wrapping_mul(64)
                 .wrapping_add(set.trailing_zeros());
             set &= set - 1;
             visit(slot, depth);
+            visited += 1;
         }
+        visited
     }
 
     /// KV-IDX-07 over this copy; see the module docs.
@@ -228,7 +241,7 @@ impl Table {
     }
 
     /// The match walk, reporting each rank as its slot (`visit(slot, blocks)`).
-    fn walk(&self, hashes: &[BlockHash], active: &mut Vec<u64>, visit: &mut dyn FnMut(u32, u32)) {
+    fn walk(&self, hashes: &[BlockHash], active: &mut Vec<u64>, visit: &mut impl FnMut(u32, u32)) {
         let mut walk = Walk {
             active,
             lo: 0,
@@ -256,7 +269,7 @@ impl Table {
             return;
         }
         for (i, &a) in active.iter().enumerate().take(hi).skip(lo) {
-            self.visit_word(i, a, depth, visit);
+            let _ = self.visit_word(i, a, depth, visit);
         }
     }
 }
@@ -277,7 +290,7 @@ struct Walk<'s> {
 impl Walk<'_> {
     /// Goes one block deeper, into a node with `owners`, visiting the ranks that stop here;
     /// `false` once no rank is left (every rank visited).
-    fn step(&mut self, t: &Table, owners: Owners<'_>, visit: &mut dyn FnMut(u32, u32)) -> bool {
+    fn step(&mut self, t: &Table, owners: Owners<'_>, visit: &mut impl FnMut(u32, u32)) -> bool {
         if self.depth == 0 {
             self.active.clear();
             self.active.resize(t.nodes.words(), 0);
@@ -337,9 +350,9 @@ impl Walk<'_> {
                     let keep = if lo + i == at { bits } else { 0 };
                     let gone = *a & !keep;
                     if gone != 0 {
-                        t.visit_word(lo + i, gone, depth, visit);
+                        let left = t.visit_word(lo + i, gone, depth, visit);
                         *a &= keep;
-                        self.count = self.count.saturating_sub(gone.count_ones());
+                        self.count = self.count.saturating_sub(left);
                         self.fp = None;
                     }
                 }
@@ -349,9 +362,9 @@ impl Walk<'_> {
                 for (i, (a, o)) in act.iter_mut().zip(own).enumerate() {
                     let gone = *a & !*o;
                     if gone != 0 {
-                        t.visit_word(lo + i, gone, depth, visit);
+                        let left = t.visit_word(lo + i, gone, depth, visit);
                         *a &= *o;
-                        self.count = self.count.saturating_sub(gone.count_ones());
+                        self.count = self.count.saturating_sub(left);
                         self.fp = None;
                     }
                 }
@@ -461,6 +474,29 @@ impl IndexReader {
         self.with_scratch(|s| table.walk(hashes, s, &mut report));
     }
 
+    /// [`OverlapSource::fill_positions`] over this index: [`IndexReader::find_positions`]'s
+    /// reports written into `best` by the walk itself (no call per rank).
+    pub fn fill_positions(
+        &self,
+        hashes: &[BlockHash],
+        positions: &dyn Positions,
+        cache: &mut PartPositions,
+        best: &mut [u32],
+    ) {
+        let table = self.shared.load();
+        cache.ensure(
+            (self.id, table.layout, table.keys.len()),
+            |s| table.key(s),
+            positions,
+        );
+        let mut report = |slot: u32, blocks: u32| {
+            if let Some(b) = cache.get(slot).and_then(|p| best.get_mut(p as usize)) {
+                *b = (*b).max(blocks);
+            }
+        };
+        self.with_scratch(|s| table.walk(hashes, s, &mut report));
+    }
+
     /// Runs `f` with this handle's walk scratch.
     fn with_scratch(&self, f: impl FnOnce(&mut Vec<u64>)) {
         match self.scratch.try_borrow_mut() {
@@ -508,6 +544,20 @@ impl OverlapSource for Merged<'_> {
         for (i, r) in self.0.iter().enumerate() {
             if let Some(part) = cache.part(i) {
                 r.find_positions(prompt.hashes, positions, part, visit);
+            }
+        }
+    }
+
+    fn fill_positions(
+        &self,
+        prompt: PromptBlocks<'_>,
+        positions: &dyn Positions,
+        cache: &mut RankPositions,
+        best: &mut [u32],
+    ) {
+        for (i, r) in self.0.iter().enumerate() {
+            if let Some(part) = cache.part(i) {
+                r.fill_positions(prompt.hashes, positions, part, best);
             }
         }
     }

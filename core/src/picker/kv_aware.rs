@@ -139,6 +139,8 @@ pub struct KvScratch {
     indexed: bool,
     /// How many of `scored` are prefill ranks (counted when the list is built).
     prefill_ranks: usize,
+    /// The overlap source's reports by position (scratch of [`read_overlap`]).
+    best: Vec<u32>,
     rows: Vec<usize>,
     costs: Vec<f64>,
     probabilities: Vec<f64>,
@@ -195,6 +197,7 @@ fn score_with<'s>(
         indexed,
         positions,
         prefill_ranks,
+        best,
         ..
     } = scratch;
     if list.holds(input, scope) {
@@ -216,7 +219,7 @@ fn score_with<'s>(
         input.prompt_blocks,
         input.overlap,
         scored,
-        (ranks, indexed, positions),
+        (ranks, indexed, positions, best),
     );
     let (now, max_age) = (input.now, input.max_staleness);
     let digests = input.loads.read_digests(probes, now);
@@ -301,12 +304,14 @@ fn push_rank(
     ControlFlow::Continue(())
 }
 
-/// Fills each candidate's `overlap_blocks` from the prompt blocks of its block size.
+/// Fills each candidate's `overlap_blocks` from the prompt blocks of its block size: the source
+/// writes its reports by position into `best`, then every candidate takes its rank's (the
+/// largest report for the first position of its key, capped at the prompt's blocks).
 fn read_overlap(
     prompt_blocks: &[PromptBlocks<'_>],
     overlap: &dyn OverlapSource,
     scored: &mut [ScoredCandidate],
-    (ranks, indexed, cache): (&mut RankIndex, &mut bool, &mut RankPositions),
+    (ranks, indexed, cache, best): (&mut RankIndex, &mut bool, &mut RankPositions, &mut Vec<u32>),
 ) {
     for (i, pb) in prompt_blocks.iter().enumerate() {
         let first_of_size = !prompt_blocks
@@ -327,19 +332,16 @@ fn read_overlap(
             *indexed = true;
         }
         let cap = u32::try_from(pb.hashes.len()).unwrap_or(u32::MAX);
-        let ranks = &*ranks;
-        overlap.find_positions(*pb, ranks, cache, &mut |first, blocks| {
-            // Every candidate of the rank (a rank reported twice keeps its largest count).
-            let mut at = Some(first);
-            while let Some(p) = at {
-                if let Some(c) = scored.get_mut(p as usize)
-                    && c.block_size == pb.block_size
-                {
-                    c.overlap_blocks = c.overlap_blocks.max(blocks.min(cap));
-                }
-                at = ranks.next_of(p);
+        best.clear();
+        best.resize(scored.len(), 0);
+        overlap.fill_positions(*pb, &*ranks, cache, best);
+        for (c, &head) in scored.iter_mut().zip(ranks.heads()) {
+            if c.block_size == pb.block_size
+                && let Some(&b) = best.get(head as usize)
+            {
+                c.overlap_blocks = c.overlap_blocks.max(b.min(cap));
             }
-        });
+        }
     }
 }
 

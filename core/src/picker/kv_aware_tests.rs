@@ -683,6 +683,28 @@ fn a_block_size_without_hashes_has_no_overlap() {
 }
 
 #[test]
+fn every_candidate_of_a_reported_rank_gets_its_overlap() {
+    // One instance id in two namespaces is two candidates of one `(worker, rank)` key; the
+    // source reports the key once, and both candidates (and only they) take its overlap.
+    let f = fleet(vec![
+        worker("a", 1, Role::Aggregated, "m"),
+        worker("a", 2, Role::Aggregated, "m"),
+        worker("b", 1, Role::Aggregated, "m"),
+        worker("b", 3, Role::Aggregated, "m"),
+    ]);
+    let l = MapLoads::default();
+    let ov = MapOverlap(vec![(16, 1, 0, 2), (16, 3, 0, 1)]);
+    let b = blocks16(3);
+    let i = input(&f, &l, &["a", "b"], 48, &b, &ov);
+    let mut s = KvScratch::new();
+    let got: Vec<(u64, u32)> = score_candidates(&i, &params(1.0, 1.0, 0.0), &mut s)
+        .iter()
+        .map(|c| (c.instance_id.get(), c.overlap_blocks))
+        .collect();
+    assert_eq!(got, [(1, 2), (2, 0), (1, 2), (3, 1)]);
+}
+
+#[test]
 fn overlap_takes_the_largest_report_capped_at_the_prompt() {
     let f = fleet(vec![worker("ns", 1, Role::Aggregated, "m")]);
     let l = MapLoads::default();

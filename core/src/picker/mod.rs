@@ -282,6 +282,23 @@ pub trait OverlapSource {
             }
         });
     }
+
+    /// The reports of [`OverlapSource::find_positions`] written into `best`: `best[position]`
+    /// raised to at least `blocks` for each (positions beyond `best` are ignored). A source may
+    /// write them without a call per rank.
+    fn fill_positions(
+        &self,
+        prompt: PromptBlocks<'_>,
+        positions: &dyn Positions,
+        cache: &mut RankPositions,
+        best: &mut [u32],
+    ) {
+        self.find_positions(prompt, positions, cache, &mut |p, blocks| {
+            if let Some(b) = best.get_mut(p as usize) {
+                *b = (*b).max(blocks);
+            }
+        });
+    }
 }
 
 /// No KV index: no rank holds anything.

@@ -4,7 +4,7 @@
 //!
 //! Invariants: rebuilt with the candidate list into reused buffers (no allocation once they
 //! have grown), each rebuild with a serial of its own ([`Positions::serial`]); a key's bucket
-//! holds its first position and `next` chains its further ones (ascending); open addressing
+//! holds its first position and every position names its key's first (`head`); open addressing
 //! with linear probing, at most half the buckets used, so every probe run ends at an empty
 //! bucket; buckets are chosen by a splitmix64 mix of the key and a per-index secret
 //! from `std`'s `RandomState`, so fleet-chosen worker ids cannot build long probe runs. The
@@ -16,8 +16,8 @@ use crate::load::{LoadKey, mix_key as mix};
 
 use super::positions::Positions;
 
-/// The end of a position chain.
-const END: u32 = u32::MAX;
+/// No position (a `head` entry past a rebuild that stopped early).
+const NONE: u32 = u32::MAX;
 
 /// `(worker, dp_rank)` → candidate positions.
 #[derive(Debug)]
@@ -25,10 +25,8 @@ pub(super) struct RankIndex {
     seed: u64,
     /// `1 + candidate position` of a key's first position, or 0 when empty.
     buckets: Vec<u32>,
-    /// Per position, the key's next position ([`END`]: none).
-    next: Vec<u32>,
-    /// Per chain head, the chain's last position (scratch of a rebuild).
-    last: Vec<u32>,
+    /// Per position, the key's first position.
+    head: Vec<u32>,
     /// Which rebuild this is.
     serial: u64,
     keys: Vec<LoadKey>,
@@ -39,8 +37,7 @@ impl Default for RankIndex {
         Self {
             seed: std::collections::hash_map::RandomState::new().hash_one(0x7261_6e6b_u64),
             buckets: Vec::new(),
-            next: Vec::new(),
-            last: Vec::new(),
+            head: Vec::new(),
             serial: 0,
             keys: Vec::new(),
         }
@@ -56,10 +53,8 @@ impl RankIndex {
         let n = self.keys.len().saturating_mul(2).max(8).next_power_of_two();
         self.buckets.clear();
         self.buckets.resize(n, 0);
-        self.next.clear();
-        self.next.resize(self.keys.len(), END);
-        self.last.clear();
-        self.last.resize(self.keys.len(), END);
+        self.head.clear();
+        self.head.resize(self.keys.len(), NONE);
         let mask = n - 1;
         for (pos, &key) in self.keys.iter().enumerate() {
             let Ok(tag) = u32::try_from(pos + 1) else {
@@ -72,20 +67,14 @@ impl RankIndex {
                         if let Some(b) = self.buckets.get_mut(i) {
                             *b = tag;
                         }
-                        if let Some(l) = self.last.get_mut(pos) {
-                            *l = tag - 1;
+                        if let Some(h) = self.head.get_mut(pos) {
+                            *h = tag - 1;
                         }
                         break;
                     }
                     Some(b) if self.keys.get(b as usize - 1) == Some(&key) => {
-                        // Appended after the chain's last position (chains stay ascending).
-                        let head = b as usize - 1;
-                        let tail = self.last.get(head).copied().unwrap_or(END);
-                        if let Some(n) = self.next.get_mut(tail as usize) {
-                            *n = tag - 1;
-                        }
-                        if let Some(l) = self.last.get_mut(head) {
-                            *l = tag - 1;
+                        if let Some(h) = self.head.get_mut(pos) {
+                            *h = b - 1;
                         }
                         break;
                     }
@@ -96,10 +85,10 @@ impl RankIndex {
         }
     }
 
-    /// The position after `pos` with the same key.
-    #[inline]
-    pub(super) fn next_of(&self, pos: u32) -> Option<u32> {
-        self.next.get(pos as usize).copied().filter(|&n| n != END)
+    /// Each position's first position with the same key (itself when it is the first), index
+    /// for index.
+    pub(super) fn heads(&self) -> &[u32] {
+        &self.head
     }
 }
 
@@ -135,16 +124,16 @@ mod tests {
         LoadKey::new(InstanceId::new(w), r)
     }
 
+    /// The positions whose head is `k`'s first position.
     fn positions(ix: &RankIndex, k: LoadKey) -> Vec<usize> {
-        let mut out = Vec::new();
-        let mut at = ix.first(k);
-        while let Some(p) = at {
-            out.push(p as usize);
-            at = ix.next_of(p);
-        }
-        // Chains list a key's positions in ascending order.
-        assert!(out.windows(2).all(|w| w[0] < w[1]), "{out:?}");
-        out
+        let Some(first) = ix.first(k) else {
+            return Vec::new();
+        };
+        let heads = ix.heads().iter().enumerate();
+        heads
+            .filter(|(_, h)| **h == first)
+            .map(|(p, _)| p)
+            .collect()
     }
 
     #[test]
@@ -176,6 +165,10 @@ mod tests {
                     .map(|(i, _)| i)
                     .collect();
                 assert_eq!(positions(&ix, *k), want, "n={n} p={p}");
+                assert_eq!(
+                    ix.heads().get(p).map(|&h| h as usize),
+                    want.first().copied()
+                );
             }
             assert!(positions(&ix, key(u64::MAX, 9)).is_empty());
         }
