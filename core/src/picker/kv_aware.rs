@@ -62,7 +62,7 @@ use std::ops::ControlFlow;
 
 use crate::discovery::{InstanceId, Role, Worker};
 use crate::load::rules::{Lowest, Stage};
-use crate::load::{DigestStanding, LoadDigest, LoadKey, ProbeSet, RankProbe};
+use crate::load::{DigestStanding, FreshWindow, LoadDigest, LoadKey, ProbeSet, RankProbe};
 
 use super::candidates::{ListId, RankRef, Scope, visit_namespace_ranks, visit_ranks};
 use super::kv_conditional::{
@@ -201,12 +201,10 @@ fn score_with<'s>(
         ..
     } = scratch;
     if list.holds(input, scope) {
-        // The same ranks as the last pick: only what a pick computes starts over.
+        // The same ranks as the last pick: only what a pick computes starts over (the scoring
+        // below writes every candidate's status, terms and cost: each is in a group it scores).
         for c in scored.iter_mut() {
             c.overlap_blocks = 0;
-            c.terms = KvTerms::default();
-            c.status = KvStatus::NoBacklog;
-            c.cost = None;
         }
     } else {
         scored.clear();
@@ -222,6 +220,7 @@ fn score_with<'s>(
         (ranks, indexed, positions, best),
     );
     let (now, max_age) = (input.now, input.max_staleness);
+    let window = FreshWindow::new(max_age, now);
     let digests = input.loads.read_digests(probes, now);
     let isl = input.prompt_tokens.get();
     // A group without members is skipped (an aggregated fleet has no prefill group).
@@ -239,14 +238,14 @@ fn score_with<'s>(
                 .zip(digests.iter())
                 .filter(|(c, _)| in_group(c))
         };
-        let judge = members().any(|(_, d)| d.is_fresh(max_age, now));
+        let judge = members().any(|(_, d)| d.is_fresh_in(window));
         let with_backlog =
             members().any(|(_, d)| d.stage_backlog(stage, max_age, now, judge).fresh_field);
         for (c, d) in scored.iter_mut().zip(digests.iter()) {
             if !in_group(c) {
                 continue;
             }
-            let standing = d.standing(max_age, now, judge);
+            let standing = d.standing_in(window, judge);
             (c.status, c.terms) = if with_backlog {
                 backlog_terms(d, standing, stage)
             } else {
