@@ -14,7 +14,9 @@
 //! - the stall judgement applies only when some candidate **of the stage** has a fresh sample
 //!   (LOAD-STORE-13);
 //! - [`select`]: lowest defined cost with cursor-rotated ties when some candidate has a fresh
-//!   sample with the stage's field (PICK-06), else the cursor rotates over all (PICK-07/10).
+//!   sample with the stage's field (PICK-06), else the cursor rotates over all (PICK-07/10). A
+//!   list whose candidates share one capacity and block size applies the same rule to their
+//!   backlogs alone ([`super::lanes::scan_uniform`]).
 //!
 //! Candidate order (what the cursors index): `fleet.workers` order, i.e. `(namespace,
 //! instance_id)`, then ascending rank. Mixed namespaces (PICK-11..14): where a namespace has both
