@@ -460,18 +460,7 @@ impl IndexReader {
         cache: &mut PartPositions,
         visit: &mut dyn FnMut(u32, u32),
     ) {
-        let table = self.shared.load();
-        cache.ensure(
-            (self.id, table.layout, table.keys.len()),
-            |s| table.key(s),
-            positions,
-        );
-        let mut report = |slot: u32, blocks: u32| {
-            if let Some(p) = cache.get(slot) {
-                visit(p, blocks);
-            }
-        };
-        self.with_scratch(|s| table.walk(hashes, s, &mut report));
+        self.walk_positions(hashes, positions, cache, visit);
     }
 
     /// [`OverlapSource::fill_positions`] over this index: [`IndexReader::find_positions`]'s
@@ -483,18 +472,34 @@ impl IndexReader {
         cache: &mut PartPositions,
         best: &mut [u32],
     ) {
+        self.walk_positions(hashes, positions, cache, |p, blocks| {
+            if let Some(b) = best.get_mut(p as usize) {
+                *b = (*b).max(blocks);
+            }
+        });
+    }
+
+    /// The match walk with its reports mapped to candidate positions through `cache` (brought up
+    /// to date first): `report(position, blocks)`, compiled into the walk.
+    fn walk_positions(
+        &self,
+        hashes: &[BlockHash],
+        positions: &dyn Positions,
+        cache: &mut PartPositions,
+        mut report: impl FnMut(u32, u32),
+    ) {
         let table = self.shared.load();
         cache.ensure(
             (self.id, table.layout, table.keys.len()),
             |s| table.key(s),
             positions,
         );
-        let mut report = |slot: u32, blocks: u32| {
-            if let Some(b) = cache.get(slot).and_then(|p| best.get_mut(p as usize)) {
-                *b = (*b).max(blocks);
+        let mut by_slot = |slot: u32, blocks: u32| {
+            if let Some(p) = cache.get(slot) {
+                report(p, blocks);
             }
         };
-        self.with_scratch(|s| table.walk(hashes, s, &mut report));
+        self.with_scratch(|s| table.walk(hashes, s, &mut by_slot));
     }
 
     /// Runs `f` with this handle's walk scratch.
