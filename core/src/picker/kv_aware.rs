@@ -239,8 +239,10 @@ fn score_with<'s>(
                 .filter(|(c, _)| in_group(c))
         };
         let judge = members().any(|(_, d)| d.is_fresh_in(window));
-        let with_backlog =
-            members().any(|(_, d)| d.stage_backlog(stage, max_age, now, judge).fresh_field);
+        let with_backlog = members().any(|(_, d)| {
+            d.backlog_of(d.standing_in(window, judge), stage)
+                .fresh_field
+        });
         for (c, d) in scored.iter_mut().zip(digests.iter()) {
             if !in_group(c) {
                 continue;

@@ -27,27 +27,27 @@ use crate::load::rules::{Candidate, Cost, SelectReason, Selection, Stage};
 use crate::load::{StageFigures, request_blocks};
 
 /// A fresh sample carries the stage's field.
-pub(super) const HAS_FIELD: u8 = 1;
+const HAS_FIELD: u8 = 1;
 /// Not silent with load: a stale candidate's backlog is defined.
-pub(super) const NOT_SILENT: u8 = 1 << 1;
+const NOT_SILENT: u8 = 1 << 1;
 /// The in-flight stall flag.
-pub(super) const STALLED: u8 = 1 << 2;
+const STALLED: u8 = 1 << 2;
 
 /// One candidate as the cost loop reads it for one stage: its load's [`StageFigures`] with its
 /// card's denominator, packed (40 bytes, one stream for the loop).
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy)]
 pub(super) struct Lane {
     /// [`StageFigures::received`].
-    pub(super) received: u64,
+    received: u64,
     /// [`StageFigures::fresh_backlog`] (with `HAS_FIELD`).
-    pub(super) fresh: u64,
+    fresh: u64,
     /// [`StageFigures::stale_backlog`] (with `NOT_SILENT`).
-    pub(super) quiet: u64,
+    quiet: u64,
     /// The cost's denominator: `total_kv_blocks` for decode, `max_num_batched_tokens` for
     /// prefill; 0 for none (an undefined cost, Q-47).
-    pub(super) den: u64,
-    pub(super) block_size: Option<NonZeroU32>,
-    pub(super) flags: u8,
+    den: u64,
+    block_size: Option<NonZeroU32>,
+    flags: u8,
 }
 
 impl Lane {
@@ -74,11 +74,11 @@ impl Lane {
 /// What a lane's candidate depends on besides the lane, for one pick and stage.
 pub(super) struct LaneCost {
     /// [`crate::load::FreshWindow::bound`].
-    pub(super) bound: u64,
-    pub(super) prompt: u64,
-    pub(super) stage: Stage,
+    bound: u64,
+    prompt: u64,
+    stage: Stage,
     /// The request's blocks for the last block size seen (candidates mostly share one).
-    pub(super) blocks: (Option<NonZeroU32>, Option<u64>),
+    blocks: (Option<NonZeroU32>, Option<u64>),
 }
 
 impl LaneCost {
