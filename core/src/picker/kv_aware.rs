@@ -66,9 +66,9 @@ use crate::load::{DigestStanding, FreshWindow, LoadDigest, LoadKey, ProbeSet, Ra
 
 use super::candidates::{ListId, RankRef, Scope, visit_namespace_ranks, visit_ranks};
 use super::kv_conditional::{
-    BypassDecision, ConditionalDisagg, DecodeRank, conditional_decode_cost, decide_bypass,
+    BypassDecision, ConditionalDisagg, DecodeRank, conditional_request_cost, decide_bypass,
 };
-use super::kv_cost::{KvParams, KvTerms, kv_cost, softmax_sample_index};
+use super::kv_cost::{KvParams, KvRequest, KvTerms, softmax_sample_index};
 use super::load_based::{
     PickScratch, cheapest_others, pair_decode, pick_with, push_ordered, rank_header, with_decode,
 };
@@ -141,6 +141,14 @@ pub struct KvScratch {
     prefill_ranks: usize,
     /// The overlap source's reports by position (scratch of [`read_overlap`]).
     best: Vec<u32>,
+    /// Each candidate's block size, index for index with `scored` (built with the list): the
+    /// overlap read runs over these compact arrays, not the candidate records.
+    sizes: Vec<u32>,
+    /// Each candidate's overlap as [`read_overlap`] found it, index for index with `scored`.
+    overlaps: Vec<u32>,
+    /// The lowest cost of the last scoring, offered in candidate order (temperature 0 selects
+    /// from it without another pass).
+    lowest: Lowest<f64>,
     rows: Vec<usize>,
     costs: Vec<f64>,
     probabilities: Vec<f64>,
@@ -170,12 +178,13 @@ pub fn score_candidates<'s>(
         params,
         scratch,
         (Scope::Candidates, push_candidates),
-        kv_cost,
+        |params, request, overlap, terms| request.cost(params, overlap, terms),
     )
 }
 
-/// The cost of one competing rank: `(params, isl, block_size, overlap_blocks, terms)`.
-type CostFn = fn(&KvParams, u64, u32, u32, KvTerms) -> Option<f64>;
+/// The cost of one competing rank: `(params, request at the rank's block size, overlap_blocks,
+/// terms)`.
+type CostFn = fn(&KvParams, &KvRequest, u32, KvTerms) -> Option<f64>;
 
 /// Where a push of candidates goes: the candidates and, index for index, their probes.
 type Pushed<'a> = (&'a mut Vec<ScoredCandidate>, &'a mut ProbeSet);
@@ -198,74 +207,103 @@ fn score_with<'s>(
         positions,
         prefill_ranks,
         best,
+        sizes,
+        overlaps,
+        lowest,
         ..
     } = scratch;
-    if list.holds(input, scope) {
-        // The same ranks as the last pick: only what a pick computes starts over (the scoring
-        // below writes every candidate's status, terms and cost: each is in a group it scores).
-        for c in scored.iter_mut() {
-            c.overlap_blocks = 0;
-        }
-    } else {
+    if !list.holds(input, scope) {
         scored.clear();
         probes.clear();
         *indexed = false;
         push(input, (&mut *scored, &mut *probes));
         *prefill_ranks = scored.iter().filter(|c| c.role == Role::Prefill).count();
+        sizes.clear();
+        sizes.extend(scored.iter().map(|c| c.block_size));
     }
+    // Kept or rebuilt, the scoring below writes every candidate's overlap, status, terms and
+    // cost (each is in a group it scores).
     read_overlap(
         input.prompt_blocks,
         input.overlap,
-        scored,
+        (sizes, overlaps),
         (ranks, indexed, positions, best),
+        || {
+            scored
+                .iter()
+                .map(|c| LoadKey::new(c.instance_id, c.dp_rank))
+        },
     );
-    let (now, max_age) = (input.now, input.max_staleness);
-    let window = FreshWindow::new(max_age, now);
-    let digests = input.loads.read_digests(probes, now);
+    let window = FreshWindow::new(input.max_staleness, input.now);
+    let digests = input.loads.read_digests(probes, input.now);
     let isl = input.prompt_tokens.get();
-    // A group without members is skipped (an aggregated fleet has no prefill group).
-    let present = [*prefill_ranks > 0, *prefill_ranks < scored.len()];
-    for (prefill_group, _) in [true, false].into_iter().zip(present).filter(|(_, p)| *p) {
-        let in_group = |c: &ScoredCandidate| (c.role == Role::Prefill) == prefill_group;
-        let stage = if prefill_group {
-            Stage::Prefill
-        } else {
-            Stage::Decode
-        };
+    // Each group's backlog rules, judged over its members; a group without members is never
+    // consulted (an aggregated fleet has no prefill group).
+    let rules = |stage: Stage, present: bool| {
+        let in_group = |c: &ScoredCandidate| (c.role == Role::Prefill) == (stage == Stage::Prefill);
         let members = || {
             scored
                 .iter()
                 .zip(digests.iter())
-                .filter(|(c, _)| in_group(c))
+                .filter(move |(c, _)| in_group(c))
         };
-        let judge = members().any(|(_, d)| d.is_fresh_in(window));
-        let with_backlog = members().any(|(_, d)| {
-            d.backlog_of(d.standing_in(window, judge), stage)
-                .fresh_field
-        });
-        for (c, d) in scored.iter_mut().zip(digests.iter()) {
-            if !in_group(c) {
-                continue;
-            }
-            let standing = d.standing_in(window, judge);
-            (c.status, c.terms) = if with_backlog {
-                backlog_terms(d, standing, stage)
-            } else {
-                (KvStatus::NoBacklog, KvTerms::default())
-            };
-            let competes = matches!(c.status, KvStatus::Backlog | KvStatus::NoBacklog);
-            if competes && c.block_size == 0 {
-                c.status = KvStatus::NoBlockSize;
-            }
-            c.cost = match c.status {
-                KvStatus::Backlog | KvStatus::NoBacklog => {
-                    cost(params, isl, c.block_size, c.overlap_blocks, c.terms)
+        let judge = present && members().any(|(_, d)| d.is_fresh_in(window));
+        let with_backlog = present
+            && members().any(|(_, d)| {
+                d.backlog_of(d.standing_in(window, judge), stage)
+                    .fresh_field
+            });
+        GroupRules {
+            stage,
+            judge,
+            with_backlog,
+        }
+    };
+    let prefill = rules(Stage::Prefill, *prefill_ranks > 0);
+    let decode = rules(Stage::Decode, *prefill_ranks < scored.len());
+    *lowest = Lowest::default();
+    // The request at the block size of the last costed rank (nearly always the only one).
+    let mut request: Option<KvRequest> = None;
+    let each = scored.iter_mut().zip(digests.iter().zip(overlaps.iter()));
+    for (i, (c, (d, &overlap))) in each.enumerate() {
+        let g = if c.role == Role::Prefill {
+            &prefill
+        } else {
+            &decode
+        };
+        c.overlap_blocks = overlap;
+        (c.status, c.terms) = if g.with_backlog {
+            backlog_terms(d, d.standing_in(window, g.judge), g.stage)
+        } else {
+            (KvStatus::NoBacklog, KvTerms::default())
+        };
+        let competes = matches!(c.status, KvStatus::Backlog | KvStatus::NoBacklog);
+        if competes && c.block_size == 0 {
+            c.status = KvStatus::NoBlockSize;
+        }
+        c.cost = match c.status {
+            KvStatus::Backlog | KvStatus::NoBacklog => {
+                if request.is_none_or(|r| r.block_size() != c.block_size) {
+                    request = KvRequest::new(isl, c.block_size);
                 }
-                _ => None,
-            };
+                let r = request.as_ref();
+                r.and_then(|r| cost(params, r, c.overlap_blocks, c.terms))
+            }
+            _ => None,
+        };
+        if let Some(cost) = c.cost {
+            lowest.offer(i, cost);
         }
     }
     scored
+}
+
+/// One group's backlog rules for a pick (module docs): its stage, whether the stall judgement
+/// applies (some member is fresh) and whether it competes with backlog terms.
+struct GroupRules {
+    stage: Stage,
+    judge: bool,
+    with_backlog: bool,
 }
 
 /// Pushes the KV-stage candidate ranks in candidate order (module docs).
@@ -305,42 +343,44 @@ fn push_rank(
     ControlFlow::Continue(())
 }
 
-/// Fills each candidate's `overlap_blocks` from the prompt blocks of its block size: the source
-/// writes its reports by position into `best`, then every candidate takes its rank's (the
-/// largest report for the first position of its key, capped at the prompt's blocks).
-fn read_overlap(
+/// Writes each candidate's overlap into `overlaps` (index for index with `sizes`, the
+/// candidates' block sizes) from the prompt blocks of its block size: the source writes its
+/// reports by position into `best`, then every candidate takes its rank's (the largest report
+/// for the first position of its key, capped at the prompt's blocks); 0 without a report.
+/// `keys` lists the candidates' keys, asked only when `ranks` must be rebuilt.
+fn read_overlap<K: Iterator<Item = LoadKey>>(
     prompt_blocks: &[PromptBlocks<'_>],
     overlap: &dyn OverlapSource,
-    scored: &mut [ScoredCandidate],
+    (sizes, overlaps): (&[u32], &mut Vec<u32>),
     (ranks, indexed, cache, best): (&mut RankIndex, &mut bool, &mut RankPositions, &mut Vec<u32>),
+    keys: impl Fn() -> K,
 ) {
+    overlaps.clear();
+    overlaps.resize(sizes.len(), 0);
     for (i, pb) in prompt_blocks.iter().enumerate() {
         let first_of_size = !prompt_blocks
             .get(..i)
             .unwrap_or(&[])
             .iter()
             .any(|p| p.block_size == pb.block_size);
-        let used = scored.iter().any(|c| c.block_size == pb.block_size);
+        let used = sizes.contains(&pb.block_size);
         if !first_of_size || !used || pb.hashes.is_empty() || pb.block_size == 0 {
             continue;
         }
         if !*indexed {
-            ranks.rebuild(
-                scored
-                    .iter()
-                    .map(|c| LoadKey::new(c.instance_id, c.dp_rank)),
-            );
+            ranks.rebuild(keys());
             *indexed = true;
         }
         let cap = u32::try_from(pb.hashes.len()).unwrap_or(u32::MAX);
         best.clear();
-        best.resize(scored.len(), 0);
+        best.resize(sizes.len(), 0);
         overlap.fill_positions(*pb, &*ranks, cache, best);
-        for (c, &head) in scored.iter_mut().zip(ranks.heads()) {
-            if c.block_size == pb.block_size
+        let each = overlaps.iter_mut().zip(sizes).zip(ranks.heads());
+        for ((o, &size), &head) in each {
+            if size == pb.block_size
                 && let Some(&b) = best.get(head as usize)
             {
-                c.overlap_blocks = c.overlap_blocks.max(b.min(cap));
+                *o = (*o).max(b.min(cap));
             }
         }
     }
@@ -369,9 +409,10 @@ fn backlog_terms(d: &LoadDigest, standing: DigestStanding, stage: Stage) -> (KvS
     (KvStatus::Backlog, terms)
 }
 
-/// Selects among `scored` (module docs): the chosen index and reason; `None` only when empty.
+/// Selects among `scored` (module docs), whose lowest cost in candidate order is `lowest`: the
+/// chosen index and reason; `None` only when empty.
 fn select_kv(
-    scored: &[ScoredCandidate],
+    (scored, lowest): (&[ScoredCandidate], &Lowest<f64>),
     temperature: f64,
     cursor: &mut u64,
     units: &mut dyn UnitSource,
@@ -403,12 +444,6 @@ fn select_kv(
         return Some((*rows.get(row)?, SelectionReason::KvAware));
     }
     // Temperature 0: the lowest cost, exact ties in candidate order rotated by the cursor.
-    let mut lowest = Lowest::default();
-    for (i, c) in scored.iter().enumerate() {
-        if let Some(cost) = c.cost {
-            lowest.offer(i, cost);
-        }
-    }
     match lowest.choose(turn, scored.len(), |i| scored.get(i).and_then(|c| c.cost)) {
         Some(index) => Some((index, SelectionReason::KvAware)),
         None => round_robin(),
@@ -487,7 +522,7 @@ impl KvAwarePicker {
             &self.params,
             &mut self.pool_decode,
             (scope, push),
-            conditional_decode_cost,
+            conditional_request_cost,
         );
         let KvScratch {
             scored,
@@ -495,10 +530,11 @@ impl KvAwarePicker {
             rows,
             costs,
             probabilities,
+            lowest,
             ..
         } = &mut self.pool_decode;
         let (index, reason) = select_kv(
-            scored,
+            (scored, lowest),
             self.params.temperature,
             &mut self.cursors.decode,
             self.units.as_mut(),
@@ -590,6 +626,7 @@ impl WorkerPicker for KvAwarePicker {
             rows,
             costs,
             probabilities,
+            lowest,
             ..
         } = &mut self.kv;
         let cursor = if prefill_ranks > 0 {
@@ -598,7 +635,7 @@ impl WorkerPicker for KvAwarePicker {
             &mut self.cursors.decode
         };
         let (index, reason) = select_kv(
-            scored,
+            (scored, lowest),
             self.params.temperature,
             cursor,
             self.units.as_mut(),

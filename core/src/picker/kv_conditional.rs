@@ -22,7 +22,7 @@
 
 use crate::config::dynamo::ConditionalDisaggregation;
 
-use super::kv_cost::{KvParams, KvTerms, decode_cost_blocks};
+use super::kv_cost::{KvParams, KvRequest, KvTerms, decode_cost_blocks};
 
 /// Upstream 1.6.1 `DEFAULT_CONDITIONAL_DISAGG_EFF_ISL_THRESHOLD`: a bypass needs fewer net-new
 /// prompt tokens than this.
@@ -58,10 +58,22 @@ pub fn conditional_decode_cost(
     overlap_blocks: u32,
     terms: KvTerms,
 ) -> Option<f64> {
-    if block_size == 0 {
-        return None;
-    }
-    let decode = decode_cost_blocks(isl, block_size, overlap_blocks, terms.active_decode_blocks);
+    conditional_request_cost(
+        params,
+        &KvRequest::new(isl, block_size)?,
+        overlap_blocks,
+        terms,
+    )
+}
+
+/// [`conditional_decode_cost`] of a rank holding `overlap_blocks` for `request`.
+pub(super) fn conditional_request_cost(
+    params: &KvParams,
+    request: &KvRequest,
+    overlap_blocks: u32,
+    terms: KvTerms,
+) -> Option<f64> {
+    let decode = request.decode_cost_blocks(overlap_blocks, terms.active_decode_blocks);
     let credit = params.overlap_score_credit * f64::from(overlap_blocks);
     // `f64::max` would turn a NaN into 0: refuse it first.
     let cost = decode as f64 - credit;

@@ -76,23 +76,7 @@ pub fn kv_cost(
     overlap_blocks: u32,
     terms: KvTerms,
 ) -> Option<f64> {
-    if block_size == 0 {
-        return None;
-    }
-    let cached_tokens = u64::from(overlap_blocks)
-        .saturating_mul(u64::from(block_size))
-        .min(isl);
-    let raw_prefill_tokens = terms
-        .active_prefill_tokens
-        .saturating_add(isl.saturating_sub(cached_tokens))
-        .saturating_add(cached_tokens);
-    let raw_prefill_blocks = raw_prefill_tokens as f64 / f64::from(block_size);
-    let overlap_credit_blocks = params.overlap_score_credit * f64::from(overlap_blocks);
-    let adjusted_prefill = (raw_prefill_blocks - overlap_credit_blocks).max(0.0);
-    let decode_cost_blocks =
-        decode_cost_blocks(isl, block_size, overlap_blocks, terms.active_decode_blocks) as f64;
-    let cost = params.prefill_load_scale * adjusted_prefill + decode_cost_blocks;
-    (!cost.is_nan()).then_some(cost)
+    KvRequest::new(isl, block_size)?.cost(params, overlap_blocks, terms)
 }
 
 /// KV-PICK-01's `decode_cost_blocks = active_decode_blocks + max(0, ceil(isl / bs) -
@@ -104,12 +88,63 @@ pub fn decode_cost_blocks(
     overlap_blocks: u32,
     active_decode_blocks: u64,
 ) -> u64 {
-    let request_blocks = match block_size {
-        0 => 0,
-        bs => isl.div_ceil(u64::from(bs)),
-    };
-    let new_blocks = request_blocks.saturating_sub(u64::from(overlap_blocks));
-    active_decode_blocks.saturating_add(new_blocks)
+    match KvRequest::new(isl, block_size) {
+        Some(r) => r.decode_cost_blocks(overlap_blocks, active_decode_blocks),
+        None => active_decode_blocks,
+    }
+}
+
+/// An `isl`-token request as [`kv_cost`] sees it at one non-zero block size: what the cost of
+/// every rank of that block size shares, worked out once per pick rather than per rank (a pick
+/// costs hundreds of ranks, nearly always of one block size).
+///
+/// [`KvRequest::cost`] is [`kv_cost`]'s formula with `cached_tokens` cancelled:
+/// `(active_prefill_tokens ⊕ (isl - cached_tokens)) ⊕ cached_tokens` (⊕: saturating addition)
+/// equals `active_prefill_tokens ⊕ isl` for every `cached_tokens ≤ isl`, because the two
+/// unsaturated sums are equal and either both exceed `u64::MAX` or neither does. Every other
+/// step, and the order of the floating-point operations, is the formula's.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct KvRequest {
+    isl: u64,
+    block_size: u32,
+    /// `ceil(isl / block_size)`.
+    request_blocks: u64,
+}
+
+impl KvRequest {
+    /// The request at `block_size`; `None` for a zero block size (no cost).
+    pub fn new(isl: u64, block_size: u32) -> Option<Self> {
+        (block_size > 0).then(|| Self {
+            isl,
+            block_size,
+            request_blocks: isl.div_ceil(u64::from(block_size)),
+        })
+    }
+
+    /// The block size.
+    pub fn block_size(&self) -> u32 {
+        self.block_size
+    }
+
+    /// [`decode_cost_blocks`] of a rank holding `overlap_blocks` with `active_decode_blocks`.
+    pub fn decode_cost_blocks(&self, overlap_blocks: u32, active_decode_blocks: u64) -> u64 {
+        let new_blocks = self
+            .request_blocks
+            .saturating_sub(u64::from(overlap_blocks));
+        active_decode_blocks.saturating_add(new_blocks)
+    }
+
+    /// [`kv_cost`] of a rank holding `overlap_blocks` with `terms` (`None` for a NaN result).
+    pub fn cost(&self, params: &KvParams, overlap_blocks: u32, terms: KvTerms) -> Option<f64> {
+        let raw_prefill_tokens = terms.active_prefill_tokens.saturating_add(self.isl);
+        let raw_prefill_blocks = raw_prefill_tokens as f64 / f64::from(self.block_size);
+        let overlap_credit_blocks = params.overlap_score_credit * f64::from(overlap_blocks);
+        let adjusted_prefill = (raw_prefill_blocks - overlap_credit_blocks).max(0.0);
+        let decode_cost_blocks =
+            self.decode_cost_blocks(overlap_blocks, terms.active_decode_blocks) as f64;
+        let cost = params.prefill_load_scale * adjusted_prefill + decode_cost_blocks;
+        (!cost.is_nan()).then_some(cost)
+    }
 }
 
 /// Samples a row of `costs` from the softmax of their negated, min/max-normalised values at

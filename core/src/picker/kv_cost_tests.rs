@@ -4,7 +4,7 @@
 
 use crate::config::dynamo::KvConfig;
 
-use super::{KvParams, KvTerms, kv_cost, softmax_sample_index};
+use super::{KvParams, KvRequest, KvTerms, decode_cost_blocks, kv_cost, softmax_sample_index};
 
 fn params(credit: f64, scale: f64, temperature: f64) -> KvParams {
     KvParams {
@@ -12,6 +12,78 @@ fn params(credit: f64, scale: f64, temperature: f64) -> KvParams {
         prefill_load_scale: scale,
         temperature,
     }
+}
+
+/// KV-PICK-01 step by step as the spec writes it, `cached_tokens` included (saturating).
+fn verbatim_cost(p: &KvParams, isl: u64, bs: u32, overlap: u32, t: KvTerms) -> Option<f64> {
+    if bs == 0 {
+        return None;
+    }
+    let cached_tokens = u64::from(overlap).saturating_mul(u64::from(bs)).min(isl);
+    let raw_prefill_tokens = t
+        .active_prefill_tokens
+        .saturating_add(isl - cached_tokens)
+        .saturating_add(cached_tokens);
+    let raw_prefill_blocks = raw_prefill_tokens as f64 / f64::from(bs);
+    let adjusted_prefill =
+        (raw_prefill_blocks - p.overlap_score_credit * f64::from(overlap)).max(0.0);
+    let request_blocks = isl.div_ceil(u64::from(bs));
+    let decode_cost_blocks = t
+        .active_decode_blocks
+        .saturating_add(request_blocks.saturating_sub(u64::from(overlap)));
+    let cost = p.prefill_load_scale * adjusted_prefill + decode_cost_blocks as f64;
+    (!cost.is_nan()).then_some(cost)
+}
+
+#[test]
+fn the_per_request_form_is_the_verbatim_formula_to_the_bit() {
+    // Every edge the saturating steps have: empty and full prompts, prompts shorter than a
+    // block, overlaps beyond the prompt, backlogs at and near `u64::MAX`, odd and huge block
+    // sizes, NaN and zero tunables.
+    let isls = [0, 1, 15, 16, 17, 1_000_003, u64::MAX - 1, u64::MAX];
+    let sizes = [0, 1, 3, 16, 64, 48, u32::MAX];
+    let overlaps = [0, 1, 7, 62_500, u32::MAX];
+    let backlogs = [0, 5, 1 << 40, u64::MAX - 16, u64::MAX];
+    let tunables = [
+        params(1.0, 1.0, 0.0),
+        params(0.5, 2.0, 0.0),
+        params(0.0, 0.25, 0.0),
+        params(f64::NAN, 1.0, 0.0),
+        params(1.0, f64::INFINITY, 0.0),
+    ];
+    let mut costed = 0;
+    for p in &tunables {
+        for isl in isls {
+            for bs in sizes {
+                let request = KvRequest::new(isl, bs);
+                assert_eq!(request.is_some(), bs > 0);
+                for overlap in overlaps {
+                    for (prefill, decode) in backlogs.iter().zip(backlogs.iter().rev()) {
+                        let t = KvTerms {
+                            active_prefill_tokens: *prefill,
+                            active_decode_blocks: *decode,
+                        };
+                        let want = verbatim_cost(p, isl, bs, overlap, t);
+                        let got = request.and_then(|r| r.cost(p, overlap, t));
+                        assert_eq!(
+                            got.map(f64::to_bits),
+                            want.map(f64::to_bits),
+                            "isl {isl} bs {bs} overlap {overlap} terms {t:?} params {p:?}"
+                        );
+                        assert_eq!(kv_cost(p, isl, bs, overlap, t), want);
+                        let blocks = decode_cost_blocks(isl, bs, overlap, *decode);
+                        if let Some(r) = request {
+                            assert_eq!(r.decode_cost_blocks(overlap, *decode), blocks);
+                        } else {
+                            assert_eq!(blocks, *decode);
+                        }
+                        costed += usize::from(want.is_some());
+                    }
+                }
+            }
+        }
+    }
+    assert!(costed > 3_000, "only {costed} inputs had a cost");
 }
 
 #[test]

@@ -86,7 +86,9 @@ pub use kv_conditional::{
     BypassDecision, ConditionalDisagg, DecodeRank, EFF_ISL_RATIO_THRESHOLD, EFF_ISL_THRESHOLD,
     conditional_decode_cost, decide_bypass,
 };
-pub use kv_cost::{KvParams, KvTerms, decode_cost_blocks, kv_cost, softmax_sample_index};
+pub use kv_cost::{
+    KvParams, KvRequest, KvTerms, decode_cost_blocks, kv_cost, softmax_sample_index,
+};
 pub use load_based::{LoadBasedPicker, PickScratch, pick_load_based};
 pub use positions::{PartPositions, Positions, RankPositions};
 
