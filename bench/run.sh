@@ -19,6 +19,7 @@
 # exists, e.g.:
 #   bench/run.sh --kv-route --rounds 2
 #   bench/run.sh --kv-route --quick          # CI smoke: 2 turns of 4 conversations
+# Installs wrk, nginx and protoc when missing (apt-get).
 # Invariant: writes nothing into the repo besides cargo's target dir; if the
 # router does not build, the baseline (nginx, the direct frontend or shim) is
 # still measured and the driver says why the router row is missing (or
@@ -49,6 +50,17 @@ elif [ "${1:-}" = "--sim" ]; then
     shift
     bench=sim-hop
     features=(--features continuum-router/dynamo)
+fi
+# System packages the benches drive, installed when missing (a fresh machine has none of them; needs
+# root for apt-get, as on CI): wrk is the load generator of every hop bench, nginx the http-hop
+# baseline, protoc builds etcd-client for the router's `dynamo` features.
+need=()
+command -v wrk >/dev/null 2>&1 || need+=(wrk)
+command -v nginx >/dev/null 2>&1 || need+=(nginx)
+command -v protoc >/dev/null 2>&1 || need+=(protobuf-compiler)
+if [ ${#need[@]} -gt 0 ] && command -v apt-get >/dev/null 2>&1; then
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"
 fi
 if ! cargo build --release -p continuum-router "${features[@]}" -p continuum-bench; then
     echo "run.sh: building continuum-router failed; building the bench alone." >&2

@@ -4,7 +4,8 @@
 //! Role: the arithmetic of the KV-aware picker, free of fleet and load concepts:
 //! - [`kv_cost`]: upstream `worker_logit`'s cost for one rank, in the spec's **verbatim** form
 //!   (KV-PICK-01) with f64 division, not 1.6.1's extended one (no decay, tiers, shared
-//!   cache or active-request weight);
+//!   cache or active-request weight); [`KvRequest`] is the same cost with what a request shares
+//!   across ranks worked out once (what a pick over hundreds of ranks uses);
 //! - [`softmax_sample_index`]: behaves exactly as upstream `softmax_sample_index` (min/max
 //!   normalisation, the magnitude rescale when the cost range is not finite, a uniform row set
 //!   when every cost is equal, a cumulative walk taking the first row with `sample <=
