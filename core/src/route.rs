@@ -18,7 +18,9 @@ pub enum Route {
     Responses,
     /// `POST /v1/responses/compact` (never pinned, INGRESS-08)
     ResponsesCompact,
-    /// `GET /v1/models`
+    /// `POST /v1/embeddings` (plain model routing, never pinned)
+    Embeddings,
+    /// `GET /v1/models`, `GET /v1/models/{id}`
     Models,
     /// `GET /health`
     Health,
@@ -34,13 +36,41 @@ pub enum Route {
     Other,
 }
 
+/// The path prefix of `GET /v1/models/{id}`.
+const MODEL_PREFIX: &[u8] = b"/v1/models/";
+
+/// The model id a `GET /v1/models/{id}` target names: the rest of the path (query string
+/// ignored), percent-decoded, since SDKs differ on escaping the `/` of ids such as
+/// `Qwen/Qwen3-32B`. `None` for another path, an empty id, a malformed escape or an id that is
+/// not UTF-8.
+pub fn model_id(target: &[u8]) -> Option<String> {
+    let path = target.split(|b| *b == b'?').next().unwrap_or(target);
+    let raw = path.strip_prefix(MODEL_PREFIX)?;
+    let mut out = Vec::with_capacity(raw.len());
+    let mut bytes = raw.iter();
+    while let Some(&b) = bytes.next() {
+        if b != b'%' {
+            out.push(b);
+            continue;
+        }
+        let hex = |c: Option<&u8>| c.and_then(|c| char::from(*c).to_digit(16));
+        let (hi, lo) = (hex(bytes.next())?, hex(bytes.next())?);
+        out.push(u8::try_from(hi * 16 + lo).ok()?);
+    }
+    if out.is_empty() {
+        return None;
+    }
+    String::from_utf8(out).ok()
+}
+
 impl Route {
     /// Every route, in discriminant order.
-    pub const ALL: [Route; 11] = [
+    pub const ALL: [Route; 12] = [
         Route::ChatCompletions,
         Route::Messages,
         Route::Responses,
         Route::ResponsesCompact,
+        Route::Embeddings,
         Route::Models,
         Route::Health,
         Route::Metrics,
@@ -58,7 +88,9 @@ impl Route {
             b"/v1/messages" | b"/anthropic/v1/messages" => Route::Messages,
             b"/v1/responses" => Route::Responses,
             b"/v1/responses/compact" => Route::ResponsesCompact,
+            b"/v1/embeddings" => Route::Embeddings,
             b"/v1/models" => Route::Models,
+            p if p.starts_with(MODEL_PREFIX) => Route::Models,
             b"/health" => Route::Health,
             b"/metrics" => Route::Metrics,
             b"/admin/config" => Route::AdminConfig,
@@ -73,7 +105,11 @@ impl Route {
     pub fn is_proxied(self) -> bool {
         matches!(
             self,
-            Route::ChatCompletions | Route::Messages | Route::Responses | Route::ResponsesCompact
+            Route::ChatCompletions
+                | Route::Messages
+                | Route::Responses
+                | Route::ResponsesCompact
+                | Route::Embeddings
         )
     }
 
@@ -84,6 +120,7 @@ impl Route {
             Route::Messages => "messages",
             Route::Responses => "responses",
             Route::ResponsesCompact => "responses_compact",
+            Route::Embeddings => "embeddings",
             Route::Models => "models",
             Route::Health => "health",
             Route::Metrics => "metrics",
@@ -98,6 +135,39 @@ impl Route {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_model_path_names_its_id_percent_decoded() {
+        assert_eq!(Route::classify(b"/v1/models/x"), Route::Models);
+        assert_eq!(Route::classify(b"/v1/modelsx"), Route::Other);
+        assert_eq!(
+            model_id(b"/v1/models/tiny-agg").as_deref(),
+            Some("tiny-agg")
+        );
+        assert_eq!(
+            model_id(b"/v1/models/Qwen/Qwen3-32B?x=1").as_deref(),
+            Some("Qwen/Qwen3-32B")
+        );
+        assert_eq!(
+            model_id(b"/v1/models/Qwen%2fQwen3-32B").as_deref(),
+            Some("Qwen/Qwen3-32B")
+        );
+        assert_eq!(
+            model_id(b"/v1/models/caf%C3%A9").as_deref(),
+            Some("caf\u{e9}")
+        );
+        for bad in [
+            &b"/v1/models/"[..],
+            b"/v1/models",
+            b"/v1/models/%",
+            b"/v1/models/%4",
+            b"/v1/models/%zz",
+            b"/v1/models/%ff",
+            b"/other/x",
+        ] {
+            assert_eq!(model_id(bad), None, "{}", String::from_utf8_lossy(bad));
+        }
+    }
 
     #[test]
     fn all_is_in_discriminant_order() {

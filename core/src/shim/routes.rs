@@ -22,6 +22,7 @@ use std::net::SocketAddr;
 
 use crate::config::BackendIdx;
 use crate::config::{BackendName, Config};
+use crate::discovery::{FleetView, Role, Worker};
 use crate::picker::NamespaceSet;
 
 /// The shim replicas per namespace and the client→Dynamo model map of one snapshot.
@@ -109,6 +110,59 @@ impl ShimRoutes {
         self.model_map
             .binary_search_by(|(k, _)| k.as_str().cmp(client_model))
             .map_or(client_model, |i| self.model_map[i].1.as_str())
+    }
+}
+
+impl ShimRoutes {
+    /// The client models a chat request is pinned for now (`GET /v1/models`): for every model a
+    /// worker of a candidate namespace serves in a role that can take the decode side (decode or
+    /// aggregated; prefill workers alone give no pick), the client models `model_map` translates
+    /// to it, else the model itself unless it is a client model mapped elsewhere (a request for
+    /// it would not reach these workers). Sorted, each once; empty while no namespace has a
+    /// usable replica.
+    pub fn client_models<'a>(&'a self, fleet: &'a FleetView) -> Vec<&'a str> {
+        if !self.any_usable() {
+            return Vec::new();
+        }
+        let mut served: Vec<&str> = self
+            .decode_sides(fleet)
+            .filter_map(|w| w.model.as_deref())
+            .collect();
+        served.sort_unstable();
+        served.dedup();
+        let mut out = Vec::new();
+        for model in served {
+            let before = out.len();
+            let clients = self.model_map.iter().filter(|(_, m)| m == model);
+            out.extend(clients.map(|(c, _)| c.as_str()));
+            if out.len() == before && self.dynamo_model(model) == model {
+                out.push(model);
+            }
+        }
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
+
+    /// Whether a chat request for `client_model` is pinned now: some worker of a candidate
+    /// namespace serves its Dynamo model in a role that can take the decode side (also true of
+    /// a mapped model asked for by its own name, which [`ShimRoutes::client_models`] lists only
+    /// under its client names).
+    pub fn pins(&self, fleet: &FleetView, client_model: &str) -> bool {
+        let model = self.dynamo_model(client_model);
+        self.any_usable()
+            && self
+                .decode_sides(fleet)
+                .any(|w| w.model.as_deref() == Some(model))
+    }
+
+    /// The workers of candidate namespaces that can take a pick's decode side.
+    fn decode_sides<'a>(&'a self, fleet: &'a FleetView) -> impl Iterator<Item = &'a Worker> {
+        fleet
+            .workers
+            .iter()
+            .filter(|w| matches!(w.role, Role::Decode | Role::Aggregated))
+            .filter(|w| self.contains_namespace(&w.namespace))
     }
 }
 

@@ -58,14 +58,26 @@ pub(crate) fn serve(v: Views<'_>, req: &Request, sink: &mut ResponseSink) -> Out
                     Err(e) => return local_error(sink, e),
                 },
             };
-            let data: Vec<_> = snap
-                .model_ids
-                .iter()
-                .filter(|id| key.is_none_or(|k| k.allows_model(id)))
-                .map(|id| serde_json::json!({"id": id, "object": "model", "created": 0, "owned_by": "continuum-router"}))
-                .collect();
-            let body = serde_json::json!({"object": "list", "data": data}).to_string();
-            ok(req, sink, "application/json", body.as_bytes())
+            let listed = routable_models(snap)
+                .into_iter()
+                .filter(|id| key.is_none_or(|k| k.allows_model(id)));
+            let body = if req.path().split(|b| *b == b'?').next() == Some(b"/v1/models") {
+                let data: Vec<_> = listed.map(model_object).collect();
+                serde_json::json!({"object": "list", "data": data})
+            } else {
+                // `GET /v1/models/{id}`: every id a chat request would be routed for (a mapped
+                // model's own name too); one this client may not use is not found, as it is not
+                // listed.
+                let mut listed = listed;
+                let id = continuum_core::route::model_id(req.path())
+                    .filter(|id| key.is_none_or(|k| k.allows_model(id)))
+                    .filter(|id| listed.any(|m| m == id) || snap.shim.pins(&snap.fleet, id));
+                let Some(id) = id else {
+                    return local_error(sink, LocalError::ModelNotFound);
+                };
+                model_object(&id)
+            };
+            ok(req, sink, "application/json", body.to_string().as_bytes())
         }
         Route::Metrics if read_only => {
             let mut text = metrics::render(v.metrics, v.control);
@@ -96,6 +108,24 @@ pub(crate) fn serve(v: Views<'_>, req: &Request, sink: &mut ResponseSink) -> Out
         Route::Other => local_error(sink, LocalError::NotFound),
         _ => local_error(sink, LocalError::MethodNotAllowed),
     }
+}
+
+/// The models a chat request can be routed for now: the configured backends' models in config
+/// order, then the live fleet's client models ([`continuum_core::shim::ShimRoutes::client_models`])
+/// not already listed.
+fn routable_models(snap: &RouterSnapshot) -> Vec<&str> {
+    let mut ids: Vec<&str> = snap.model_ids.iter().map(String::as_str).collect();
+    for m in snap.shim.client_models(&snap.fleet) {
+        if !ids.contains(&m) {
+            ids.push(m);
+        }
+    }
+    ids
+}
+
+/// One model in the OpenAI `model` object shape.
+fn model_object(id: &str) -> serde_json::Value {
+    serde_json::json!({"id": id, "object": "model", "created": 0, "owned_by": "continuum-router"})
 }
 
 fn ok(req: &Request, sink: &mut ResponseSink, content_type: &str, body: &[u8]) -> Outcome {

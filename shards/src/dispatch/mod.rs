@@ -85,6 +85,9 @@ pub(crate) enum Ingress {
     Responses,
     /// `POST /v1/responses/compact`: passthrough, never pinned (INGRESS-08).
     ResponsesCompact,
+    /// `POST /v1/embeddings`: passthrough by model, never pinned (the shim path is for
+    /// generation).
+    Embeddings,
 }
 
 /// The path converted requests are sent to.
@@ -235,7 +238,7 @@ impl Dispatcher {
                         let slot = admitted.and_then(Result::ok);
                         let route = snap.route(&model);
                         let planned = match ingress {
-                            Ingress::ResponsesCompact => plan::Plan::Off,
+                            Ingress::ResponsesCompact | Ingress::Embeddings => plan::Plan::Off,
                             _ => self.plan(
                                 snap,
                                 &model,

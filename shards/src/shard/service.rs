@@ -47,6 +47,7 @@ impl Handler for Service {
             Route::Messages => Some(Ingress::Messages),
             Route::Responses => Some(Ingress::Responses),
             Route::ResponsesCompact => Some(Ingress::ResponsesCompact),
+            Route::Embeddings => Some(Ingress::Embeddings),
             _ => None,
         };
         match ingress {

@@ -146,3 +146,59 @@ fn orchestrator_disabled_means_no_usable_replica() {
     let r = ShimRoutes::build(&c, &all_resolved(&c));
     assert!(!r.any_usable());
 }
+
+#[test]
+fn the_client_models_are_what_a_chat_request_would_be_pinned_for() {
+    use crate::discovery::Role;
+    use crate::picker::test_support::{fleet, worker};
+    let c = config(POOLS);
+    let r = ShimRoutes::build(&c, &all_resolved(&c));
+    let f = fleet(vec![
+        // Mapped: listed under its client names only.
+        worker("prod", 1, Role::Aggregated, "Qwen/Qwen3-32B"),
+        worker("canary", 2, Role::Decode, "Qwen/Qwen3-32B"),
+        // Unmapped: listed as itself, once for two namespaces.
+        worker("prod", 3, Role::Decode, "llama"),
+        worker("canary", 4, Role::Aggregated, "llama"),
+        worker("prod", 5, Role::Prefill, "llama"),
+        // Prefill workers alone give no pick.
+        worker("prod", 6, Role::Prefill, "prefill-only"),
+        // A namespace the config does not follow is no candidate.
+        worker("other", 7, Role::Aggregated, "elsewhere"),
+        // A model named like a client model mapped elsewhere is unreachable under that name.
+        worker("prod", 8, Role::Aggregated, "small"),
+        worker("prod", 9, Role::Unknown, "unknown-role"),
+    ]);
+    assert_eq!(r.client_models(&f), ["llama", "qwen3-32b"]);
+    // A chat request is pinned for a listed name and for a mapped model's own name.
+    for pinned in ["llama", "qwen3-32b", "Qwen/Qwen3-32B"] {
+        assert!(r.pins(&f, pinned), "{pinned}");
+    }
+    for not in [
+        "prefill-only",
+        "elsewhere",
+        "small",
+        "unknown-role",
+        "nothing",
+    ] {
+        assert!(!r.pins(&f, not), "{not}");
+    }
+    // The model the map's other client name points at appears once it is served.
+    let mut more = f.workers.clone();
+    more.push(worker("canary", 10, Role::Decode, "Qwen/Qwen3-0.6B"));
+    assert_eq!(
+        r.client_models(&fleet(more)),
+        ["llama", "qwen3-32b", "small"]
+    );
+    // A namespace without a usable replica is no candidate either: canary's only one gone.
+    let mut addrs = all_resolved(&c);
+    addrs[1] = None;
+    let r = ShimRoutes::build(&c, &addrs);
+    let only_canary = fleet(vec![worker("canary", 2, Role::Decode, "Qwen/Qwen3-32B")]);
+    assert!(r.client_models(&only_canary).is_empty());
+    assert_eq!(r.client_models(&f), ["llama", "qwen3-32b"]);
+    // No usable replica at all: nothing is pinned.
+    let none = ShimRoutes::build(&c, &vec![None; c.backends.len()]);
+    assert!(none.client_models(&f).is_empty());
+    assert!(!none.pins(&f, "llama"));
+}
