@@ -87,8 +87,18 @@ fn dynamo_yaml(root: &Path) -> String {
     )
 }
 
-#[test]
-fn the_models_list_follows_the_fleet_and_the_official_client_reads_it() {
+/// The recorded fleet in a file store behind one shim replica per namespace, and a plain
+/// backend serving `plain_model`.
+struct Setup {
+    _dir: TempDir,
+    root: std::path::PathBuf,
+    shim_agg: MockBackend,
+    shim_disagg: MockBackend,
+    plain: MockBackend,
+    router: RouterProcess,
+}
+
+fn setup(plain_model: &str) -> Setup {
     let dir = TempDir::new("models");
     let root = dir.path().join("store");
     write_fixture(&root);
@@ -98,13 +108,27 @@ fn the_models_list_follows_the_fleet_and_the_official_client_reads_it() {
     let mut cfg = RouterConfig::default()
         .backend("shim-agg", &shim_agg.url(), &[])
         .backend("shim-disagg", &shim_disagg.url(), &[])
-        .backend("plain", &plain.url(), &["plain-only"]);
+        .backend("plain", &plain.url(), &[plain_model]);
     cfg.disaggregated_serving = true;
     cfg.extra_yaml = dynamo_yaml(&root);
     let router = RouterProcess::start(&cfg);
+    Setup {
+        _dir: dir,
+        root,
+        shim_agg,
+        shim_disagg,
+        plain,
+        router,
+    }
+}
+
+#[test]
+fn the_models_list_follows_the_fleet_and_the_official_client_reads_it() {
+    let s = setup("plain-only");
+    let (root, router) = (&s.root, &s.router);
 
     // Configured models first, then the fleet's client models: `tiny-agg` under its mapped name.
-    wait_listed(&router, &["plain-only", "agg-client", "tiny-disagg"]);
+    wait_listed(router, &["plain-only", "agg-client", "tiny-disagg"]);
 
     let base = format!("http://{}/v1", router.addr());
     let sdk = |retrieve: &[&str]| {
@@ -144,10 +168,10 @@ fn the_models_list_follows_the_fleet_and_the_official_client_reads_it() {
     // An id with a slash, escaped or not, names one model.
     let records = new_worker_records("org/tiny-new");
     for (k, val) in &records {
-        publish(&root, k, val);
+        publish(root, k, val);
     }
     wait_listed(
-        &router,
+        router,
         &["plain-only", "agg-client", "org/tiny-new", "tiny-disagg"],
     );
     for path in ["/v1/models/org/tiny-new", "/v1/models/org%2Ftiny-new"] {
@@ -160,35 +184,24 @@ fn the_models_list_follows_the_fleet_and_the_official_client_reads_it() {
 
     // The last worker of a model leaves: the model goes.
     for (k, _) in &records {
-        remove(&root, k);
+        remove(root, k);
     }
-    wait_listed(&router, &["plain-only", "agg-client", "tiny-disagg"]);
+    wait_listed(router, &["plain-only", "agg-client", "tiny-disagg"]);
     assert_eq!(router.get("/v1/models/org/tiny-new").status, 404);
     // The aggregated workers leave: `agg-client` goes with them (no plain backend serves it).
     for id in ["6a6ca22d4998ac0b", "6a6ca22d4998ac16"] {
-        remove(&root, &format!("v1/instances/agg/backend/generate/{id}"));
+        remove(root, &format!("v1/instances/agg/backend/generate/{id}"));
     }
-    wait_listed(&router, &["plain-only", "tiny-disagg"]);
+    wait_listed(router, &["plain-only", "tiny-disagg"]);
     let r = router.get("/v1/models/agg-client");
     assert_eq!(r.status, 404, "{}", r.text());
 }
 
 #[test]
 fn embeddings_go_to_the_plain_backend_of_their_model_unpinned() {
-    let dir = TempDir::new("embeddings");
-    let root = dir.path().join("store");
-    write_fixture(&root);
-    let shim_agg = MockBackend::start("shim-agg");
-    let shim_disagg = MockBackend::start("shim-disagg");
-    let plain = MockBackend::start("plain");
-    let mut cfg = RouterConfig::default()
-        .backend("shim-agg", &shim_agg.url(), &[])
-        .backend("shim-disagg", &shim_disagg.url(), &[])
-        .backend("plain", &plain.url(), &["tiny-agg"]);
-    cfg.disaggregated_serving = true;
-    cfg.extra_yaml = dynamo_yaml(&root);
-    let router = RouterProcess::start(&cfg);
-    wait_listed(&router, &["tiny-agg", "agg-client", "tiny-disagg"]);
+    let s = setup("tiny-agg");
+    let (router, shim_agg, shim_disagg, plain) = (&s.router, &s.shim_agg, &s.shim_disagg, &s.plain);
+    wait_listed(router, &["tiny-agg", "agg-client", "tiny-disagg"]);
     let post = |body: &[u8]| {
         let headers = [("Content-Type", "application/json")];
         let raw = request_bytes("POST", "/v1/embeddings", &headers, Some(body));
