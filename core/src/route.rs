@@ -36,6 +36,11 @@ pub enum Route {
     Other,
 }
 
+/// The path of a request target: the target without its query string.
+pub fn path_of(target: &[u8]) -> &[u8] {
+    target.split(|b| *b == b'?').next().unwrap_or(target)
+}
+
 /// The path prefix of `GET /v1/models/{id}`.
 const MODEL_PREFIX: &[u8] = b"/v1/models/";
 
@@ -44,8 +49,7 @@ const MODEL_PREFIX: &[u8] = b"/v1/models/";
 /// `Qwen/Qwen3-32B`. `None` for another path, an empty id, a malformed escape or an id that is
 /// not UTF-8.
 pub fn model_id(target: &[u8]) -> Option<String> {
-    let path = target.split(|b| *b == b'?').next().unwrap_or(target);
-    let raw = path.strip_prefix(MODEL_PREFIX)?;
+    let raw = path_of(target).strip_prefix(MODEL_PREFIX)?;
     let mut out = Vec::with_capacity(raw.len());
     let mut bytes = raw.iter();
     while let Some(&b) = bytes.next() {
@@ -82,8 +86,7 @@ impl Route {
 
     /// The route of a request target (`path`, with or without a query string).
     pub fn classify(target: &[u8]) -> Route {
-        let path = target.split(|b| *b == b'?').next().unwrap_or(target);
-        match path {
+        match path_of(target) {
             b"/v1/chat/completions" => Route::ChatCompletions,
             b"/v1/messages" | b"/anthropic/v1/messages" => Route::Messages,
             b"/v1/responses" => Route::Responses,

@@ -518,6 +518,19 @@ impl IndexReader {
 pub struct Merged<'a>(pub &'a [IndexReader]);
 
 impl Merged<'_> {
+    /// Calls `f` with every shard's reader and its part of `cache` (part `i` is reader `i`'s).
+    fn each_part(
+        &self,
+        cache: &mut RankPositions,
+        mut f: impl FnMut(&IndexReader, &mut PartPositions),
+    ) {
+        for (i, r) in self.0.iter().enumerate() {
+            if let Some(part) = cache.part(i) {
+                f(r, part);
+            }
+        }
+    }
+
     /// Whether `rank` owns the node `block` (any depth: a node is found by its path hash) in
     /// any shard's index, as last published.
     pub fn holds(&self, rank: LoadKey, block: BlockHash) -> bool {
@@ -546,11 +559,9 @@ impl OverlapSource for Merged<'_> {
         cache: &mut RankPositions,
         visit: &mut dyn FnMut(u32, u32),
     ) {
-        for (i, r) in self.0.iter().enumerate() {
-            if let Some(part) = cache.part(i) {
-                r.find_positions(prompt.hashes, positions, part, visit);
-            }
-        }
+        self.each_part(cache, |r, part| {
+            r.find_positions(prompt.hashes, positions, part, visit);
+        });
     }
 
     fn fill_positions(
@@ -560,11 +571,9 @@ impl OverlapSource for Merged<'_> {
         cache: &mut RankPositions,
         best: &mut [u32],
     ) {
-        for (i, r) in self.0.iter().enumerate() {
-            if let Some(part) = cache.part(i) {
-                r.fill_positions(prompt.hashes, positions, part, best);
-            }
-        }
+        self.each_part(cache, |r, part| {
+            r.fill_positions(prompt.hashes, positions, part, best);
+        });
     }
 }
 

@@ -61,7 +61,7 @@ pub(crate) fn serve(v: Views<'_>, req: &Request, sink: &mut ResponseSink) -> Out
             let listed = routable_models(snap)
                 .into_iter()
                 .filter(|id| key.is_none_or(|k| k.allows_model(id)));
-            let body = if req.path().split(|b| *b == b'?').next() == Some(b"/v1/models") {
+            let body = if continuum_core::route::path_of(req.path()) == b"/v1/models" {
                 let data: Vec<_> = listed.map(model_object).collect();
                 serde_json::json!({"object": "list", "data": data})
             } else {
@@ -152,8 +152,8 @@ fn ok(req: &Request, sink: &mut ResponseSink, content_type: &str, body: &[u8]) -
 /// Check admin access and leave an audit record of the decision (target `continuum::audit`).
 fn admin_allowed(snap: &RouterSnapshot, req: &Request) -> Result<(), LocalError> {
     let decision = admin_decision(snap, req);
-    let path = String::from_utf8_lossy(req.path());
-    let path = path.split('?').next().unwrap_or("");
+    let path = String::from_utf8_lossy(continuum_core::route::path_of(req.path()));
+    let path = path.as_ref();
     let peer = req.peer;
     match decision {
         Ok(()) => {
