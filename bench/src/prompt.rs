@@ -21,7 +21,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use continuum_core::prompt::{
-    ChatRequest, PrepareOptions, PromptPipeline, PromptScratch, SegmentCache,
+    BodyFormat, ChatRequest, PrepareOptions, PromptPipeline, PromptScratch, SegmentCache,
 };
 use hdrhistogram::Histogram;
 use serde_json::{Value, json};
@@ -139,6 +139,7 @@ impl Row {
 
 fn opts() -> PrepareOptions<'static> {
     PrepareOptions {
+        format: BodyFormat::Chat,
         lora_name: None,
         tenant_salt: None,
         now_unix_secs: 1_790_000_000,

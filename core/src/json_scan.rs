@@ -66,18 +66,22 @@ pub struct RequestFields {
     pub model: Option<Range<usize>>,
     /// `stream`: `true` only for a literal JSON `true` (absent, `false` or `null` is `false`).
     pub stream: bool,
+    /// The raw value span of `prompt` (a completions body's), if present.
+    pub prompt: Option<Range<usize>>,
     /// The body has a top-level `nvext` or a pin-like field
     /// ([`crate::ingress::sanitize::TOP_LEVEL_STRIPPED`]): it must be sanitised before dispatch
     /// (INGRESS-04, KV-PICK-11). Keys are compared after unescaping, so no spelling hides one.
     pub needs_sanitize: bool,
 }
 
-/// Find `model` (a string), `stream` (a boolean or `null`) and the fields sanitising removes at
-/// the top level of `doc` in one walk, refusing any of these keys given twice.
+/// Find `model` (a string), `stream` (a boolean or `null`), `prompt` (any value) and the fields
+/// sanitising removes at the top level of `doc` in one walk, refusing any of these keys given
+/// twice.
 pub fn request_fields(doc: &[u8]) -> Result<RequestFields, ScanError> {
     let [
         model,
         stream,
+        prompt,
         nvext,
         backend_instance_id,
         decode_worker_id,
@@ -89,6 +93,7 @@ pub fn request_fields(doc: &[u8]) -> Result<RequestFields, ScanError> {
         [
             b"model",
             b"stream",
+            b"prompt",
             b"nvext",
             b"backend_instance_id",
             b"decode_worker_id",
@@ -112,6 +117,7 @@ pub fn request_fields(doc: &[u8]) -> Result<RequestFields, ScanError> {
     Ok(RequestFields {
         model,
         stream,
+        prompt,
         needs_sanitize,
     })
 }
@@ -478,6 +484,13 @@ mod tests {
         assert_eq!(
             f(r#"{"model":1,"stream":true}"#),
             Err(ScanError::NotAString)
+        );
+        let doc = r#"{"model":"m","prompt" : [1, [2]] ,"x":{"prompt":"no"}}"#;
+        assert_eq!(&doc[f(doc).unwrap().prompt.unwrap()], "[1, [2]]");
+        assert_eq!(f(r#"{"model":"m"}"#).unwrap().prompt, None);
+        assert_eq!(
+            f(r#"{"prompt":"a","model":"m","prompt":"b"}"#),
+            Err(ScanError::DuplicateKey)
         );
     }
 

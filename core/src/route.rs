@@ -12,6 +12,8 @@
 pub enum Route {
     /// `POST /v1/chat/completions`
     ChatCompletions,
+    /// `POST /v1/completions`
+    Completions,
     /// `POST /v1/messages`, `POST /anthropic/v1/messages` (Anthropic Messages)
     Messages,
     /// `POST /v1/responses`
@@ -69,8 +71,9 @@ pub fn model_id(target: &[u8]) -> Option<String> {
 
 impl Route {
     /// Every route, in discriminant order.
-    pub const ALL: [Route; 12] = [
+    pub const ALL: [Route; 13] = [
         Route::ChatCompletions,
+        Route::Completions,
         Route::Messages,
         Route::Responses,
         Route::ResponsesCompact,
@@ -88,6 +91,7 @@ impl Route {
     pub fn classify(target: &[u8]) -> Route {
         match path_of(target) {
             b"/v1/chat/completions" => Route::ChatCompletions,
+            b"/v1/completions" => Route::Completions,
             b"/v1/messages" | b"/anthropic/v1/messages" => Route::Messages,
             b"/v1/responses" => Route::Responses,
             b"/v1/responses/compact" => Route::ResponsesCompact,
@@ -109,6 +113,7 @@ impl Route {
         matches!(
             self,
             Route::ChatCompletions
+                | Route::Completions
                 | Route::Messages
                 | Route::Responses
                 | Route::ResponsesCompact
@@ -120,6 +125,7 @@ impl Route {
     pub fn label(self) -> &'static str {
         match self {
             Route::ChatCompletions => "chat_completions",
+            Route::Completions => "completions",
             Route::Messages => "messages",
             Route::Responses => "responses",
             Route::ResponsesCompact => "responses_compact",
@@ -187,6 +193,11 @@ mod tests {
         );
         assert_eq!(Route::classify(b"/anthropic/v1/messages"), Route::Messages);
         assert_eq!(Route::classify(b"/v1/messages"), Route::Messages);
+        assert_eq!(
+            Route::classify(b"/v1/completions?stream=1"),
+            Route::Completions
+        );
+        assert!(Route::Completions.is_proxied());
         assert_eq!(
             Route::classify(b"/v1/responses/compact"),
             Route::ResponsesCompact

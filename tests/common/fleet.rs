@@ -244,6 +244,43 @@ fn addr_of(url: &str) -> SocketAddr {
         .unwrap_or_else(|e| panic!("frontend url {url}: {e}"))
 }
 
+impl Worker {
+    /// One worker of `fleet.py`'s JSON.
+    pub fn parse(w: &Value) -> Worker {
+        Worker {
+            namespace: s(w, "namespace"),
+            component: s(w, "component"),
+            role: match s(w, "role").as_str() {
+                "aggregated" => Role::Aggregated,
+                "prefill" => Role::Prefill,
+                "decode" => Role::Decode,
+                other => panic!("fleet JSON: unknown role {other}"),
+            },
+            model: s(w, "model"),
+            instance_id: u(w, "instance_id"),
+            instance_id_hex: s(w, "instance_id_hex"),
+            pid: u32::try_from(u(w, "pid")).unwrap(),
+            tcp: s(w, "tcp"),
+            kv_metrics: w["kv_metrics"].as_str().map(str::to_string),
+            publishers: w["publishers"]
+                .as_object()
+                .map(|m| {
+                    m.iter()
+                        .map(|(topic, p)| {
+                            let publisher = Publisher {
+                                endpoint: s(p, "endpoint"),
+                                publisher_id: u(p, "publisher_id"),
+                            };
+                            (topic.clone(), publisher)
+                        })
+                        .collect()
+                })
+                .unwrap_or_default(),
+            log: PathBuf::from(s(w, "log")),
+        }
+    }
+}
+
 impl FleetInfo {
     /// Parses the JSON line printed by `fleet.py`.
     pub fn parse(line: &str) -> FleetInfo {
@@ -253,37 +290,7 @@ impl FleetInfo {
             .as_array()
             .unwrap_or_else(|| panic!("fleet JSON: no workers array in {raw}"))
             .iter()
-            .map(|w| Worker {
-                namespace: s(w, "namespace"),
-                component: s(w, "component"),
-                role: match s(w, "role").as_str() {
-                    "aggregated" => Role::Aggregated,
-                    "prefill" => Role::Prefill,
-                    "decode" => Role::Decode,
-                    other => panic!("fleet JSON: unknown role {other}"),
-                },
-                model: s(w, "model"),
-                instance_id: u(w, "instance_id"),
-                instance_id_hex: s(w, "instance_id_hex"),
-                pid: u32::try_from(u(w, "pid")).unwrap(),
-                tcp: s(w, "tcp"),
-                kv_metrics: w["kv_metrics"].as_str().map(str::to_string),
-                publishers: w["publishers"]
-                    .as_object()
-                    .map(|m| {
-                        m.iter()
-                            .map(|(topic, p)| {
-                                let publisher = Publisher {
-                                    endpoint: s(p, "endpoint"),
-                                    publisher_id: u(p, "publisher_id"),
-                                };
-                                (topic.clone(), publisher)
-                            })
-                            .collect()
-                    })
-                    .unwrap_or_default(),
-                log: PathBuf::from(s(w, "log")),
-            })
+            .map(Worker::parse)
             .collect();
         let frontends = raw["frontends"]
             .as_object()
@@ -519,6 +526,20 @@ impl Fleet {
             "fleet.py refused `kill {instance_id_hex} {signal}`: {answer}"
         );
         answer
+    }
+
+    /// Starts one more aggregated worker of `model` in namespace `ns` (`fleet.py`'s `add`) and
+    /// returns it once it is registered in etcd; it is also added to `info.workers`.
+    pub fn add(&mut self, ns: &str, model: &str) -> Worker {
+        let answer = self.command(&format!("add {ns}/{model}"));
+        assert_eq!(
+            answer["ok"],
+            Value::Bool(true),
+            "fleet.py refused `add {ns}/{model}`: {answer}"
+        );
+        let w = Worker::parse(&answer["worker"]);
+        self.info.workers.push(w.clone());
+        w
     }
 
     /// The fleet JSON again, with `alive` per process.

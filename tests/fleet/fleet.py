@@ -18,6 +18,8 @@ What it does:
   5. prints ONE line of JSON describing the fleet on stdout, then serves commands on stdin, one per
      line, each answered with one JSON line:
          kill <instance id, hex or decimal> [SIGKILL|SIGTERM|SIGINT|SIGSTOP|SIGCONT]   (default SIGTERM)
+         add [NS/]MODEL                           one more aggregated worker (NS default `agg`),
+                                                  answered once it is registered in etcd
          status                                   the fleet JSON again, with `alive` per process
          quit                                     tear down and exit
   6. tears everything down (SIGTERM, then SIGKILL, to each process group; temp dir removed) when
@@ -412,29 +414,55 @@ class Fleet:
             kind = "agg" if role == "aggregated" else "disagg"
             if mode_of.setdefault((ns, model), kind) != kind:
                 raise FleetError(f"model {model} given as both agg and disagg")
-        extra = shlex.split(a.mocker_args) if a.mocker_args else []
-        i = 0
         for ns, model, role, comp, n in specs:
             for _ in range(n):
-                i += 1
-                name = f"worker{i}-{ns}-{role}"
-                argv = [
-                    sys.executable, "-m", "dynamo.mocker",
-                    "--model-path", a.model_path,
-                    "--model-name", model,
-                    "--endpoint", f"dyn://{ns}.{comp}.generate",
-                    "--block-size", str(a.block_size),
-                ]  # fmt: skip
-                if role != "aggregated":
-                    argv += ["--disaggregation-mode", role]
-                if a.speedup_ratio is not None:
-                    argv += ["--speedup-ratio", str(a.speedup_ratio)]
-                argv += extra
-                log_path = os.path.join(self.dir, f"{name}.log")
-                proc = Proc(name, argv, self.dyn_env(name, ns), log_path, self.dir)
-                self.workers.append(
-                    {"namespace": ns, "component": comp, "role": role, "model": model, "proc": proc}
-                )
+                self.spawn_worker(ns, model, role, comp)
+
+    def spawn_worker(self, ns, model, role, comp):
+        a = self.args
+        name = f"worker{len(self.workers) + 1}-{ns}-{role}"
+        argv = [
+            sys.executable, "-m", "dynamo.mocker",
+            "--model-path", a.model_path,
+            "--model-name", model,
+            "--endpoint", f"dyn://{ns}.{comp}.generate",
+            "--block-size", str(a.block_size),
+        ]  # fmt: skip
+        if role != "aggregated":
+            argv += ["--disaggregation-mode", role]
+        if a.speedup_ratio is not None:
+            argv += ["--speedup-ratio", str(a.speedup_ratio)]
+        argv += shlex.split(a.mocker_args) if a.mocker_args else []
+        log_path = os.path.join(self.dir, f"{name}.log")
+        proc = Proc(name, argv, self.dyn_env(name, ns), log_path, self.dir)
+        w = {"namespace": ns, "component": comp, "role": role, "model": model, "proc": proc}
+        self.workers.append(w)
+        return w
+
+    def add_worker(self, spec):
+        """`add [NS/]MODEL`: one more aggregated worker, registered (instance, card and
+        kv_metrics channel in etcd) before the reply; bounded by --startup-timeout."""
+        try:
+            [(ns, model, role, comp, _n)] = parse_spec(spec + ":1", "agg")
+        except FleetError as e:
+            return {"ok": False, "cmd": "add", "error": str(e)}
+        for other in self.workers:
+            if other["model"] == model and other["namespace"] != ns:
+                return {"ok": False, "cmd": "add", "error": f"model {model} is in {other['namespace']}"}
+        w = self.spawn_worker(ns, model, role, comp)
+        until = time.monotonic() + self.args.startup_timeout
+        while time.monotonic() < until and w["proc"].alive():
+            self.fill_worker(
+                w,
+                self.etcd.get_prefix("v1/instances/"),
+                self.etcd.get_prefix("v1/mdc/"),
+                self.etcd.get_prefix("v1/event_channels/"),
+                listening_ports_by_inode(),
+            )
+            if "card" in w and w.get("kv_metrics") is not None:
+                return {"ok": True, "cmd": "add", "worker": self.describe()["workers"][-1]}
+            time.sleep(0.1)
+        return {"ok": False, "cmd": "add", "error": f"{w['proc'].name} did not register\n{tail(w['proc'].log)}"}
 
     def frontend_plan(self):
         namespaces = []
@@ -642,6 +670,10 @@ class Fleet:
             return {"ok": True, "cmd": "status", "fleet": self.describe(with_alive=True)}
         if cmd == "quit":
             raise Shutdown()
+        if cmd == "add":
+            if len(words) != 2:
+                return {"ok": False, "cmd": "add", "error": "usage: add [NS/]MODEL"}
+            return self.add_worker(words[1])
         if cmd == "kill":
             if len(words) not in (2, 3):
                 return {"ok": False, "cmd": "kill", "error": "usage: kill <instance id> [SIGNAL]"}
@@ -688,7 +720,7 @@ class Fleet:
                 "exit": code,
                 "at_unix": time.time(),
             }
-        return {"ok": False, "cmd": cmd, "error": "unknown command (kill, status, quit)"}
+        return {"ok": False, "cmd": cmd, "error": "unknown command (add, kill, status, quit)"}
 
     def start(self):
         self.start_etcd()

@@ -1,12 +1,14 @@
-//! The prompt pipeline: chat request body -> rendered prompt -> token ids -> KV block hashes,
-//! exactly as a Dynamo 1.6.1 frontend and engine compute them (KV-TOK-11..17, NG-02).
+//! The prompt pipeline: request body -> rendered prompt -> token ids -> KV block hashes, exactly
+//! as a Dynamo 1.6.1 frontend and engine compute them (KV-TOK-11..17, NG-02). A chat body is
+//! rendered through the chat template; a completions body's text prompt is tokenized as it is
+//! and its token-id prompt hashed as given ([`BodyFormat`]).
 //!
 //! Role: [`PromptPipeline`] is built once per model artifact set from the tokenizer.json bytes,
 //! the tokenizer_config.json bytes and the optional `chat_template_file` text; it is
 //! `Send + Sync` and shared read-only by every shard through an `Arc`. Each shard owns a
 //! [`SegmentCache`] and a [`PromptScratch`] and calls [`PromptPipeline::prepare`] per request.
 //!
-//! Stages: [`request`] (bounded parse, cache salt) -> [`template`] (minijinja, fuel, 1 MiB cap)
+//! Stages: [`request`] / [`completion`] (bounded parse, cache salt) -> [`template`] (minijinja, fuel, 1 MiB cap)
 //! -> [`tokenize`] (segment-cached, 1,048,576-token cap) -> [`hash`] (Dynamo's salt, block and
 //! chain primitives, per block size).
 //!
@@ -14,6 +16,7 @@
 //! [`PromptError::fallback`] names the `kv_selection_total{result}` label the request falls
 //! back to (KV-TOK-15); once the scratch vectors are warm, hashing allocates nothing.
 
+pub mod completion;
 pub mod hash;
 mod messages;
 mod pyfmt;
@@ -23,12 +26,15 @@ pub mod template;
 pub mod tokenize;
 
 #[cfg(test)]
+mod completion_tests;
+#[cfg(test)]
 mod defer_tests;
 #[cfg(test)]
 mod fixture_tests;
 #[cfg(test)]
 mod segment_tests;
 
+pub use completion::{CompletionPrompt, CompletionRequest};
 pub use hash::BlockSizeError;
 pub use request::{ChatRequest, RequestError};
 pub use segments::{SegmentCache, SegmentCacheStats};
@@ -105,9 +111,36 @@ pub const MAX_OUTPUT_BYTES: usize = 1 << 20;
 /// Segments handed to a background encoder per deferred prompt, at most.
 pub const MAX_DEFERRED_PIECES: usize = 4096;
 
+/// Which API a body is in: how the pipeline gets its token ids.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum BodyFormat {
+    /// A chat body: rendered through the chat template, then tokenized.
+    #[default]
+    Chat,
+    /// A completions body: a text prompt tokenized as it is (no template), token ids as given;
+    /// of a batch, the first prompt.
+    Completion,
+}
+
+/// Where a prepared prompt's token ids come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PromptSource {
+    /// A chat body rendered through the template.
+    Rendered,
+    /// A completions text prompt.
+    Text,
+    /// A completions token-id prompt, as given.
+    TokenIds,
+    /// The first prompt of a completions batch (the frontend splits the batch; each of its
+    /// prompts is tokenized on its own).
+    FirstOfBatch,
+}
+
 /// Per-request inputs beyond the body.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct PrepareOptions<'a> {
+    /// The body's API.
+    pub format: BodyFormat,
     /// The LoRA adapter name of the model card the request's `model` resolves to (1.6.1 takes
     /// it from the card, never from the body).
     pub lora_name: Option<&'a str>,
@@ -148,9 +181,24 @@ pub struct BlockHashes<'a> {
 #[derive(Debug)]
 pub struct PreparedPrompt<'a> {
     scratch: &'a PromptScratch,
+    source: PromptSource,
 }
 
 impl<'a> PreparedPrompt<'a> {
+    /// Where the token ids come from.
+    pub fn source(&self) -> PromptSource {
+        self.source
+    }
+    /// The ids `nvext.token_data` may carry for this body (KV-PICK-10): the frontend uses
+    /// `token_data` in place of tokenizing a text prompt, so only a rendered chat prompt or a
+    /// single completions text prompt has any. A token-id prompt is already ids, and a batch's
+    /// `token_data` would replace every prompt of the batch.
+    pub fn token_data(&self) -> Option<&'a [u32]> {
+        match self.source {
+            PromptSource::Rendered | PromptSource::Text => Some(&self.scratch.tokens),
+            PromptSource::TokenIds | PromptSource::FirstOfBatch => None,
+        }
+    }
     /// The prompt's token count.
     pub fn token_count(&self) -> usize {
         self.scratch.tokens.len()
@@ -159,7 +207,7 @@ impl<'a> PreparedPrompt<'a> {
     pub fn token_ids(&self) -> &'a [u32] {
         &self.scratch.tokens
     }
-    /// The rendered prompt text.
+    /// The rendered prompt text (a completions text prompt as given; empty for token ids).
     pub fn rendered(&self) -> &'a str {
         std::str::from_utf8(&self.scratch.rendered).unwrap_or("")
     }
@@ -210,7 +258,7 @@ impl PromptPipeline {
         &self.tokenizer
     }
 
-    /// Renders, tokenizes and hashes one chat request body for each of `block_sizes`.
+    /// Renders (a chat body), tokenizes and hashes one request body for each of `block_sizes`.
     pub fn prepare<'s>(
         &self,
         body: &[u8],
@@ -220,24 +268,46 @@ impl PromptPipeline {
         scratch: &'s mut PromptScratch,
     ) -> Result<PreparedPrompt<'s>, PromptError> {
         hash::validate_block_sizes(block_sizes)?;
-        let req = ChatRequest::parse(body)?;
-        self.template
-            .render(&req, opts.now_unix_secs, &mut scratch.rendered)?;
-        let text = std::str::from_utf8(&scratch.rendered).map_err(|_| PromptError::NotUtf8)?;
-        if let Some(budget) = opts.inline_budget {
-            let mut pieces = Vec::new();
-            if let Some(bytes) =
-                self.tokenizer
-                    .uncached(text, cache, budget, MAX_DEFERRED_PIECES, &mut pieces)
-            {
-                return Err(PromptError::Deferred { bytes, pieces });
+        let (body_salt, source) = match opts.format {
+            BodyFormat::Chat => {
+                let req = ChatRequest::parse(body)?;
+                self.template
+                    .render(&req, opts.now_unix_secs, &mut scratch.rendered)?;
+                let text =
+                    std::str::from_utf8(&scratch.rendered).map_err(|_| PromptError::NotUtf8)?;
+                self.tokenize(text, &opts, cache, &mut scratch.tokens)?;
+                (req.cache_salt, PromptSource::Rendered)
             }
-        }
-        self.tokenizer.encode(text, cache, &mut scratch.tokens)?;
+            BodyFormat::Completion => {
+                let req = CompletionRequest::parse(body)?;
+                scratch.rendered.clear();
+                let single = match req.prompt {
+                    CompletionPrompt::Text(text) => {
+                        self.tokenize(&text, &opts, cache, &mut scratch.tokens)?;
+                        scratch.rendered.extend_from_slice(text.as_bytes());
+                        PromptSource::Text
+                    }
+                    CompletionPrompt::TokenIds(ids) => {
+                        if ids.len() > tokenize::MAX_TOKENS {
+                            return Err(TokenizeError::TooManyTokens.into());
+                        }
+                        scratch.tokens.clear();
+                        scratch.tokens.extend_from_slice(&ids);
+                        PromptSource::TokenIds
+                    }
+                };
+                let source = if req.prompts > 1 {
+                    PromptSource::FirstOfBatch
+                } else {
+                    single
+                };
+                (req.cache_salt, source)
+            }
+        };
         let cache_salt = opts
             .tenant_salt
             .filter(|s| !s.is_empty())
-            .or(req.cache_salt.as_deref());
+            .or(body_salt.as_deref());
         let salt = hash::salt_hash(cache_salt, opts.lora_name);
         hash::token_bytes_le(&scratch.tokens, &mut scratch.token_bytes);
         scratch.n_sizes = 0;
@@ -257,7 +327,29 @@ impl PromptPipeline {
             *slot = size;
             scratch.n_sizes += 1;
         }
-        Ok(PreparedPrompt { scratch })
+        Ok(PreparedPrompt { scratch, source })
+    }
+
+    /// Tokenizes `text` into `out` through `cache`; over the inline budget, the uncached
+    /// segments are handed back in [`PromptError::Deferred`] instead.
+    fn tokenize(
+        &self,
+        text: &str,
+        opts: &PrepareOptions<'_>,
+        cache: &mut SegmentCache,
+        out: &mut Vec<u32>,
+    ) -> Result<(), PromptError> {
+        if let Some(budget) = opts.inline_budget {
+            let mut pieces = Vec::new();
+            if let Some(bytes) =
+                self.tokenizer
+                    .uncached(text, cache, budget, MAX_DEFERRED_PIECES, &mut pieces)
+            {
+                return Err(PromptError::Deferred { bytes, pieces });
+            }
+        }
+        self.tokenizer.encode(text, cache, out)?;
+        Ok(())
     }
 }
 

@@ -39,10 +39,14 @@ pub enum RequestError {
     /// No `messages` array.
     #[error("chat request has no messages array")]
     NoMessages,
+    /// No `prompt` (a completions body).
+    #[error("completions request has no prompt")]
+    NoPrompt,
 }
 
+/// `nvext`, as far as the salt needs it.
 #[derive(Deserialize)]
-struct RawNvExt {
+pub(super) struct RawNvExt {
     #[serde(default)]
     cache_salt: Option<String>,
 }
@@ -97,20 +101,7 @@ impl ChatRequest {
             Some(serde_json::Value::Array(m)) => m,
             Some(_) | None => return Err(RequestError::NoMessages),
         };
-        let legacy_salt = match raw.cache_salt {
-            None | Some(serde_json::Value::Null) => None,
-            Some(serde_json::Value::String(s)) => Some(s),
-            Some(_) => {
-                return Err(RequestError::Malformed(
-                    "`cache_salt` must be a string".into(),
-                ));
-            }
-        };
-        let cache_salt = raw
-            .nvext
-            .and_then(|n| n.cache_salt)
-            .filter(|s| !s.is_empty())
-            .or(legacy_salt.filter(|s| !s.is_empty()));
+        let cache_salt = body_salt(raw.nvext, raw.cache_salt)?;
         let add_generation_prompt = if raw.continue_final_message == Some(true) {
             false
         } else {
@@ -125,6 +116,28 @@ impl ChatRequest {
             cache_salt,
         })
     }
+}
+
+/// The body's cache salt (1.6.1 `request_cache_salt`): `nvext.cache_salt` if non-empty, else
+/// the legacy top-level `cache_salt` if it is a non-empty string; a non-string legacy salt is
+/// malformed.
+pub(super) fn body_salt(
+    nvext: Option<RawNvExt>,
+    legacy: Option<serde_json::Value>,
+) -> Result<Option<String>, RequestError> {
+    let legacy = match legacy {
+        None | Some(serde_json::Value::Null) => None,
+        Some(serde_json::Value::String(s)) => Some(s),
+        Some(_) => {
+            return Err(RequestError::Malformed(
+                "`cache_salt` must be a string".into(),
+            ));
+        }
+    };
+    Ok(nvext
+        .and_then(|n| n.cache_salt)
+        .filter(|s| !s.is_empty())
+        .or(legacy.filter(|s| !s.is_empty())))
 }
 
 /// The effective cache salt: the last non-empty, trimmed `x-tenant-id` header value if any, else

@@ -8,8 +8,8 @@
 //! from) and the pick made on a [`WorkerPicker::preview`] copy of the shard's picker, which has
 //! the picker's parameters and cursor positions.
 //!
-//! Format: the `format` query parameter, `chat` (default), `messages` (Anthropic Messages) or
-//! `responses`; anything else is 400. Block hashes are decimal strings of Dynamo's u64
+//! Format: the `format` query parameter, `chat` (default), `completions`, `messages` (Anthropic
+//! Messages) or `responses`; anything else is 400. Block hashes are decimal strings of Dynamo's u64
 //! `block_hash` (the sequence hash the engine's `stored` events carry); worker ids are decimal
 //! strings, as `x-dynamo-worker-instance-id` and `/admin/dynamo/workers` `worker_id`.
 //!
@@ -44,6 +44,8 @@ use crate::http::{Outcome, Request, ResponseSink};
 pub(crate) enum Format {
     /// A `/v1/chat/completions` body (the default).
     Chat,
+    /// A `/v1/completions` body.
+    Completions,
     /// An Anthropic Messages body.
     Messages,
     /// A `/v1/responses` body.
@@ -63,10 +65,11 @@ impl Format {
             .find_map(|kv| kv.strip_prefix(b"format="));
         match value {
             None | Some(b"chat") => Ok(Format::Chat),
+            Some(b"completions") => Ok(Format::Completions),
             Some(b"messages") => Ok(Format::Messages),
             Some(b"responses") => Ok(Format::Responses),
             Some(_) => Err(LocalError::BadRequest(
-                "`format` must be chat, messages or responses",
+                "`format` must be chat, completions, messages or responses",
             )),
         }
     }
@@ -74,6 +77,7 @@ impl Format {
     fn ingress(self) -> Ingress {
         match self {
             Format::Chat => Ingress::Chat,
+            Format::Completions => Ingress::Completions,
             Format::Messages => Ingress::Messages,
             Format::Responses => Ingress::Responses,
         }
@@ -82,6 +86,7 @@ impl Format {
     fn label(self) -> &'static str {
         match self {
             Format::Chat => "chat",
+            Format::Completions => "completions",
             Format::Messages => "messages",
             Format::Responses => "responses",
         }
@@ -136,8 +141,8 @@ impl Dispatcher {
             prompts,
             ..
         } = &mut *guard;
-        let chat = format != Format::Responses;
-        let prepared = prompts.prepare(snap, model, body, chat, tenant, Deferral::DryRun);
+        let body_format = format.ingress().prompt_format();
+        let prepared = prompts.prepare(snap, model, body, body_format, tenant, Deferral::DryRun);
         let prompt = prompt_size(&prepared, body);
         let mut blocks = NO_BLOCKS;
         let n = prepared.blocks(&mut blocks);

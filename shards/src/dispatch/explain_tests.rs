@@ -16,7 +16,9 @@ use continuum_core::config::dynamo::{Blake3Digest, KvConfig};
 use continuum_core::config::{Config, NoEnv};
 use continuum_core::load::{DispatchLedger, LoadStore};
 use continuum_core::picker::KvParams;
-use continuum_core::prompt::{PrepareOptions, PromptPipeline, PromptScratch, SegmentCache};
+use continuum_core::prompt::{
+    BodyFormat, PrepareOptions, PromptPipeline, PromptScratch, SegmentCache,
+};
 use continuum_core::snapshot::RouterSnapshot;
 use continuum_sim::records::{WorkerRecord, fleet_of};
 use serde_json::{Value, json};
@@ -162,7 +164,14 @@ pub(crate) fn explain_chat(d: &Dispatcher, snap: &RouterSnapshot, b: &str) -> Va
 
 /// The pinned decode worker of a real plan (finished at once, as a request that ended).
 fn plan(d: &Dispatcher, snap: &RouterSnapshot, b: &str) -> u64 {
-    match d.plan(snap, MODEL, b.as_bytes(), true, None, &mut Vec::new()) {
+    match d.plan(
+        snap,
+        MODEL,
+        b.as_bytes(),
+        Some(BodyFormat::Chat),
+        None,
+        &mut Vec::new(),
+    ) {
         Plan::Pinned(p) => {
             let id = p.pins.worker;
             d.finish(p.dispatched);
@@ -326,6 +335,53 @@ fn the_format_parameter() {
         Format::of_target(b"/a?format=responses&b"),
         Ok(Format::Responses)
     );
+    assert_eq!(
+        Format::of_target(b"/a?format=completions"),
+        Ok(Format::Completions)
+    );
     assert!(Format::of_target(b"/a?format=").is_err());
     assert!(Format::of_target(b"/a?format=Chat").is_err());
+}
+
+/// A completions body is explained with its own tokens: the prompt text as it is (no template),
+/// or its token ids as given, never the chat rendering.
+#[test]
+fn a_completions_body_is_explained_with_its_prompt_as_it_is() {
+    let snap = snapshot("");
+    let (d, _) = dispatcher(&snap);
+    let text: String = (0..200)
+        .map(|i| format!("line {i} of a completion. "))
+        .collect();
+    let b = json!({"model": MODEL, "prompt": text}).to_string();
+    let v = explain(&d, &snap, &b, Format::Completions);
+    let p = pipeline();
+    let mut cache = SegmentCache::new(1 << 20, 1);
+    let mut s = PromptScratch::default();
+    let opts = PrepareOptions {
+        format: BodyFormat::Completion,
+        ..Default::default()
+    };
+    let prepared = p
+        .prepare(b.as_bytes(), &[64], opts, &mut cache, &mut s)
+        .unwrap();
+    let ids = prepared.token_ids().to_vec();
+    let want: Vec<String> = prepared
+        .sequence_hashes(64)
+        .unwrap()
+        .iter()
+        .map(|h| h.0.to_string())
+        .collect();
+    assert!(want.len() >= 3, "{}", want.len());
+    assert_eq!(v["format"], "completions");
+    assert_eq!(v["kv"]["skipped"], Value::Null, "{v}");
+    assert_eq!(v["prompt"]["token_count"], ids.len() as u64);
+    assert_eq!(v["prompt"]["blocks"][0]["hashes"], json!(want));
+    // The same body explained as chat has no messages: not rendered.
+    let as_chat = explain(&d, &snap, &b, Format::Chat);
+    assert_eq!(as_chat["kv"]["skipped"], "render_unavailable", "{as_chat}");
+    // Its ids as a token-id prompt: the same blocks.
+    let by_ids = json!({"model": MODEL, "prompt": ids}).to_string();
+    let v = explain(&d, &snap, &by_ids, Format::Completions);
+    assert_eq!(v["prompt"]["blocks"][0]["hashes"], json!(want));
+    assert_eq!(v["outcome"], "pinned");
 }

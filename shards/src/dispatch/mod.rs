@@ -58,6 +58,7 @@ use std::sync::Arc;
 use continuum_core::config::RetryBudgetConfig;
 use continuum_core::load::DispatchLedger;
 use continuum_core::picker::WorkerPicker;
+use continuum_core::prompt::BodyFormat;
 use continuum_core::prompt::request::{TENANT_ID_HEADER, resolve_cache_salt};
 use continuum_core::retry_budget::RetryBudget;
 use continuum_core::shim::RoutingPath;
@@ -79,6 +80,8 @@ pub use plan::{PickerEnv, PickerFactory, kv_aware_picker, load_based_picker, pic
 pub(crate) enum Ingress {
     /// `POST /v1/chat/completions`: relayed as is.
     Chat,
+    /// `POST /v1/completions`: relayed as is, pinned like chat.
+    Completions,
     /// Anthropic Messages: converted to chat, the answer converted back ([`convert`]).
     Messages,
     /// `POST /v1/responses`: native passthrough, pinned by model (INGRESS-05).
@@ -88,6 +91,18 @@ pub(crate) enum Ingress {
     /// `POST /v1/embeddings`: passthrough by model, never pinned (the shim path is for
     /// generation).
     Embeddings,
+}
+
+impl Ingress {
+    /// How the prompt pipeline reads this ingress's body (`None`: it cannot, the pick weighs
+    /// the body's size estimate).
+    fn prompt_format(self) -> Option<BodyFormat> {
+        match self {
+            Ingress::Chat | Ingress::Messages => Some(BodyFormat::Chat),
+            Ingress::Completions => Some(BodyFormat::Completion),
+            Ingress::Responses | Ingress::ResponsesCompact | Ingress::Embeddings => None,
+        }
+    }
 }
 
 /// The path converted requests are sent to.
@@ -243,7 +258,7 @@ impl Dispatcher {
                                 snap,
                                 &model,
                                 body,
-                                matches!(ingress, Ingress::Chat | Ingress::Messages),
+                                ingress.prompt_format(),
                                 tenant_id(ex.req),
                                 shim_body,
                             ),

@@ -26,6 +26,7 @@ use continuum_core::picker::{
     PickInput, PickerCursors, Picks, PromptBlocks, PromptTokens, SplitMix64, StoreLoads,
     WorkerPicker, estimate_prompt_tokens,
 };
+use continuum_core::prompt::BodyFormat;
 use continuum_core::snapshot::{BackendIdx, RouterSnapshot};
 
 use super::Dispatcher;
@@ -329,9 +330,9 @@ pub(super) struct Pinned<'s> {
 }
 
 impl Dispatcher {
-    /// Run the picker for `client_model`. `body` is the request body: a chat body (`chat`)
-    /// goes through the model's prompt pipeline when `dynamo.kv` is on (KV-TOK-11..17), else
-    /// it gives the prompt-size estimate (PICK-02). `tenant` is the request's `x-tenant-id`
+    /// Run the picker for `client_model`. `body` is the request body: a body the pipeline
+    /// reads (`format`) goes through the model's prompt pipeline when `dynamo.kv` is on
+    /// (KV-TOK-11..17), else it gives the prompt-size estimate (PICK-02). `tenant` is the request's `x-tenant-id`
     /// (the cache salt's override). With `dynamo.kv.send_token_data` and a prepared prompt, the
     /// pinned request's body with `nvext.token_data` is written to `shim_body` (KV-PICK-10).
     pub(super) fn plan<'s>(
@@ -339,7 +340,7 @@ impl Dispatcher {
         snap: &'s RouterSnapshot,
         client_model: &str,
         body: &[u8],
-        chat: bool,
+        format: Option<BodyFormat>,
         tenant: Option<&str>,
         shim_body: &mut Vec<u8>,
     ) -> Plan<'s> {
@@ -364,7 +365,7 @@ impl Dispatcher {
             ..
         } = &mut *st;
         let loads = StoreLoads::memoised(&view, &reader, memo);
-        let prepared = prompts.prepare(snap, model, body, chat, tenant, Deferral::Encode);
+        let prepared = prompts.prepare(snap, model, body, format, tenant, Deferral::Encode);
         let prompt = prompt_size(&prepared, body);
         let mut blocks = NO_BLOCKS;
         let n = prepared.blocks(&mut blocks);
@@ -433,9 +434,10 @@ impl Dispatcher {
         });
         // KV-PICK-10: the ids the router rendered for this very body, on the shim body only.
         let token_data = match &prepared {
-            Prepared::Blocks { token_ids, .. } if snap.config.dynamo.kv.send_token_data => {
-                write_shim_body(body, token_ids, shim_body)
-            }
+            Prepared::Blocks {
+                token_data: Some(ids),
+                ..
+            } if snap.config.dynamo.kv.send_token_data => write_shim_body(body, ids, shim_body),
             _ => false,
         };
         Plan::Pinned(Pinned {

@@ -50,12 +50,42 @@ pub(super) fn prepare(ex: &mut Exchange<'_>) -> Result<Prepared, Outcome> {
         let Some(model) = fields.model else {
             return Err(ex.local_error(LocalError::BadRequest("request body has no `model`")));
         };
+        if ex.ingress == Ingress::Completions
+            && let Err(e) = check_prompt(ex.bytes(ex.body), fields.prompt)
+        {
+            return Err(ex.local_error(e));
+        }
         let mode = if fields.stream {
             RequestMode::Streaming
         } else {
             RequestMode::Buffered
         };
         return Ok(Prepared { model, mode });
+    }
+}
+
+/// A completions body must carry a non-empty `prompt` string or array (the frontend checks the
+/// array's elements; so does the prompt pipeline when it reads them).
+fn check_prompt(body: &[u8], prompt: Option<Range<usize>>) -> Result<(), LocalError> {
+    let Some(raw) = prompt.and_then(|r| body.get(r)) else {
+        return Err(LocalError::BadRequest(
+            "completions request body has no `prompt`",
+        ));
+    };
+    let empty = LocalError::BadRequest("`prompt` is empty");
+    match raw.first() {
+        Some(b'"') if raw == b"\"\"" => Err(empty),
+        Some(b'[')
+            if raw
+                .get(1..raw.len() - 1)
+                .is_some_and(|r| r.trim_ascii().is_empty()) =>
+        {
+            Err(empty)
+        }
+        Some(b'"' | b'[') => Ok(()),
+        _ => Err(LocalError::BadRequest(
+            "`prompt` must be a string or an array (of strings, token ids or token-id arrays)",
+        )),
     }
 }
 

@@ -24,7 +24,7 @@ use std::sync::{Arc, Weak};
 use continuum_core::artifacts::{KvSelection, PromptState};
 use continuum_core::picker::{PromptBlocks, PromptTokens};
 use continuum_core::prompt::{
-    PrepareOptions, PromptError, PromptPipeline, PromptScratch, SegmentCache,
+    BodyFormat, PrepareOptions, PromptError, PromptPipeline, PromptScratch, SegmentCache,
 };
 use crossbeam_channel::{Receiver, Sender};
 
@@ -72,8 +72,9 @@ pub(super) enum Prepared<'s> {
         tokens: PromptTokens,
         /// Hashes per block size.
         blocks: [Option<PromptBlocks<'s>>; 2],
-        /// The rendered prompt's token ids (`nvext.token_data`, KV-PICK-10).
-        token_ids: &'s [u32],
+        /// The ids `nvext.token_data` may carry (KV-PICK-10): the rendered chat prompt's or a
+        /// single completions text prompt's (`PreparedPrompt::token_data`).
+        token_data: Option<&'s [u32]>,
     },
 }
 
@@ -115,13 +116,13 @@ impl ShardPrompts {
         self.pending.len()
     }
 
-    /// Run `model`'s pipeline over a chat `body` when `dynamo.kv` is on.
+    /// Run `model`'s pipeline over `body` (read as `format`) when `dynamo.kv` is on.
     pub(super) fn prepare<'s>(
         &'s mut self,
         snap: &RouterSnapshot,
         model: &str,
         body: &[u8],
-        chat: bool,
+        format: Option<BodyFormat>,
         tenant: Option<&str>,
         deferral: Deferral,
     ) -> Prepared<'s> {
@@ -135,10 +136,10 @@ impl ShardPrompts {
             PromptState::Skip(s) => return Prepared::Skip((*s).into()),
             PromptState::Ready(p) => p,
         };
-        if !chat {
-            // A Responses body is not a chat request: the chat template cannot render it.
+        let Some(format) = format else {
+            // A Responses body is neither chat nor completions: the pipeline cannot read it.
             return Prepared::Skip(KvSelection::RenderUnavailable);
-        }
+        };
         self.uses = self.uses.wrapping_add(1);
         self.absorb_encoded();
         let i = self.cache_for(pipeline);
@@ -146,6 +147,7 @@ impl ShardPrompts {
             return Prepared::Skip(KvSelection::TokenizerUnavailable);
         };
         let opts = PrepareOptions {
+            format,
             lora_name: None,
             tenant_salt: tenant,
             now_unix_secs: crate::clock::unix_secs(),
@@ -163,7 +165,7 @@ impl ShardPrompts {
                 Prepared::Blocks {
                     tokens: PromptTokens(u64::try_from(p.token_count()).unwrap_or(u64::MAX)),
                     blocks,
-                    token_ids: p.token_ids(),
+                    token_data: p.token_data(),
                 }
             }
             Err(PromptError::Deferred { pieces, .. }) => {

@@ -89,6 +89,60 @@ fn client_pin_fields_are_stripped_into_the_prepared_body() {
     assert_eq!(ex.req.pins_stripped, 1);
 }
 
+/// A completions body is prepared as a chat body is (pins and `token_data` stripped, a stripped
+/// body re-serialised), and its `prompt` must be a non-empty string or array; whitespace is a
+/// prompt, an array's elements are not judged here.
+#[test]
+fn a_completions_body_is_stripped_and_needs_a_prompt() {
+    let body = r#"{"model":"m","prompt":[1,2],"nvext":{"token_data":[9]},"dp_rank":0}"#;
+    let mut p = Parts::new("/v1/completions", body);
+    let mut ex = p.exchange(Ingress::Completions);
+    prepare::prepare(&mut ex).unwrap();
+    let v: serde_json::Value = serde_json::from_slice(ex.bytes(ex.body)).unwrap();
+    assert_eq!(v["prompt"], serde_json::json!([1, 2]));
+    assert!(v.pointer("/nvext/token_data").is_none() && v.get("dp_rank").is_none());
+    for ok in [
+        r#"{"model":"m","prompt":" "}"#,
+        r#"{"model":"m","prompt":["a"]}"#,
+        r#"{"model":"m","prompt":[[]]}"#,
+    ] {
+        let mut p = Parts::new("/v1/completions", ok);
+        assert!(
+            prepare::prepare(&mut p.exchange(Ingress::Completions)).is_ok(),
+            "{ok}"
+        );
+    }
+    for (bad, reason) in [
+        (r#"{"model":"m"}"#, "no `prompt`"),
+        (r#"{"model":"m","prompt":""}"#, "`prompt` is empty"),
+        (r#"{"model":"m","prompt":[ ]}"#, "`prompt` is empty"),
+        (
+            r#"{"model":"m","prompt":null}"#,
+            "must be a string or an array",
+        ),
+        (
+            r#"{"model":"m","prompt":{"a":1}}"#,
+            "must be a string or an array",
+        ),
+        (
+            r#"{"model":"m","prompt":"a","prompt":"b"}"#,
+            "more than once",
+        ),
+    ] {
+        let mut p = Parts::new("/v1/completions", bad);
+        let outcome = prepare::prepare(&mut p.exchange(Ingress::Completions)).unwrap_err();
+        assert_eq!(outcome.status, 400, "{bad}");
+        let err = &json_of(&p.sink.buf)["error"];
+        assert!(
+            err["message"].as_str().unwrap().contains(reason),
+            "{bad}: {err}"
+        );
+    }
+    // A chat body needs no prompt.
+    let mut p = Parts::new("/v1/chat/completions", r#"{"model":"m","messages":[]}"#);
+    assert!(prepare::prepare(&mut p.exchange(Ingress::Chat)).is_ok());
+}
+
 #[test]
 fn unusable_bodies_are_answered_in_the_clients_shape() {
     let mut p = Parts::new("/v1/chat/completions", r#"{"messages":[]}"#);

@@ -44,6 +44,7 @@ impl Handler for Service {
         let snap = self.snapshot();
         let ingress = match req.route {
             Route::ChatCompletions => Some(Ingress::Chat),
+            Route::Completions => Some(Ingress::Completions),
             Route::Messages => Some(Ingress::Messages),
             Route::Responses => Some(Ingress::Responses),
             Route::ResponsesCompact => Some(Ingress::ResponsesCompact),
