@@ -19,6 +19,12 @@
 # exists, e.g.:
 #   bench/run.sh --kv-route --rounds 2
 #   bench/run.sh --kv-route --quick          # CI smoke: 2 turns of 4 conversations
+# Opt-in: `bench/run.sh --aiperf [aiperf options]` runs `aiperf` instead
+# (NVIDIA's AIPerf, pinned, through the router vs Dynamo's KV-routing frontend,
+# completions and chat, streaming, each on a fresh Dynamo 1.6.1 mocker fleet):
+# it builds the router with `--features dynamo-kv`, makes sure the fleet venv
+# and the AIPerf venv exist (bench/aiperf/install.sh, idempotent), e.g.:
+#   bench/run.sh --aiperf --rounds 2
 # Installs wrk, nginx and protoc when missing (apt-get).
 # Invariant: writes nothing into the repo besides cargo's target dir; if the
 # router does not build, the baseline (nginx, the direct frontend or shim) is
@@ -46,6 +52,12 @@ elif [ "${1:-}" = "--kv-route" ]; then
     bench=kv-route
     features=(--features continuum-router/dynamo-kv)
     tests/fleet/install.sh
+elif [ "${1:-}" = "--aiperf" ]; then
+    shift
+    bench=aiperf
+    features=(--features continuum-router/dynamo-kv)
+    tests/fleet/install.sh
+    bench/aiperf/install.sh
 elif [ "${1:-}" = "--sim" ]; then
     shift
     bench=sim-hop

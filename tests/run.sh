@@ -22,5 +22,7 @@ fi
 # The real Dynamo 1.6.1 fleet (etcd, a pinned Python venv with ai-dynamo outside the repo) for
 # tests/fleet_smoke.rs and the routing tests. Idempotent: a sub-second no-op once installed.
 tests/fleet/install.sh
+# NVIDIA's AIPerf, pinned in its own venv (tests/openai_fleet.rs; also the bench's client).
+bench/aiperf/install.sh
 
 cargo test --workspace --all-targets --all-features "$@"

@@ -16,6 +16,8 @@ usage:
   continuum-bench sim-hop [options]    router vs direct-to-shim on the simulated fleet at 10, 100, 1000 workers
   continuum-bench kv-route [options]   KV-aware picks of the router vs Dynamo's own KV router, and per-
                                        conversation pinning, on a real Dynamo fleet (needs the fleet venv)
+  continuum-bench aiperf [options]     NVIDIA's AIPerf through the router vs Dynamo's KV-routing frontend on a
+                                       real Dynamo fleet: TTFT, ITL, latency (needs the fleet and AIPerf venvs)
   continuum-bench backend --port N     the fast OpenAI-ish backend alone (pinning is up to you)
   continuum-bench resync [--workers N] [--rounds N]
                                        discovery resync time and registry memory (default 16384 workers)
@@ -98,6 +100,19 @@ zmtp-ingest options:
   --batch N            messages per publisher write (default 1024)
   --timeout SECS       how long each subscriber may take (default 60, max 600)
 
+aiperf options (every row on a fresh fleet; completions then chat, streaming):
+  --requests N         AIPerf --request-count per endpoint and row (default 64, max 10000)
+  --concurrency N      AIPerf --concurrency (default 8, max 256)
+  --input-tokens N     AIPerf --synthetic-input-tokens-mean (default 512)
+  --output-tokens N    AIPerf --output-tokens-mean (default 32)
+  --workers N          mocker workers (default 2, max 8)
+  --speedup-ratio N    the mockers' --speedup-ratio (default 1)
+  --rounds N           repetitions of both rows, alternating their order (default 1, max 10)
+  --router-bin PATH    router built with --features dynamo-kv (default: next to this binary)
+  --aiperf-bin PATH    aiperf (default: $CONTINUUM_AIPERF_VENV or ~/.cache/continuum-aiperf/venv, bin/aiperf)
+  --python PATH, --fleet-script PATH, --model-dir DIR, --ready-timeout SECS  as kv-route
+  --run-timeout SECS   wall time of one AIPerf run (default 600)
+
 pick options (per row, i.e. per fleet size and operation):
   --iterations N       measured operations at most (default 200000, min 100)
   --warmup N           untimed operations before measuring (default 20000)
@@ -121,6 +136,8 @@ pub(crate) enum Command {
     SimHop(crate::sim_hop::SimHopOptions),
     /// Compare the router's KV-aware picks with Dynamo's KV router on a real fleet.
     KvRoute(crate::kv_route::KvRouteOptions),
+    /// AIPerf through the router vs Dynamo's KV-routing frontend on a real fleet.
+    Aiperf(crate::aiperf::AiperfOptions),
     /// Measure a discovery resync.
     Resync(crate::resync::ResyncOptions),
     /// Compare the router's kv_metrics SUB path with the zeromq crate's.
@@ -181,6 +198,7 @@ pub(crate) fn parse(args: impl IntoIterator<Item = String>) -> Result<Command, U
         "fleet-hop" => parse_fleet_hop(args).map(Command::FleetHop),
         "sim-hop" => parse_sim_hop(args).map(Command::SimHop),
         "kv-route" => parse_kv_route(args).map(Command::KvRoute),
+        "aiperf" => parse_aiperf(args).map(Command::Aiperf),
         "resync" => parse_resync(args),
         "zmtp-ingest" => parse_ingest(args).map(Command::ZmtpIngest),
         "pick" => parse_pick(args).map(Command::Pick),
@@ -381,6 +399,33 @@ fn parse_kv_route(
             "--ready-timeout" => opts.ready_timeout_secs = number(&flag, v?, 1, 600)?,
             "--request-timeout" => opts.request_timeout_secs = number(&flag, v?, 1, 600)?,
             "--row-timeout" => opts.row_timeout_secs = number(&flag, v?, 1, 3600)?,
+            _ => return Err(UsageError::UnknownFlag(flag)),
+        }
+    }
+    Ok(opts)
+}
+
+fn parse_aiperf(
+    mut args: impl Iterator<Item = String>,
+) -> Result<crate::aiperf::AiperfOptions, UsageError> {
+    let mut opts = crate::aiperf::AiperfOptions::default();
+    while let Some(flag) = args.next() {
+        let v = value(&flag, &mut args);
+        match flag.as_str() {
+            "--requests" => opts.requests = small(&flag, v?, 1, 10_000)?,
+            "--concurrency" => opts.concurrency = small(&flag, v?, 1, 256)?,
+            "--input-tokens" => opts.input_tokens = small(&flag, v?, 1, 100_000)?,
+            "--output-tokens" => opts.output_tokens = small(&flag, v?, 1, 4096)?,
+            "--workers" => opts.workers = small(&flag, v?, 1, 8)?,
+            "--speedup-ratio" => opts.speedup_ratio = number(&flag, v?, 1, 1_000_000)?,
+            "--rounds" => opts.rounds = small(&flag, v?, 1, 10)?,
+            "--router-bin" => opts.router_bin = Some(PathBuf::from(v?)),
+            "--aiperf-bin" => opts.aiperf_bin = Some(PathBuf::from(v?)),
+            "--python" => opts.python = Some(PathBuf::from(v?)),
+            "--fleet-script" => opts.fleet_script = PathBuf::from(v?),
+            "--model-dir" => opts.model_dir = PathBuf::from(v?),
+            "--ready-timeout" => opts.ready_timeout_secs = number(&flag, v?, 1, 600)?,
+            "--run-timeout" => opts.run_timeout_secs = number(&flag, v?, 1, 3600)?,
             _ => return Err(UsageError::UnknownFlag(flag)),
         }
     }
@@ -635,6 +680,39 @@ mod tests {
             "kv-route --rounds 11",
             "kv-route --seed",
             "kv-route --duration 3",
+        ] {
+            assert!(parse(args(bad)).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn aiperf_options() {
+        let Ok(Command::Aiperf(o)) = parse(args("aiperf")) else {
+            panic!("expected aiperf");
+        };
+        assert_eq!((o.workers, o.speedup_ratio, o.rounds), (2, 1, 1));
+        assert_eq!(
+            (o.requests, o.concurrency, o.input_tokens, o.output_tokens),
+            (64, 8, 512, 32)
+        );
+        let Ok(Command::Aiperf(o)) = parse(args(
+            "aiperf --requests 10 --concurrency 2 --rounds 3 --aiperf-bin /x/aiperf",
+        )) else {
+            panic!("expected aiperf");
+        };
+        assert_eq!((o.requests, o.concurrency, o.rounds), (10, 2, 3));
+        assert_eq!(
+            o.aiperf_bin.as_deref(),
+            Some(std::path::Path::new("/x/aiperf"))
+        );
+        for bad in [
+            "aiperf --requests 0",
+            "aiperf --requests 10001",
+            "aiperf --concurrency 257",
+            "aiperf --rounds 11",
+            "aiperf --workers 9",
+            "aiperf --output-tokens",
+            "aiperf --duration 3",
         ] {
             assert!(parse(args(bad)).is_err(), "{bad}");
         }

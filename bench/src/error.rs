@@ -94,6 +94,9 @@ pub(crate) enum BenchError {
     /// `kv-route` could not measure its baseline.
     #[error("kv-route: {0}")]
     KvRoute(#[from] crate::kv_route::KvRouteError),
+    /// `aiperf` failed.
+    #[error(transparent)]
+    Aiperf(#[from] crate::aiperf::AiperfError),
     /// `prompt` could not set up its pipeline or workload.
     #[error("prompt: {0}")]
     Setup(String),

@@ -6,7 +6,8 @@
 //! `sim-hop` (the same on the simulated fleet at 10, 100 and 1,000 workers,
 //! see `sim_hop`), `kv-route` (the router's KV-aware picks against Dynamo's
 //! own KV router on a real fleet: cached share, balance, TTFT; see
-//! `kv_route`), `resync`
+//! `kv_route`), `aiperf` (NVIDIA's AIPerf through the router vs Dynamo's KV-routing frontend
+//! on a real fleet: TTFT, ITL, request latency; see `aiperf`), `resync`
 //! (discovery resync time and registry memory, see `resync`), `zmtp-ingest`
 //! (the router's kv_metrics SUB path vs the zeromq crate, see `zmtp_ingest`),
 //! `pick` (one worker pick at 10, 100 and 1,000 workers vs round-robin, see
@@ -18,6 +19,7 @@
 //! baseline was measured.
 #![allow(clippy::disallowed_methods)] // benchmarks measure wall and CPU time of real processes
 
+mod aiperf;
 mod alloc;
 mod backend;
 mod child;
@@ -103,6 +105,10 @@ fn run() -> Result<(), BenchError> {
         cli::Command::KvRoute(opts) => {
             signals::install();
             kv_route::run(&opts)
+        }
+        cli::Command::Aiperf(opts) => {
+            signals::install();
+            aiperf::run(&opts)
         }
     }
 }

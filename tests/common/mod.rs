@@ -1,5 +1,6 @@
 //! Shared harness for the end-to-end acceptance tests of the `continuum-router` binary.
 //!
+//! - [`aiperf`]: NVIDIA's AIPerf (its own venv) profiling a router;
 //! - [`config`]: a [`RouterConfig`] builder rendered to YAML, a self-removing [`TempDir`];
 //! - [`router`]: [`RouterProcess`] runs the real binary with a config on a free loopback port,
 //!   waits for `/health`, captures stderr, sends signals, awaits exit; [`run_cli`] runs the
@@ -28,6 +29,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 #![allow(dead_code, unused_imports, unreachable_pub)]
 
+pub mod aiperf;
 pub mod backend;
 pub mod client;
 pub mod config;

@@ -26,7 +26,7 @@
 mod dynamo_log;
 mod load;
 mod report;
-mod router;
+pub(crate) mod router;
 mod stream;
 mod workload;
 
