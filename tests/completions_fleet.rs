@@ -58,13 +58,6 @@ fn post(r: &RouterProcess, body: &Value) -> Response {
     roundtrip(r.addr(), &raw).unwrap_or_else(|e| panic!("POST /v1/completions: {e}"))
 }
 
-fn worker_of(resp: &Response) -> u64 {
-    resp.header("x-continuum-worker-instance-id")
-        .unwrap_or_else(|| panic!("not pinned: {:?} {}", resp.headers, resp.text()))
-        .parse()
-        .unwrap()
-}
-
 fn count(r: &RouterProcess, family: &str, labels: &[(&str, &str)]) -> f64 {
     metric_value(&r.metrics(), family, labels).unwrap_or(0.0)
 }
@@ -241,19 +234,48 @@ fn every_prompt_shape_is_pinned_buffered_and_streamed_with_the_official_client()
     );
 }
 
+/// The official client sends each of `prompts` (buffered, streamed or both) to `r`.
+fn official(r: &RouterProcess, prompts: &[Value], stream: &str) -> Vec<Value> {
+    let mut args = vec![
+        "--base-url".to_string(),
+        format!("http://{}/v1", r.addr()),
+        "--model".into(),
+        AGG.into(),
+        "--max-tokens".into(),
+        "2".into(),
+        "--header".into(),
+        "x-backend:".into(),
+        "--stream".into(),
+        stream.into(),
+    ];
+    for p in prompts {
+        args.push("--prompt".into());
+        args.push(p.to_string());
+    }
+    let lines = run_script(SCRIPT, &args, Duration::from_secs(60));
+    for line in &lines {
+        assert_eq!(line["ok"], true, "{line}");
+    }
+    lines
+}
+
+fn worker_in(line: &Value) -> u64 {
+    line["headers"]["x-continuum-worker-instance-id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("not pinned: {line}"))
+        .parse()
+        .unwrap()
+}
+
 #[test]
 fn a_repeated_long_completions_prompt_is_picked_where_its_prefix_is_cached() {
     let fleet = Fleet::start(&FleetSpec::new().agg(AGG, 2));
     let r = kv_router(&fleet, &tiny_model_digests(), "");
     wait_kv_ready(&r, 2);
     let prompt = long_prompt(1);
-    let first = post(
-        &r,
-        &json!({"model": AGG, "prompt": prompt, "max_tokens": 2}),
-    );
-    assert_eq!(first.status, 200, "{}", first.text());
-    let home = worker_of(&first);
-    let prompt_tokens = first.json()["usage"]["prompt_tokens"].as_u64().unwrap();
+    let first = official(&r, &[json!(prompt)], "buffered");
+    let home = worker_in(&first[0]);
+    let prompt_tokens = first[0]["usage"]["prompt_tokens"].as_u64().unwrap();
     let blocks = prompt_tokens / 64;
     assert!(blocks >= 4, "a long prompt: {prompt_tokens} tokens");
     assert_eq!(kv_result(&r, "no_overlap"), 1.0);
@@ -269,56 +291,54 @@ fn a_repeated_long_completions_prompt_is_picked_where_its_prefix_is_cached() {
             Ok(())
         },
     );
-    // The same text, then streamed, then as the ids the frontend tokenized it to: each picked
-    // with overlap on the worker that holds it.
-    let ids: Vec<u64> = {
-        let explain = common::kv_pick::explain(
-            &r,
-            "?format=completions",
-            json!({"model": AGG, "prompt": prompt})
-                .to_string()
-                .as_bytes(),
-            None,
-        );
-        assert_eq!(explain.status, 200, "{}", explain.text());
-        let v = explain.json();
-        assert_eq!(v["prompt"]["token_count"], prompt_tokens, "{v}");
-        assert_eq!(v["choice"]["decode"]["worker_id"], home.to_string(), "{v}");
-        assert_eq!(v["choice"]["overlap_blocks"], blocks, "{v}");
-        let tokenizer = tokenizers::Tokenizer::from_file(format!(
-            "{}tokenizer.json",
-            common::kv_pick::TINY_MODEL_DIR
-        ))
-        .unwrap();
-        let enc = tokenizer.encode(prompt.as_str(), false).unwrap();
-        enc.get_ids().iter().map(|&i| u64::from(i)).collect()
-    };
+    // Explained: the frontend's token count, every block on the worker that holds it.
+    let explain = common::kv_pick::explain(
+        &r,
+        "?format=completions",
+        json!({"model": AGG, "prompt": prompt})
+            .to_string()
+            .as_bytes(),
+        None,
+    );
+    assert_eq!(explain.status, 200, "{}", explain.text());
+    let v = explain.json();
+    assert_eq!(v["prompt"]["token_count"], prompt_tokens, "{v}");
+    assert_eq!(v["choice"]["decode"]["worker_id"], home.to_string(), "{v}");
+    assert_eq!(v["choice"]["overlap_blocks"], blocks, "{v}");
+    let tokenizer = tokenizers::Tokenizer::from_file(format!(
+        "{}tokenizer.json",
+        common::kv_pick::TINY_MODEL_DIR
+    ))
+    .unwrap();
+    let ids: Vec<u32> = tokenizer
+        .encode(prompt.as_str(), false)
+        .unwrap()
+        .get_ids()
+        .to_vec();
     assert_eq!(ids.len() as u64, prompt_tokens, "the frontend's own count");
-    for (i, body) in [
-        json!({"model": AGG, "prompt": prompt, "max_tokens": 2}),
-        json!({"model": AGG, "prompt": prompt, "max_tokens": 2, "stream": true}),
-        json!({"model": AGG, "prompt": ids, "max_tokens": 2}),
-        json!({"model": AGG, "prompt": [prompt, "and a second prompt"], "max_tokens": 2}),
-    ]
-    .iter()
-    .enumerate()
-    {
-        let before = kv_result(&r, "overlap");
-        let resp = post(&r, body);
-        assert_eq!(resp.status, 200, "{}", resp.text());
-        assert_eq!(
-            worker_of(&resp),
-            home,
-            "request {i} left the prefix's worker"
-        );
-        assert_eq!(kv_result(&r, "overlap"), before + 1.0, "request {i}");
+    // The same text, its ids as a token-id prompt, and a batch led by it, each buffered and
+    // streamed: all picked with overlap on the worker that holds the prefix.
+    let before = kv_result(&r, "overlap");
+    let again = official(
+        &r,
+        &[
+            json!(prompt),
+            json!(ids),
+            json!([prompt, "and a second prompt"]),
+        ],
+        "both",
+    );
+    assert_eq!(again.len(), 6);
+    for line in &again {
+        assert_eq!(worker_in(line), home, "left the prefix's worker: {line}");
     }
+    assert_eq!(kv_result(&r, "overlap"), before + 6.0);
     let kv_aware = count(
         &r,
         "continuum_dynamo_selection_total",
         &[("role", "decode"), ("reason", "kv_aware")],
     );
-    assert_eq!(kv_aware, 5.0);
+    assert_eq!(kv_aware, 7.0);
     // The watchdog: the engine stored the first prompt under the router's hashes.
     r.wait_metric(
         "continuum_dynamo_kv_prediction_hits_total",

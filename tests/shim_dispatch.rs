@@ -14,11 +14,12 @@ mod common;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
+use common::client::roundtrip;
 use common::shim::{
     AGG, AGG_IDS, DECODE_ID, DISAGG, PLAIN_ONLY, PREFILL_ID, REJECTION, error_body, metric, pin,
     setup,
 };
-use common::{Reply, STEP, chat, chat_body, is_pin_header, refusing_url};
+use common::{Reply, STEP, chat, chat_body, is_pin_header, refusing_url, request_bytes};
 
 #[test]
 fn aggregated_requests_carry_decimal_pins_and_rotate_over_the_workers() {
@@ -388,4 +389,98 @@ fn a_held_answer_is_capped_at_256_kib() {
         metric(&s, "disaggregated_errors_total", &[("phase", "decode")]),
         1.0
     );
+}
+
+/// Issue 14: every proxied route answers an unknown model (its 404, in the route's shape) and an
+/// unusable body (400 with the reason) itself, so nothing reaches a shim replica or the plain
+/// backend; a completions body for a fleet model is pinned like chat, buffered and streamed,
+/// with the client's pins and `nvext.token_data` stripped.
+#[test]
+fn every_route_refuses_what_it_cannot_route_and_pins_completions() {
+    let s = setup(true, None);
+    let post = |path: &str, body: &str| {
+        let raw = request_bytes(
+            "POST",
+            path,
+            &[("Content-Type", "application/json")],
+            Some(body.as_bytes()),
+        );
+        roundtrip(s.router.addr(), &raw).unwrap()
+    };
+    let unknown = [
+        (
+            "/v1/chat/completions",
+            r#"{"model":"nope","messages":[{"role":"user","content":"x"}]}"#,
+        ),
+        ("/v1/completions", r#"{"model":"nope","prompt":"x"}"#),
+        ("/v1/responses", r#"{"model":"nope","input":"x"}"#),
+        ("/v1/responses/compact", r#"{"model":"nope","input":"x"}"#),
+        ("/v1/embeddings", r#"{"model":"nope","input":"x"}"#),
+    ];
+    for (path, body) in unknown {
+        let err = post(path, body).assert_json_error(404);
+        assert_eq!(err["code"], "model_not_found", "{path}");
+    }
+    let messages = r#"{"model":"nope","max_tokens":4,"messages":[{"role":"user","content":"x"}]}"#;
+    for path in ["/v1/messages", "/anthropic/v1/messages"] {
+        let resp = post(path, messages);
+        assert_eq!(resp.status, 404, "{path}: {}", resp.text());
+        assert_eq!(resp.json()["error"]["type"], "not_found_error", "{path}");
+    }
+    let resp = s.router.get("/v1/models/nope");
+    assert_eq!(resp.assert_json_error(404)["code"], "model_not_found");
+
+    let paths = [
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/responses",
+        "/v1/embeddings",
+        "/v1/messages",
+    ];
+    for path in paths {
+        for (body, reason) in [
+            ("not json", ""),
+            (r#"{"prompt":"x","input":"x","messages":[]}"#, "model"),
+            (r#"{"model":7,"prompt":"x"}"#, "model"),
+        ] {
+            let resp = post(path, body);
+            assert_eq!(resp.status, 400, "{path} {body}: {}", resp.text());
+            let err = &resp.json()["error"];
+            assert_eq!(err["type"], "invalid_request_error", "{path} {body}");
+            let message = err["message"].as_str().unwrap_or("");
+            assert!(message.contains(reason), "{path} {body}: {message}");
+        }
+    }
+    for (body, reason) in [
+        (format!(r#"{{"model":"{AGG}"}}"#), "no `prompt`"),
+        (
+            format!(r#"{{"model":"{AGG}","prompt":""}}"#),
+            "`prompt` is empty",
+        ),
+    ] {
+        let err = post("/v1/completions", &body).assert_json_error(400);
+        assert!(err["message"].as_str().unwrap().contains(reason), "{err}");
+    }
+    assert_eq!(
+        s.shim_agg.request_count() + s.shim_disagg.request_count() + s.unified.request_count(),
+        0,
+        "nothing reached a shim or the plain backend"
+    );
+
+    // A completions body for a fleet model: pinned like chat, client pins stripped.
+    for (i, stream) in [false, true].into_iter().enumerate() {
+        let body = format!(
+            r#"{{"model":"{AGG}","prompt":[1,2,3],"stream":{stream},"backend_instance_id":9,"nvext":{{"token_data":[7]}}}}"#
+        );
+        let resp = post("/v1/completions", &body);
+        assert_eq!(resp.status, 200, "{}", resp.text());
+        let r = s.shim_agg.wait_requests(i + 1, STEP).pop().unwrap();
+        assert_eq!(r.path, "/v1/completions");
+        assert!(AGG_IDS.contains(&pin(&r, "x-dynamo-worker-instance-id").unwrap()));
+        let sent: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+        assert_eq!(sent["prompt"], serde_json::json!([1, 2, 3]));
+        assert!(sent.get("backend_instance_id").is_none(), "{sent}");
+        assert!(sent.pointer("/nvext/token_data").is_none(), "{sent}");
+    }
+    assert_eq!(s.unified.request_count(), 0);
 }

@@ -6,7 +6,8 @@
         --header x-backend:
 
 Every (model, prompt) pair is sent buffered (`completions.create`) and then streamed
-(`stream=True`, `stream_options: {include_usage: true}`). `--prompt` is JSON: a string, an array
+(`stream=True`, `stream_options: {include_usage: true}`); `--stream buffered|streamed` sends one
+of the two only. `--prompt` is JSON: a string, an array
 of strings, of token ids or of token-id arrays (a batch). The client never retries. Each line:
 
     {"model", "prompt_index", "stream", "ok",
@@ -90,6 +91,7 @@ def main():
     p.add_argument("--timeout", type=float, default=10.0)
     p.add_argument("--api-key", default="unused")
     p.add_argument("--header", action="append", default=[], help="NAME:VALUE on every request")
+    p.add_argument("--stream", choices=["both", "buffered", "streamed"], default="both")
     args = p.parse_args()
     headers = dict(h.split(":", 1) for h in args.header)
     client = openai.OpenAI(
@@ -100,9 +102,10 @@ def main():
         default_headers=headers,
     )
     prompts = [json.loads(x) for x in args.prompt]
+    modes = {"both": (False, True), "buffered": (False,), "streamed": (True,)}[args.stream]
     for model in args.model:
         for i, prompt in enumerate(prompts):
-            for stream in (False, True):
+            for stream in modes:
                 print(json.dumps(run_one(client, args, model, i, prompt, stream)), flush=True)
     return 0
 
