@@ -10,6 +10,8 @@
 //!   peer does per request, without even rendering or hashing);
 //! - `pipeline warm`: `PromptPipeline::prepare` with one segment cache, as a shard runs it;
 //! - `pipeline cold`: the same with a fresh cache per request (no reuse across turns);
+//! - `completions warm`: each rendered prompt sent as a `/v1/completions` text prompt
+//!   (`BodyFormat::Completion`: parse, cached encode, hash; no template), one segment cache;
 //! - `32K cold` and its baseline: one prompt of about 32,768 tokens, cold.
 //!
 //! Each row reports p50 and p99 per request and the ratio of its p50 to the baseline's p50;
@@ -171,6 +173,15 @@ pub(crate) fn run(o: &PromptOptions) -> Result<String, BenchError> {
     let mut base = Row::new("tokenizers whole")?;
     let mut warm = Row::new("pipeline warm")?;
     let mut cold = Row::new("pipeline cold")?;
+    let mut completions = Row::new("completions warm")?;
+    let completion_bodies: Vec<Vec<u8>> = rendered
+        .iter()
+        .map(|t| json!({"model": "m", "prompt": t}).to_string().into_bytes())
+        .collect();
+    let completion_opts = PrepareOptions {
+        format: BodyFormat::Completion,
+        ..opts()
+    };
     // The warm row's parts: parse, parse + render, and the cached encode of the rendered text.
     let mut parse = Row::new("parse")?;
     let mut render = Row::new("parse+render")?;
@@ -202,6 +213,25 @@ pub(crate) fn run(o: &PromptOptions) -> Result<String, BenchError> {
                 warm.record(ns);
                 warm.tokens += n as u64;
                 warm.allocs += crate::alloc::thread_allocations() - a0;
+            }
+        }
+        let mut cache = SegmentCache::new(64 << 20, 7);
+        for body in &completion_bodies {
+            let t = Instant::now();
+            let n = pipeline
+                .prepare(
+                    body,
+                    &BLOCK_SIZES,
+                    completion_opts,
+                    &mut cache,
+                    &mut scratch,
+                )
+                .map(|p| p.token_count())
+                .unwrap_or(0);
+            let ns = t.elapsed().as_nanos() as u64;
+            if measured {
+                completions.record(ns);
+                completions.tokens += n as u64;
             }
         }
         let mut out = Vec::new();
@@ -241,10 +271,11 @@ pub(crate) fn run(o: &PromptOptions) -> Result<String, BenchError> {
             }
         }
     }
-    if warm.tokens != base.tokens || cold.tokens != base.tokens {
+    if warm.tokens != base.tokens || cold.tokens != base.tokens || completions.tokens != base.tokens
+    {
         return Err(BenchError::Setup(format!(
-            "token counts differ: baseline {}, warm {}, cold {}",
-            base.tokens, warm.tokens, cold.tokens
+            "token counts differ: baseline {}, warm {}, cold {}, completions {}",
+            base.tokens, warm.tokens, cold.tokens, completions.tokens
         )));
     }
     // One ~32K-token prompt, cold, against its whole encode.
@@ -291,7 +322,12 @@ pub(crate) fn run(o: &PromptOptions) -> Result<String, BenchError> {
         o.turns,
         base.tokens as f64 / reqs as f64
     );
-    for (row, baseline) in [(&base, &base), (&warm, &base), (&cold, &base)] {
+    for (row, baseline) in [
+        (&base, &base),
+        (&warm, &base),
+        (&cold, &base),
+        (&completions, &base),
+    ] {
         let _ = writeln!(
             out,
             "prompt/{}: p50 {:.1} us, p99 {:.1} us, {:.3}x tokenizers-whole p50",
