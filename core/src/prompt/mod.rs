@@ -8,9 +8,9 @@
 //! `Send + Sync` and shared read-only by every shard through an `Arc`. Each shard owns a
 //! [`SegmentCache`] and a [`PromptScratch`] and calls [`PromptPipeline::prepare`] per request.
 //!
-//! Stages: [`request`] / [`completion`] (bounded parse, cache salt) -> [`template`] (minijinja, fuel, 1 MiB cap)
-//! -> [`tokenize`] (segment-cached, 1,048,576-token cap) -> [`hash`] (Dynamo's salt, block and
-//! chain primitives, per block size).
+//! Stages: [`request`] / [`completion`] (bounded parse, cache salt) -> [`template`] (minijinja,
+//! fuel, 1 MiB cap; chat only) -> [`tokenize`] (segment-cached, 1,048,576-token cap) ->
+//! [`hash`] (Dynamo's salt, block and chain primitives, per block size).
 //!
 //! Invariants: no panics on any input; every failure is a [`PromptError`] whose
 //! [`PromptError::fallback`] names the `kv_selection_total{result}` label the request falls

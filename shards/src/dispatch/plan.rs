@@ -332,8 +332,8 @@ pub(super) struct Pinned<'s> {
 impl Dispatcher {
     /// Run the picker for `client_model`. `body` is the request body: a body the pipeline
     /// reads (`format`) goes through the model's prompt pipeline when `dynamo.kv` is on
-    /// (KV-TOK-11..17), else it gives the prompt-size estimate (PICK-02). `tenant` is the request's `x-tenant-id`
-    /// (the cache salt's override). With `dynamo.kv.send_token_data` and a prepared prompt, the
+    /// (KV-TOK-11..17), else it gives the prompt-size estimate (PICK-02). `tenant` is the
+    /// request's `x-tenant-id` (the cache salt's override). With `dynamo.kv.send_token_data` and a prepared prompt, the
     /// pinned request's body with `nvext.token_data` is written to `shim_body` (KV-PICK-10).
     pub(super) fn plan<'s>(
         &self,

@@ -2,9 +2,10 @@
 //!
 //! An Anthropic Messages body is converted to chat first (so workers are picked from the final
 //! body, INGRESS-02); then one bounded walk (`continuum_core::json_scan::request_fields`) finds
-//! the top-level `model` and `stream` and says whether the body carries `nvext` or a client pin
-//! field. Only then is it parsed, stripped and re-serialised (INGRESS-04, KV-PICK-11); otherwise
-//! it is forwarded byte for byte.
+//! the top-level `model`, `stream` and `prompt` and says whether the body carries `nvext` or a
+//! client pin field. Only then is it parsed, stripped and re-serialised (INGRESS-04,
+//! KV-PICK-11); otherwise it is forwarded byte for byte. A completions body without a usable
+//! `prompt` (absent, `""`, `[]`, or neither a string nor an array) is answered 400 here.
 //!
 //! Invariant: after [`prepare`], `ex.body` names a body with no client pin field and no
 //! `nvext.token_data`, and the returned range is its `model` string (still escaped).
