@@ -383,6 +383,13 @@ fn parse_kv_route(
             opts.quick();
             continue;
         }
+        if opts.fleet.flag(
+            &flag,
+            || value(&flag, &mut args),
+            |f, v| number(f, v, 1, 600),
+        )? {
+            continue;
+        }
         let v = value(&flag, &mut args);
         match flag.as_str() {
             "--workers" => opts.workers = small(&flag, v?, 1, 8)?,
@@ -392,11 +399,6 @@ fn parse_kv_route(
             "--max-tokens" => opts.max_tokens = small(&flag, v?, 1, 4096)?,
             "--seed" => opts.seed = number(&flag, v?, 0, u64::MAX)?,
             "--rounds" => opts.rounds = small(&flag, v?, 1, 10)?,
-            "--router-bin" => opts.router_bin = Some(PathBuf::from(v?)),
-            "--python" => opts.python = Some(PathBuf::from(v?)),
-            "--fleet-script" => opts.fleet_script = PathBuf::from(v?),
-            "--model-dir" => opts.model_dir = PathBuf::from(v?),
-            "--ready-timeout" => opts.ready_timeout_secs = number(&flag, v?, 1, 600)?,
             "--request-timeout" => opts.request_timeout_secs = number(&flag, v?, 1, 600)?,
             "--row-timeout" => opts.row_timeout_secs = number(&flag, v?, 1, 3600)?,
             _ => return Err(UsageError::UnknownFlag(flag)),
@@ -410,6 +412,13 @@ fn parse_aiperf(
 ) -> Result<crate::aiperf::AiperfOptions, UsageError> {
     let mut opts = crate::aiperf::AiperfOptions::default();
     while let Some(flag) = args.next() {
+        if opts.fleet.flag(
+            &flag,
+            || value(&flag, &mut args),
+            |f, v| number(f, v, 1, 600),
+        )? {
+            continue;
+        }
         let v = value(&flag, &mut args);
         match flag.as_str() {
             "--requests" => opts.requests = small(&flag, v?, 1, 10_000)?,
@@ -419,12 +428,7 @@ fn parse_aiperf(
             "--workers" => opts.workers = small(&flag, v?, 1, 8)?,
             "--speedup-ratio" => opts.speedup_ratio = number(&flag, v?, 1, 1_000_000)?,
             "--rounds" => opts.rounds = small(&flag, v?, 1, 10)?,
-            "--router-bin" => opts.router_bin = Some(PathBuf::from(v?)),
             "--aiperf-bin" => opts.aiperf_bin = Some(PathBuf::from(v?)),
-            "--python" => opts.python = Some(PathBuf::from(v?)),
-            "--fleet-script" => opts.fleet_script = PathBuf::from(v?),
-            "--model-dir" => opts.model_dir = PathBuf::from(v?),
-            "--ready-timeout" => opts.ready_timeout_secs = number(&flag, v?, 1, 600)?,
             "--run-timeout" => opts.run_timeout_secs = number(&flag, v?, 1, 3600)?,
             _ => return Err(UsageError::UnknownFlag(flag)),
         }
@@ -662,8 +666,8 @@ mod tests {
             (o.conversations, o.turns, o.max_tokens, o.seed),
             (8, 8, 16, 1)
         );
-        assert!(o.fleet_script.ends_with("tests/fleet/fleet.py"));
-        assert!(o.model_dir.ends_with("shared/fixtures/tiny-model"));
+        assert!(o.fleet.fleet_script.ends_with("tests/fleet/fleet.py"));
+        assert!(o.fleet.model_dir.ends_with("shared/fixtures/tiny-model"));
         let Ok(Command::KvRoute(o)) = parse(args("kv-route --quick --rounds 2 --seed 7")) else {
             panic!("expected kv-route");
         };
@@ -696,7 +700,7 @@ mod tests {
             (64, 8, 512, 32)
         );
         let Ok(Command::Aiperf(o)) = parse(args(
-            "aiperf --requests 10 --concurrency 2 --rounds 3 --aiperf-bin /x/aiperf",
+            "aiperf --requests 10 --concurrency 2 --rounds 3 --aiperf-bin /x/aiperf --python /p",
         )) else {
             panic!("expected aiperf");
         };

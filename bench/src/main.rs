@@ -27,6 +27,7 @@ mod cli;
 mod cpu;
 mod error;
 mod fleet_hop;
+mod fleet_rows;
 mod hop;
 mod hop_run;
 mod kv_route;

@@ -9,7 +9,7 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::Value;
 
@@ -85,17 +85,8 @@ impl Profile<'_> {
         }
         let mut child = cmd.spawn().expect("spawn aiperf");
         let read = |p: &Path| std::fs::read_to_string(p).unwrap_or_default();
-        let end = Instant::now() + self.deadline;
-        let status = loop {
-            if let Ok(Some(s)) = child.try_wait() {
-                break s;
-            }
-            if Instant::now() >= end {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!("aiperf outlived {:?}:\n{}", self.deadline, read(&log));
-            }
-            std::thread::sleep(Duration::from_millis(50));
+        let Some(status) = super::wait_bounded(&mut child, self.deadline) else {
+            panic!("aiperf outlived {:?}:\n{}", self.deadline, read(&log));
         };
         let export = artifacts.join("profile_export_aiperf.json");
         assert!(

@@ -39,21 +39,12 @@ pub fn run_script(script: &str, args: &[String], deadline: Duration) -> Vec<Valu
         .spawn()
         .unwrap_or_else(|e| panic!("spawn {} {script}: {e}", python.display()));
     let read = |p: &Path| std::fs::read_to_string(p).unwrap_or_default();
-    let end = Instant::now() + deadline;
-    let status = loop {
-        if let Ok(Some(s)) = child.try_wait() {
-            break s;
-        }
-        if Instant::now() >= end {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!(
-                "{script} {args:?} did not finish within {deadline:?}; stdout so far:\n{}\nstderr:\n{}",
-                read(&out_path),
-                read(&err_path)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
+    let Some(status) = super::wait_bounded(&mut child, deadline) else {
+        panic!(
+            "{script} {args:?} did not finish within {deadline:?}; stdout so far:\n{}\nstderr:\n{}",
+            read(&out_path),
+            read(&err_path)
+        );
     };
     let stdout = read(&out_path);
     assert!(

@@ -26,9 +26,10 @@ use std::time::{Duration, Instant};
 
 use crate::child::{self, Supervised};
 use crate::error::BenchError;
-use crate::fleet_hop::fleet::{Fleet, FleetError, FleetInfo, FleetSpec};
+use crate::fleet_hop::check_direct;
+use crate::fleet_hop::fleet::{Fleet, FleetInfo, FleetSpec};
 use crate::fleet_hop::router::Launch;
-use crate::fleet_hop::{check_direct, default_python};
+use crate::fleet_rows::{KvFleet, Resolved, run_rounds};
 use crate::kv_route::router as kv_router;
 use crate::shim_load;
 use crate::tempdir::TempDir;
@@ -85,18 +86,11 @@ pub(crate) struct AiperfOptions {
     pub(crate) output_tokens: u32,
     /// Repetitions of the two rows, alternating their order.
     pub(crate) rounds: u32,
-    /// Router binary; `None` means next to the current executable.
-    pub(crate) router_bin: Option<PathBuf>,
     /// The `aiperf` executable; `None`: `$CONTINUUM_AIPERF_VENV` or the installer's default.
     pub(crate) aiperf_bin: Option<PathBuf>,
-    /// The fleet venv's python; `None` as `fleet-hop`.
-    pub(crate) python: Option<PathBuf>,
-    /// `tests/fleet/fleet.py`.
-    pub(crate) fleet_script: PathBuf,
-    /// The model directory (AIPerf's `--tokenizer`, the router's pinned artifacts).
-    pub(crate) model_dir: PathBuf,
-    /// Seconds the fleet, then the router, may take to be ready.
-    pub(crate) ready_timeout_secs: u64,
+    /// Where the fleet and the router come from (its model directory is also AIPerf's
+    /// `--tokenizer`).
+    pub(crate) fleet: KvFleet,
     /// Wall time one AIPerf run may take, seconds.
     pub(crate) run_timeout_secs: u64,
 }
@@ -111,18 +105,8 @@ impl Default for AiperfOptions {
             input_tokens: 512,
             output_tokens: 32,
             rounds: 1,
-            router_bin: None,
             aiperf_bin: None,
-            python: None,
-            fleet_script: PathBuf::from(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/../tests/fleet/fleet.py"
-            )),
-            model_dir: PathBuf::from(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/../../shared/fixtures/tiny-model"
-            )),
-            ready_timeout_secs: 60,
+            fleet: KvFleet::default(),
             run_timeout_secs: 600,
         }
     }
@@ -153,31 +137,11 @@ struct Setup<'a> {
 
 /// Runs the benchmark and prints the report on stdout.
 pub(crate) fn run(opts: &AiperfOptions) -> Result<(), BenchError> {
-    let python = opts.python.clone().unwrap_or_else(default_python);
-    if !python.is_file() {
-        return Err(FleetError::NoPython(python).into());
-    }
-    if !opts.fleet_script.is_file() {
-        return Err(FleetError::NoScript(opts.fleet_script.clone()).into());
-    }
     let aiperf = opts.aiperf_bin.clone().unwrap_or_else(default_aiperf);
     if !aiperf.is_file() {
         return Err(AiperfError::NoAiperf(aiperf).into());
     }
-    let bin = child::sibling_or(opts.router_bin.as_deref(), "continuum-router")?;
-    let router = if bin.is_file() {
-        kv_router::digests(&opts.model_dir)
-            .map(|d| (bin, d))
-            .map_err(|e| e.to_string())
-    } else {
-        Err(format!(
-            "{} not found; run `cargo build --release -p continuum-router --features dynamo-kv`",
-            bin.display()
-        ))
-    };
-    if let Err(why) = &router {
-        eprintln!("router: {why}. Reporting the Dynamo row only.");
-    }
+    let Resolved { python, router } = opts.fleet.resolve()?;
     let setup = Setup {
         opts,
         python,
@@ -188,25 +152,14 @@ pub(crate) fn run(opts: &AiperfOptions) -> Result<(), BenchError> {
     };
     let mut out = std::io::stdout().lock();
     report::header(&mut out, opts, &setup.aiperf).map_err(BenchError::io("writing the report"))?;
-    let mut runs = Vec::new();
-    let mut missing: Vec<(Kind, String)> = Vec::new();
-    for round in 1..=opts.rounds {
-        for kind in Kind::order(round) {
-            if missing.iter().any(|(k, _)| *k == kind) {
-                continue;
-            }
-            eprintln!("aiperf: round {round}: {} ...", kind.label());
-            match run_row(&setup, kind, round) {
-                Ok(mut row) => runs.append(&mut row),
-                Err(BenchError::Interrupted) => return Err(BenchError::Interrupted),
-                Err(e) => {
-                    eprintln!("aiperf: {} failed: {e}", kind.label());
-                    let first = e.to_string().lines().next().unwrap_or_default().to_owned();
-                    missing.push((kind, first));
-                }
-            }
-        }
-    }
+    let (rows, missing) = run_rounds(
+        "aiperf",
+        opts.rounds,
+        |round| Kind::order(round).to_vec(),
+        Kind::label,
+        |kind, round| run_row(&setup, kind, round),
+    )?;
+    let runs: Vec<Run> = rows.into_iter().flatten().collect();
     report::render(&mut out, &runs, &missing).map_err(BenchError::io("writing the report"))?;
     out.flush().map_err(BenchError::io("writing the report"))?;
     match missing.iter().find(|(k, _)| *k == Kind::Dynamo) {
@@ -219,14 +172,14 @@ pub(crate) fn run(opts: &AiperfOptions) -> Result<(), BenchError> {
 /// everything down.
 fn run_row(setup: &Setup<'_>, kind: Kind, round: u32) -> Result<Vec<Run>, BenchError> {
     let opts = setup.opts;
-    let ready = Duration::from_secs(opts.ready_timeout_secs);
+    let ready = Duration::from_secs(opts.fleet.ready_timeout_secs);
     let log = setup
         .dir
         .path()
         .join(format!("fleet-{}-{round}.log", kind.slug()));
     let fleet = Fleet::start(&FleetSpec {
         python: &setup.python,
-        script: &opts.fleet_script,
+        script: &opts.fleet.fleet_script,
         model: MODEL,
         workers: opts.workers,
         speedup_ratio: opts.speedup_ratio,
@@ -313,7 +266,7 @@ fn profile(
         .args(["--url", &format!("http://127.0.0.1:{port}")])
         .args(["--endpoint-type", endpoint.label(), "--streaming"])
         .arg("--tokenizer")
-        .arg(&opts.model_dir)
+        .arg(&opts.fleet.model_dir)
         .args(["--request-count", &opts.requests.to_string()])
         .args(["--concurrency", &opts.concurrency.to_string()])
         .args([

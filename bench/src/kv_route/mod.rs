@@ -38,9 +38,10 @@ use std::time::{Duration, Instant};
 use crate::child::{self, Supervised};
 use crate::cpu;
 use crate::error::BenchError;
-use crate::fleet_hop::fleet::{Fleet, FleetError, FleetInfo, FleetSpec};
+use crate::fleet_hop::check_direct;
+use crate::fleet_hop::fleet::{Fleet, FleetInfo, FleetSpec};
 use crate::fleet_hop::router::Launch;
-use crate::fleet_hop::{check_direct, default_python};
+use crate::fleet_rows::{KvFleet, Resolved, run_rounds};
 use crate::router_probe::decode_selections;
 use crate::shim_load;
 use crate::tempdir::TempDir;
@@ -80,16 +81,8 @@ pub(crate) struct KvRouteOptions {
     pub(crate) seed: u64,
     /// Repetitions of the three rows, alternating their order.
     pub(crate) rounds: u32,
-    /// Router binary; `None` means next to the current executable.
-    pub(crate) router_bin: Option<PathBuf>,
-    /// The fleet venv's python; `None` as `fleet-hop`.
-    pub(crate) python: Option<PathBuf>,
-    /// `tests/fleet/fleet.py`.
-    pub(crate) fleet_script: PathBuf,
-    /// The model directory whose tokenizer artifacts the router pins.
-    pub(crate) model_dir: PathBuf,
-    /// Seconds the fleet, then the router, may take to be ready.
-    pub(crate) ready_timeout_secs: u64,
+    /// Where the fleet and the router come from.
+    pub(crate) fleet: KvFleet,
     /// Socket timeout of every request, seconds.
     pub(crate) request_timeout_secs: u64,
     /// Wall time a row's load may take, seconds.
@@ -106,17 +99,7 @@ impl Default for KvRouteOptions {
             max_tokens: 16,
             seed: 1,
             rounds: 1,
-            router_bin: None,
-            python: None,
-            fleet_script: PathBuf::from(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/../tests/fleet/fleet.py"
-            )),
-            model_dir: PathBuf::from(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/../../shared/fixtures/tiny-model"
-            )),
-            ready_timeout_secs: 60,
+            fleet: KvFleet::default(),
             request_timeout_secs: 60,
             row_timeout_secs: 600,
         }
@@ -143,27 +126,7 @@ struct Setup<'a> {
 
 /// Runs the benchmark and prints the report on stdout.
 pub(crate) fn run(opts: &KvRouteOptions) -> Result<(), BenchError> {
-    let python = opts.python.clone().unwrap_or_else(default_python);
-    if !python.is_file() {
-        return Err(FleetError::NoPython(python).into());
-    }
-    if !opts.fleet_script.is_file() {
-        return Err(FleetError::NoScript(opts.fleet_script.clone()).into());
-    }
-    let bin = child::sibling_or(opts.router_bin.as_deref(), "continuum-router")?;
-    let router = if bin.is_file() {
-        router::digests(&opts.model_dir)
-            .map(|d| (bin, d))
-            .map_err(|e| e.to_string())
-    } else {
-        Err(format!(
-            "{} not found; run `cargo build --release -p continuum-router --features dynamo-kv`",
-            bin.display()
-        ))
-    };
-    if let Err(why) = &router {
-        eprintln!("router: {why}. Reporting the Dynamo and pinned rows only.");
-    }
+    let Resolved { python, router } = opts.fleet.resolve()?;
     let setup = Setup {
         opts,
         python,
@@ -173,25 +136,13 @@ pub(crate) fn run(opts: &KvRouteOptions) -> Result<(), BenchError> {
     };
     let mut out = std::io::stdout().lock();
     header(&mut out, &setup).map_err(BenchError::io("writing the report"))?;
-    let mut rows = Vec::new();
-    let mut missing: Vec<(Kind, String)> = Vec::new();
-    for round in 1..=opts.rounds {
-        for kind in report::round_order(round) {
-            if missing.iter().any(|(k, _)| *k == kind) {
-                continue;
-            }
-            eprintln!("kv-route: round {round}: {} ...", kind.label());
-            match run_row(&setup, kind, round) {
-                Ok(row) => rows.push(row),
-                Err(BenchError::Interrupted) => return Err(BenchError::Interrupted),
-                Err(e) => {
-                    eprintln!("kv-route: {} failed: {e}", kind.label());
-                    let first = e.to_string().lines().next().unwrap_or_default().to_owned();
-                    missing.push((kind, first));
-                }
-            }
-        }
-    }
+    let (rows, missing) = run_rounds(
+        "kv-route",
+        opts.rounds,
+        |round| report::round_order(round).to_vec(),
+        Kind::label,
+        |kind, round| run_row(&setup, kind, round),
+    )?;
     report::render(&mut out, &rows, &missing).map_err(BenchError::io("writing the report"))?;
     match missing.iter().find(|(k, _)| *k == Kind::Dynamo) {
         Some((_, why)) => Err(KvRouteError::NoBaseline(why.clone()).into()),
@@ -212,14 +163,14 @@ fn run_row(setup: &Setup<'_>, kind: Kind, round: u32) -> Result<RowRun, BenchErr
         }
         _ => None,
     };
-    let ready = Duration::from_secs(opts.ready_timeout_secs);
+    let ready = Duration::from_secs(opts.fleet.ready_timeout_secs);
     let log = setup.dir.path().join(format!(
         "fleet-{}-{round}.log",
         kind.label().replace(' ', "-")
     ));
     let mut fleet = Fleet::start(&FleetSpec {
         python: &setup.python,
-        script: &opts.fleet_script,
+        script: &opts.fleet.fleet_script,
         model: MODEL,
         workers: opts.workers,
         speedup_ratio: opts.speedup_ratio,
