@@ -10,7 +10,8 @@
 //! - `generation` strictly increases across publications;
 //! - [`ModelRoute::replicas`] holds only enabled, non-internal backends serving the model, each
 //!   repeated `weight` times in an interleaved order (smooth weighted round robin by cursor);
-//! - backend indices are positions in [`RouterSnapshot::backends`] of the same snapshot.
+//! - backend indices are positions in the snapshot config's `backends` (and in
+//!   [`RouterSnapshot::backend_addrs`]).
 
 use std::collections::HashMap;
 use std::net::SocketAddr;

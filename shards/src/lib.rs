@@ -6,7 +6,7 @@
 //! control thread published, and owns the ZMTP subscriptions of its partition of publishers.
 //!
 //! Modules follow ownership (none imports a module that imports it; `tests/module_graph.rs`):
-//! - [`shard`](crate::shard): handles and the run loop (accept, mailbox, drain), spawning;
+//! - [`shard`]: handles and the run loop (accept, mailbox, drain), spawning;
 //! - `http`: connection, reader task, local responses, route classification;
 //! - `dispatch`: one `Exchange` per proxied request — prepare, plan (pick), attempts, relay;
 //! - `admin`: the routes the router answers itself;

@@ -9,7 +9,7 @@
 //! Invariants: after the sink reports it is done, input is ignored; the converted output is a
 //! function of the concatenated input only (an error keeps the bytes converted before it for
 //! `fail`, which sends them first); an upstream `error` chunk (an
-//! `error` key or `event: error`) ends the stream through [`ChunkSink::fail`]; an upstream EOF
+//! `error` key or `event: error`) ends the stream through [`fail`]; an upstream EOF
 //! before any `finish_reason` fails the stream rather than completing it.
 
 use serde_json::Value;

@@ -11,7 +11,7 @@
 //! slice in probe order, with the list of those it renewed.
 //!
 //! Invariants:
-//! - after a memoised read at `now`, every digest is what [`super::KeyLoad::assess_hinted`]
+//! - after a memoised read at `now`, every digest is what [`super::rules::KeyLoad::assess_hinted`]
 //!   would return for its probe at `now`, digested (the per-cell memo's invariants, checked by
 //!   its differential test through sets kept across steps);
 //! - a set's checks are trusted only for the memo source (store and in-flight tables) they were
@@ -36,7 +36,8 @@ use super::store::SlotRef;
 pub struct RankProbe {
     /// The key.
     pub key: LoadKey,
-    /// The key's cell in some earlier view of the store (see [`super::KeyLoad::assess_hinted`]).
+    /// The key's cell in some earlier view of the store (see
+    /// [`super::rules::KeyLoad::assess_hinted`]).
     pub hint: Option<SlotRef>,
 }
 

@@ -8,7 +8,7 @@
 //! returned as one classified [`DispatchError`], counted once under its upstream class.
 //!
 //! [`Dispatcher::plain`] rotates over the model's replicas with the shard's cursor, skipping
-//! replicas that are ejected or unhealthy ([`choose`]); a retryable failure (connect: nothing
+//! replicas that are ejected or unhealthy ([`choose`](mod@choose)); a retryable failure (connect: nothing
 //! was sent) moves to the next untried replica up to `connect_retries` times, each retry within
 //! the shard's retry budget. Every attempt's result is reported to the replica's shared health.
 

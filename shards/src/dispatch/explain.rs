@@ -5,7 +5,7 @@
 //! chat, client pin fields and `nvext.token_data` stripped), its model mapped through
 //! `shim.model_map`, its prompt rendered, tokenized and hashed by the model's pipeline, the
 //! KV-stage candidates scored with [`score_candidates`] (the list the KV-aware picker selects
-//! from) and the pick made on a [`WorkerPicker::preview`] copy of the shard's picker, which has
+//! from) and the pick made on a [`continuum_core::picker::WorkerPicker::preview`] copy of the shard's picker, which has
 //! the picker's parameters and cursor positions.
 //!
 //! Format: the `format` query parameter, `chat` (default), `completions`, `messages` (Anthropic

@@ -8,7 +8,7 @@
 //! - **plan** ([`plan`]): when the disaggregated orchestrator runs and a discovered worker serves
 //!   the model, the shard's [`WorkerPicker`] picks and the pick is recorded in the shard's
 //!   dispatch ledger (PICK-*, SHIM-05..07); otherwise plain model routing;
-//! - **attempts** ([`shim`] for pinned requests, [`attempt::plain`] otherwise): a pooled or new
+//! - **attempts** ([`shim`] for pinned requests, [`Dispatcher::plain`] otherwise): a pooled or new
 //!   upstream connection per attempt, connect failures moving to the next replica
 //!   (`connect_retries`), a stale pooled connection replaced once, the shim decision table
 //!   (`continuum_core::shim::decide`) on pinned answers;

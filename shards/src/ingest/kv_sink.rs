@@ -1,6 +1,6 @@
 //! The `kv-events` sink: decode each message (frames and envelope through
 //! `continuum_core::dynamo_event`, the RouterEvent batch through `continuum_core::kv::event`),
-//! check the publisher id, and hand the batch to the shard's [`ShardKv`], counting every outcome
+//! check the publisher id, and hand the batch to the shard's [`super::kv::ShardKv`], counting every outcome
 //! in `continuum_dynamo_kv_events_total{result}` (KV-IDX-04/05, OBS-10).
 //!
 //! Invariants: the batch buffer is reused across messages and never grows beyond the batch caps
