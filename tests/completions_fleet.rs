@@ -24,10 +24,10 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use common::RouterProcess;
-use common::client::{Response, get, request_bytes, roundtrip};
+use common::client::{Response, get};
 use common::fleet::{Fleet, FleetSpec, Role};
 use common::kv::wait_view;
-use common::kv_pick::{kv_router, tiny_model_digests, wait_kv_ready};
+use common::kv_pick::{kv_router, kv_selection, skip_counts, tiny_model_digests, wait_kv_ready};
 use common::pyclient::run_script;
 use common::router::metric_value;
 use serde_json::{Value, json};
@@ -49,25 +49,11 @@ fn long_prompt(n: usize) -> String {
 
 fn post(r: &RouterProcess, body: &Value) -> Response {
     let bytes = body.to_string().into_bytes();
-    let raw = request_bytes(
-        "POST",
-        "/v1/completions",
-        &[("Content-Type", "application/json"), ("x-backend", "")],
-        Some(&bytes),
-    );
-    roundtrip(r.addr(), &raw).unwrap_or_else(|e| panic!("POST /v1/completions: {e}"))
+    common::client::post(r.addr(), "/v1/completions", &bytes, &[("x-backend", "")])
 }
 
 fn count(r: &RouterProcess, family: &str, labels: &[(&str, &str)]) -> f64 {
     metric_value(&r.metrics(), family, labels).unwrap_or(0.0)
-}
-
-fn kv_result(r: &RouterProcess, result: &str) -> f64 {
-    count(
-        r,
-        "continuum_dynamo_kv_selection_total",
-        &[("result", result)],
-    )
 }
 
 /// The sum of every series of the frontends' metric `family` (1.6.1 exposes
@@ -170,7 +156,7 @@ fn every_prompt_shape_is_pinned_buffered_and_streamed_with_the_official_client()
     let m = r.metrics();
     let total = lines.len() as f64;
     assert_eq!(
-        kv_result(&r, "overlap") + kv_result(&r, "no_overlap"),
+        kv_selection(&r, "overlap") + kv_selection(&r, "no_overlap"),
         total,
         "{m}"
     );
@@ -278,7 +264,7 @@ fn a_repeated_long_completions_prompt_is_picked_where_its_prefix_is_cached() {
     let prompt_tokens = first[0]["usage"]["prompt_tokens"].as_u64().unwrap();
     let blocks = prompt_tokens / 64;
     assert!(blocks >= 4, "a long prompt: {prompt_tokens} tokens");
-    assert_eq!(kv_result(&r, "no_overlap"), 1.0);
+    assert_eq!(kv_selection(&r, "no_overlap"), 1.0);
     wait_view(
         "the prompt's blocks indexed",
         &r,
@@ -318,7 +304,7 @@ fn a_repeated_long_completions_prompt_is_picked_where_its_prefix_is_cached() {
     assert_eq!(ids.len() as u64, prompt_tokens, "the frontend's own count");
     // The same text, its ids as a token-id prompt, and a batch led by it, each buffered and
     // streamed: all picked with overlap on the worker that holds the prefix.
-    let before = kv_result(&r, "overlap");
+    let before = kv_selection(&r, "overlap");
     let again = official(
         &r,
         &[
@@ -332,7 +318,7 @@ fn a_repeated_long_completions_prompt_is_picked_where_its_prefix_is_cached() {
     for line in &again {
         assert_eq!(worker_in(line), home, "left the prefix's worker: {line}");
     }
-    assert_eq!(kv_result(&r, "overlap"), before + 6.0);
+    assert_eq!(kv_selection(&r, "overlap"), before + 6.0);
     let kv_aware = count(
         &r,
         "continuum_dynamo_selection_total",
@@ -356,22 +342,6 @@ fn a_repeated_long_completions_prompt_is_picked_where_its_prefix_is_cached() {
     );
 }
 
-const SKIP: &str = "[SIDECAR-SKIP-TOKENIZE]";
-
-fn skip_lines(fleet: &Fleet) -> usize {
-    fleet
-        .info
-        .frontend_processes
-        .iter()
-        .map(|f| {
-            Fleet::log_text(&f.log)
-                .lines()
-                .filter(|l| l.contains(SKIP))
-                .count()
-        })
-        .sum()
-}
-
 #[test]
 fn token_data_carries_a_single_text_prompt_only() {
     let fleet = Fleet::start(&FleetSpec::new().agg(AGG, 1).arg("--dyn-log", "info"));
@@ -386,14 +356,14 @@ fn token_data_carries_a_single_text_prompt_only() {
         assert_eq!(resp.status, 200, "{}", resp.text());
         resp.json()["usage"]["prompt_tokens"].as_u64().unwrap()
     };
-    assert_eq!(skip_lines(&fleet), 0);
+    assert_eq!(skip_counts(&fleet).len(), 0);
     // A single text prompt: the frontend takes the router's ids, and counts them.
     let tokens = ask(json!(text));
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while skip_lines(&fleet) < 1 && std::time::Instant::now() < deadline {
+    while skip_counts(&fleet).is_empty() && std::time::Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(50));
     }
-    assert_eq!(skip_lines(&fleet), 1, "the frontend used token_data");
+    assert_eq!(skip_counts(&fleet).len(), 1, "the frontend used token_data");
     assert!(tokens > 64, "{tokens}");
     // A batch: each prompt tokenized by the frontend (were the first prompt's ids sent as
     // token_data, both prompts would count `tokens`).
@@ -402,7 +372,7 @@ fn token_data_carries_a_single_text_prompt_only() {
     assert_eq!(ask(json!([5, 6, 7])), 3);
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(
-        skip_lines(&fleet),
+        skip_counts(&fleet).len(),
         1,
         "no token_data for a batch or token ids"
     );

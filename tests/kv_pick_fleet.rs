@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use common::fleet::{Fleet, FleetSpec};
 use common::kv::{KvView, wait_view};
-use common::kv_pick::{kv_router, system_prompt, tiny_model_digests, wait_kv_ready};
+use common::kv_pick::{kv_router, kv_selection, system_prompt, tiny_model_digests, wait_kv_ready};
 use common::router::metric_value;
 use common::{RouterProcess, chat};
 use serde_json::{Value, json};
@@ -57,15 +57,6 @@ fn send(r: &RouterProcess, messages: &[Value]) -> (u64, String) {
     (worker, answer)
 }
 
-fn count(r: &RouterProcess, result: &str) -> f64 {
-    metric_value(
-        &r.metrics(),
-        "continuum_dynamo_kv_selection_total",
-        &[("result", result)],
-    )
-    .unwrap_or(0.0)
-}
-
 #[test]
 fn every_later_turn_lands_on_the_worker_that_holds_its_prefix() {
     let fleet = Fleet::start(&FleetSpec::new().agg(AGG, 3));
@@ -84,7 +75,7 @@ fn every_later_turn_lands_on_the_worker_that_holds_its_prefix() {
         for c in 0..conversations {
             let h = &mut histories[c];
             h.push(json!({"role": "user", "content": format!("Turn {turn} of conversation {c}: what does rule {turn} say?")}));
-            let before = count(&r, "overlap");
+            let before = kv_selection(&r, "overlap");
             let held_before = KvView::read(&r).rows;
             let (worker, answer) = send(&r, h);
             assert!(workers.contains(&worker), "{worker} not in {workers:?}");
@@ -96,7 +87,7 @@ fn every_later_turn_lands_on_the_worker_that_holds_its_prefix() {
                         "turn {turn} of conversation {c} left the worker holding its prefix"
                     );
                     assert_eq!(
-                        count(&r, "overlap"),
+                        kv_selection(&r, "overlap"),
                         before + 1.0,
                         "turn {turn} of conversation {c} was picked with overlap"
                     );
@@ -133,19 +124,22 @@ fn every_later_turn_lands_on_the_worker_that_holds_its_prefix() {
     .unwrap_or(0.0);
     let total = (conversations * turns) as f64;
     assert_eq!(kv_aware, total, "every pick was kv_aware:\n{m}");
-    let overlap = count(&r, "overlap");
+    let overlap = kv_selection(&r, "overlap");
     assert!(
         overlap >= ((turns - 1) * conversations) as f64,
         "later turns overlap: {overlap}"
     );
-    assert_eq!(count(&r, "overlap") + count(&r, "no_overlap"), total);
+    assert_eq!(
+        kv_selection(&r, "overlap") + kv_selection(&r, "no_overlap"),
+        total
+    );
     for skipped in [
         "tokenizer_unavailable",
         "artifact_unpinned",
         "render_unavailable",
         "prompt_too_large",
     ] {
-        assert_eq!(count(&r, skipped), 0.0, "{skipped}:\n{m}");
+        assert_eq!(kv_selection(&r, skipped), 0.0, "{skipped}:\n{m}");
     }
     // The hash-parity watchdog: the worker each pick chose stored the prompt under the hashes
     // the router predicted (every first turn at least, picked with no overlap at all), and no
@@ -190,7 +184,7 @@ fn an_unpinned_tokenizer_is_never_loaded_and_selection_stays_load_based() {
         send(&r, &messages);
     }
     let m = r.metrics();
-    assert_eq!(count(&r, "artifact_unpinned"), 4.0, "{m}");
+    assert_eq!(kv_selection(&r, "artifact_unpinned"), 4.0, "{m}");
     let decode = |reason| {
         metric_value(
             &m,
@@ -201,7 +195,11 @@ fn an_unpinned_tokenizer_is_never_loaded_and_selection_stays_load_based() {
     };
     assert_eq!(decode("kv_aware"), 0.0, "{m}");
     assert_eq!(decode("load") + decode("round_robin_stale"), 4.0, "{m}");
-    assert_eq!(count(&r, "overlap") + count(&r, "no_overlap"), 0.0, "{m}");
+    assert_eq!(
+        kv_selection(&r, "overlap") + kv_selection(&r, "no_overlap"),
+        0.0,
+        "{m}"
+    );
     assert_eq!(
         metric_value(
             &m,
@@ -266,12 +264,15 @@ fn a_long_cold_prompt_is_load_routed_then_kv_routed_once_encoded() {
     ];
     // The first request: picked by load, counted prompt_too_large, answered.
     send(&r, &messages);
-    assert_eq!(count(&r, "prompt_too_large"), 1.0);
-    assert_eq!(count(&r, "overlap") + count(&r, "no_overlap"), 0.0);
+    assert_eq!(kv_selection(&r, "prompt_too_large"), 1.0);
+    assert_eq!(
+        kv_selection(&r, "overlap") + kv_selection(&r, "no_overlap"),
+        0.0
+    );
     // Its segments are encoded in the background; the same prompt is then prepared inline on
     // that shard (each shard warms its own cache), so within a few requests it is KV-routed.
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while count(&r, "overlap") + count(&r, "no_overlap") == 0.0 {
+    while kv_selection(&r, "overlap") + kv_selection(&r, "no_overlap") == 0.0 {
         assert!(
             std::time::Instant::now() < deadline,
             "the long prompt was never KV-routed:\n{}",

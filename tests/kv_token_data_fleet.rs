@@ -21,34 +21,13 @@ mod common;
 use std::time::Duration;
 
 use common::fleet::{Fleet, FleetSpec};
-use common::kv_pick::{kv_router, system_prompt, tiny_model_digests, wait_kv_ready};
-use common::router::metric_value;
+use common::kv_pick::{
+    kv_router, kv_selections, skip_counts, system_prompt, tiny_model_digests, wait_kv_ready,
+};
 use common::{RouterProcess, chat};
 use serde_json::json;
 
 const AGG: &str = "tiny-agg";
-const SKIP: &str = "[SIDECAR-SKIP-TOKENIZE]";
-
-/// Every skip line the fleet's frontends logged, with its `token_count`.
-fn skip_counts(fleet: &Fleet) -> Vec<u64> {
-    let mut counts = Vec::new();
-    for f in &fleet.info.frontend_processes {
-        let text = Fleet::log_text(&f.log);
-        for line in text.lines().filter(|l| l.contains(SKIP)) {
-            let n = line.split("token_count").nth(1).and_then(|rest| {
-                let digits: String = rest
-                    .chars()
-                    .skip_while(|c| !c.is_ascii_digit())
-                    .take_while(char::is_ascii_digit)
-                    .collect();
-                digits.parse().ok()
-            });
-            counts.push(n.unwrap_or_else(|| panic!("no token_count in {line:?}")));
-        }
-    }
-    counts
-}
-
 /// One chat request with a client `token_data` of three ids; returns `usage.prompt_tokens`.
 fn ask(r: &RouterProcess, i: usize) -> u64 {
     let body = json!({
@@ -131,14 +110,7 @@ fn kv_pick_10_the_frontend_uses_the_routers_token_ids() {
     // `with` served the three asks and the last one; `without` the three controls.
     for (r, served) in [(&with, 4.0), (&without, 3.0)] {
         let m = r.metrics();
-        let kv = |result| {
-            metric_value(
-                &m,
-                "continuum_dynamo_kv_selection_total",
-                &[("result", result)],
-            )
-            .unwrap_or(0.0)
-        };
+        let kv = |result| kv_selections(&m, result);
         assert_eq!(
             kv("overlap") + kv("no_overlap"),
             served,

@@ -15,9 +15,9 @@ use std::time::{Duration, Instant};
 
 use common::RouterProcess;
 use common::aiperf::Profile;
-use common::client::{request_bytes, roundtrip};
+use common::client::post;
 use common::fleet::{Fleet, FleetSpec};
-use common::kv_pick::{kv_router, tiny_model_digests, wait_kv_ready};
+use common::kv_pick::{kv_router, kv_selections, tiny_model_digests, wait_kv_ready};
 use common::pyclient::run_script;
 use common::router::metric_value;
 use serde_json::{Value, json};
@@ -67,13 +67,12 @@ fn wait_listed(r: &RouterProcess, want: &[&str], within: Duration) {
 
 fn complete(r: &RouterProcess, model: &str) -> common::Response {
     let body = json!({"model": model, "prompt": "hello", "max_tokens": 2}).to_string();
-    let raw = request_bytes(
-        "POST",
+    post(
+        r.addr(),
         "/v1/completions",
-        &[("Content-Type", "application/json"), ("x-backend", "")],
-        Some(body.as_bytes()),
-    );
-    roundtrip(r.addr(), &raw).unwrap()
+        body.as_bytes(),
+        &[("x-backend", "")],
+    )
 }
 
 #[test]
@@ -168,14 +167,7 @@ fn aiperf_profiles_completions_and_chat_through_the_router_without_errors() {
         );
     }
     let m = r.metrics();
-    let kv = |result| {
-        metric_value(
-            &m,
-            "continuum_dynamo_kv_selection_total",
-            &[("result", result)],
-        )
-        .unwrap_or(0.0)
-    };
+    let kv = |result| kv_selections(&m, result);
     assert_eq!(
         kv("overlap") + kv("no_overlap"),
         f64::from(2 * requests),

@@ -14,12 +14,12 @@ mod common;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use common::client::roundtrip;
+use common::client::post;
 use common::shim::{
     AGG, AGG_IDS, DECODE_ID, DISAGG, PLAIN_ONLY, PREFILL_ID, REJECTION, error_body, metric, pin,
     setup,
 };
-use common::{Reply, STEP, chat, chat_body, is_pin_header, refusing_url, request_bytes};
+use common::{Reply, STEP, chat, chat_body, is_pin_header, refusing_url};
 
 #[test]
 fn aggregated_requests_carry_decimal_pins_and_rotate_over_the_workers() {
@@ -398,15 +398,7 @@ fn a_held_answer_is_capped_at_256_kib() {
 #[test]
 fn every_route_refuses_what_it_cannot_route_and_pins_completions() {
     let s = setup(true, None);
-    let post = |path: &str, body: &str| {
-        let raw = request_bytes(
-            "POST",
-            path,
-            &[("Content-Type", "application/json")],
-            Some(body.as_bytes()),
-        );
-        roundtrip(s.router.addr(), &raw).unwrap()
-    };
+    let send = |path: &str, body: &str| post(s.router.addr(), path, body.as_bytes(), &[]);
     let unknown = [
         (
             "/v1/chat/completions",
@@ -418,12 +410,12 @@ fn every_route_refuses_what_it_cannot_route_and_pins_completions() {
         ("/v1/embeddings", r#"{"model":"nope","input":"x"}"#),
     ];
     for (path, body) in unknown {
-        let err = post(path, body).assert_json_error(404);
+        let err = send(path, body).assert_json_error(404);
         assert_eq!(err["code"], "model_not_found", "{path}");
     }
     let messages = r#"{"model":"nope","max_tokens":4,"messages":[{"role":"user","content":"x"}]}"#;
     for path in ["/v1/messages", "/anthropic/v1/messages"] {
-        let resp = post(path, messages);
+        let resp = send(path, messages);
         assert_eq!(resp.status, 404, "{path}: {}", resp.text());
         assert_eq!(resp.json()["error"]["type"], "not_found_error", "{path}");
     }
@@ -443,7 +435,7 @@ fn every_route_refuses_what_it_cannot_route_and_pins_completions() {
             (r#"{"prompt":"x","input":"x","messages":[]}"#, "model"),
             (r#"{"model":7,"prompt":"x"}"#, "model"),
         ] {
-            let resp = post(path, body);
+            let resp = send(path, body);
             assert_eq!(resp.status, 400, "{path} {body}: {}", resp.text());
             let err = &resp.json()["error"];
             assert_eq!(err["type"], "invalid_request_error", "{path} {body}");
@@ -458,7 +450,7 @@ fn every_route_refuses_what_it_cannot_route_and_pins_completions() {
             "`prompt` is empty",
         ),
     ] {
-        let err = post("/v1/completions", &body).assert_json_error(400);
+        let err = send("/v1/completions", &body).assert_json_error(400);
         assert!(err["message"].as_str().unwrap().contains(reason), "{err}");
     }
     assert_eq!(
@@ -472,7 +464,7 @@ fn every_route_refuses_what_it_cannot_route_and_pins_completions() {
         let body = format!(
             r#"{{"model":"{AGG}","prompt":[1,2,3],"stream":{stream},"backend_instance_id":9,"nvext":{{"token_data":[7]}}}}"#
         );
-        let resp = post("/v1/completions", &body);
+        let resp = send("/v1/completions", &body);
         assert_eq!(resp.status, 200, "{}", resp.text());
         let r = s.shim_agg.wait_requests(i + 1, STEP).pop().unwrap();
         assert_eq!(r.path, "/v1/completions");

@@ -1,9 +1,18 @@
-"""What the one-shot official-client scripts share (`anthropic_messages.py`, `openai_responses.py`):
-their command line and the loop that runs every (model, buffered/streamed, index) once and prints
-one JSON line per request."""
+"""What the official-client scripts share: the command line and the loop of the one-shot scripts
+(`anthropic_messages.py`, `openai_responses.py`) that run every (model, buffered/streamed, index)
+once and print one JSON line per request, and the disclosed-header filter (`openai_chat.py`,
+`openai_completions.py`)."""
 
 import argparse
 import json
+
+# Response headers the router discloses (with `x-backend` on the request).
+DISCLOSED = ("x-backend", "x-continuum-")
+
+
+def disclosed(headers):
+    """The disclosed response headers, names lower-cased."""
+    return {k.lower(): v for k, v in headers.items() if k.lower().startswith(DISCLOSED)}
 
 
 def arguments(description, tokens_flag):

@@ -31,13 +31,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import openai
+from client_common import disclosed
 
 try:  # openai 3.x ships its HTTP stack as `httpx2`; older releases use `httpx`
     import httpx2 as httpx
 except ImportError:  # pragma: no cover
     import httpx
 
-DISCLOSED = ("x-backend", "x-continuum-")
 
 
 class TeeStream(httpx.SyncByteStream):
@@ -67,10 +67,6 @@ class RecordingTransport(httpx.HTTPTransport):
         RecordingTransport.local.sink = sink
         response.stream = TeeStream(response.stream, sink)
         return response
-
-
-def disclosed(headers):
-    return {k.lower(): v for k, v in headers.items() if k.lower().startswith(DISCLOSED)}
 
 
 def run_one(client, args, model, stream, index):

@@ -24,12 +24,8 @@ import json
 import sys
 
 import openai
+from client_common import disclosed
 
-DISCLOSED = ("x-backend", "x-continuum-")
-
-
-def disclosed(headers):
-    return {k.lower(): v for k, v in headers.items() if k.lower().startswith(DISCLOSED)}
 
 
 def collect(choices, texts, finish):

@@ -118,7 +118,7 @@ pub fn request_bytes(
     out
 }
 
-/// A `POST /v1/chat/completions` with a JSON body and extra headers.
+/// A `POST /v1/chat/completions` with a JSON body and extra headers (the bytes [`post`] sends).
 pub fn chat_bytes(body: &[u8], headers: &[(&str, &str)]) -> Vec<u8> {
     let mut all = vec![("Content-Type", "application/json")];
     all.extend_from_slice(headers);
@@ -456,8 +456,16 @@ pub fn get_with(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> Respo
 
 /// A chat completion on a fresh connection, panicking with context on failure.
 pub fn chat(addr: SocketAddr, body: &[u8], headers: &[(&str, &str)]) -> Response {
-    roundtrip(addr, &chat_bytes(body, headers))
-        .unwrap_or_else(|e| panic!("POST /v1/chat/completions on {addr} failed: {e}"))
+    post(addr, "/v1/chat/completions", body, headers)
+}
+
+/// `POST path` with a JSON body and extra headers on a fresh connection, panicking with context
+/// on failure.
+pub fn post(addr: SocketAddr, path: &str, body: &[u8], headers: &[(&str, &str)]) -> Response {
+    let mut all = vec![("Content-Type", "application/json")];
+    all.extend_from_slice(headers);
+    roundtrip(addr, &request_bytes("POST", path, &all, Some(body)))
+        .unwrap_or_else(|e| panic!("POST {path} on {addr} failed: {e}"))
 }
 
 fn framing_of(head: &ResponseHead) -> Framing {

@@ -11,6 +11,7 @@ use super::config::RouterConfig;
 use super::fleet::Fleet;
 use super::kv::{same, wait_view};
 use super::router::RouterProcess;
+use super::router::metric_value;
 
 /// The tiny model's fixture directory (tokenizer and config of the fleet's mockers).
 pub const TINY_MODEL_DIR: &str = concat!(
@@ -95,4 +96,42 @@ pub fn explain(r: &RouterProcess, query: &str, body: &[u8], token: Option<&str>)
         &request_bytes("POST", &path, &headers, Some(body)),
     )
     .unwrap_or_else(|e| panic!("POST {path}: {e}"))
+}
+
+/// `continuum_dynamo_kv_selection_total{result}` in the metrics text `m` (0 when absent).
+pub fn kv_selections(m: &str, result: &str) -> f64 {
+    metric_value(
+        m,
+        "continuum_dynamo_kv_selection_total",
+        &[("result", result)],
+    )
+    .unwrap_or(0.0)
+}
+
+/// [`kv_selections`] of `r`'s metrics now.
+pub fn kv_selection(r: &RouterProcess, result: &str) -> f64 {
+    kv_selections(&r.metrics(), result)
+}
+
+/// What 1.6.1's preprocessor logs (info level) when a request carries `nvext.token_data`.
+pub const SKIP_TOKENIZE: &str = "[SIDECAR-SKIP-TOKENIZE]";
+
+/// Every [`SKIP_TOKENIZE`] line the fleet's frontends logged, with its `token_count`.
+pub fn skip_counts(fleet: &Fleet) -> Vec<u64> {
+    let mut counts = Vec::new();
+    for f in &fleet.info.frontend_processes {
+        let text = Fleet::log_text(&f.log);
+        for line in text.lines().filter(|l| l.contains(SKIP_TOKENIZE)) {
+            let n = line.split("token_count").nth(1).and_then(|rest| {
+                let digits: String = rest
+                    .chars()
+                    .skip_while(|c| !c.is_ascii_digit())
+                    .take_while(char::is_ascii_digit)
+                    .collect();
+                digits.parse().ok()
+            });
+            counts.push(n.unwrap_or_else(|| panic!("no token_count in {line:?}")));
+        }
+    }
+    counts
 }

@@ -2,9 +2,9 @@
 //! request compete on Dynamo's KV-overlap cost ([`super::kv_cost::kv_cost`]); a prefill/decode
 //! pair's decode side then keeps the load-only rules inside the chosen namespace (KV-PICK-06),
 //! unless conditional disaggregation is on (KV-PICK-12..14, [`super::kv_conditional`]): then the
-//! namespace's decode ranks compete on `max(0, decode_cost_blocks - overlap_credit_blocks)` and the chosen one may
-//! prefill locally, the pick then carrying no prefill (reason `conditional_bypass`, no
-//! alternates).
+//! namespace's decode ranks compete on `max(0, decode_cost_blocks - overlap_credit_blocks)` and
+//! the chosen one may prefill locally, the pick then carrying no prefill (reason
+//! `conditional_bypass`, no alternates).
 //!
 //! Role: [`score_candidates`] turns a [`PickInput`] into one [`ScoredCandidate`] per candidate
 //! rank (overlap, backlog terms, standing, cost); [`KvAwarePicker`] selects from exactly that
@@ -495,8 +495,8 @@ impl KvAwarePicker {
 
     /// A pool's pair under conditional disaggregation (KV-PICK-12/13): the decode ranks of the
     /// prefill rank's namespace compete on [`super::conditional_decode_cost`] (decode backlog
-    /// rules, decode cursor); the chosen one either prefills locally (the pick has no prefill, reason
-    /// `conditional_bypass`, the decode rank's KV outcome) or is paired with `prefill`.
+    /// rules, decode cursor); the chosen one either prefills locally (the pick has no prefill,
+    /// reason `conditional_bypass`, the decode rank's KV outcome) or is paired with `prefill`.
     fn conditional_pair<'f>(
         &mut self,
         input: &PickInput<'f>,

@@ -280,19 +280,18 @@ impl PromptPipeline {
             }
             BodyFormat::Completion => {
                 let req = CompletionRequest::parse(body)?;
-                scratch.rendered.clear();
                 let single = match req.prompt {
+                    // The parsed prompt moves into the scratch: no second copy of it.
                     CompletionPrompt::Text(text) => {
                         self.tokenize(&text, &opts, cache, &mut scratch.tokens)?;
-                        scratch.rendered.extend_from_slice(text.as_bytes());
+                        scratch.rendered = text.into_bytes();
                         PromptSource::Text
                     }
                     CompletionPrompt::TokenIds(ids) => {
                         if ids.len() > tokenize::MAX_TOKENS {
                             return Err(TokenizeError::TooManyTokens.into());
                         }
-                        scratch.tokens.clear();
-                        scratch.tokens.extend_from_slice(&ids);
+                        scratch.tokens = ids;
                         PromptSource::TokenIds
                     }
                 };
