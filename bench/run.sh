@@ -25,6 +25,13 @@
 # it builds the router with `--features dynamo-kv`, makes sure the fleet venv
 # and the AIPerf venv exist (bench/aiperf/install.sh, idempotent), e.g.:
 #   bench/run.sh --aiperf --rounds 2
+# Regressions: `bench/run.sh --against REV [http-hop options]` builds revision
+# REV (any git revision) into its own target dir (target/against, the binary
+# cached per commit), then measures both routers with the same config in
+# every round, interleaved with nginx, and prints each figure as new/REV, e.g.:
+#   bench/run.sh --against b6d6685 --rounds 3 --shards 1,2
+# Run it against the commit before your change whenever you touch the request
+# path (shards/src/http, shards/src/dispatch, the runtime), and quote it.
 # Installs wrk, nginx and protoc when missing (apt-get).
 # Invariant: writes nothing into the repo besides cargo's target dir; if the
 # router does not build, the baseline (nginx, the direct frontend or shim) is
@@ -35,6 +42,15 @@ cd "$(dirname "$0")/.."
 target="${CARGO_TARGET_DIR:-target}"
 bench=http-hop
 features=()
+against=""
+if [ "${1:-}" = "--against" ]; then
+    if [ -z "${2:-}" ]; then
+        echo "run.sh: --against needs a revision, e.g. --against HEAD~1" >&2
+        exit 2
+    fi
+    against=$2
+    shift 2
+fi
 if [ "${1:-}" = "--kv-index" ]; then
     # `bench/run.sh --kv-index [kv-index-bench options]`: our KV index against
     # dynamo-kv-router 1.6.1's, a separate package (own Cargo.lock and target
@@ -81,4 +97,35 @@ if ! cargo build --release -p continuum-router "${features[@]}" -p continuum-ben
     fi
     cargo build --release -p continuum-bench
 fi
-exec "$target/release/continuum-bench" "$bench" "$@"
+extra=()
+if [ -n "$against" ]; then
+    if [ "$bench" != http-hop ]; then
+        echo "run.sh: --against compares http-hop runs only" >&2
+        exit 2
+    fi
+    sha=$(git rev-parse --verify --quiet "$against^{commit}") || {
+        echo "run.sh: $against is not a revision of this repository" >&2
+        exit 2
+    }
+    short=$(git rev-parse --short "$sha")
+    adir="$(cd "$(dirname "$target")" && pwd)/$(basename "$target")/against"
+    abin="$adir/bin/$sha/continuum-router"
+    if [ ! -x "$abin" ]; then
+        # The revision's own tree and Cargo.lock, built in one target dir shared by every
+        # revision compared (dependencies are built once), its binary kept per commit. `tar -m`:
+        # the files get the time of extraction, not the commit's, so cargo never takes another
+        # revision's build of the workspace crates (same names, same target dir) for fresh.
+        src="$adir/src/$sha"
+        rm -rf "$src"
+        mkdir -p "$src" "$(dirname "$abin")"
+        git archive "$sha" | tar -x -m -C "$src"
+        echo "run.sh: building $short into $adir/target" >&2
+        CARGO_TARGET_DIR="$adir/target" cargo build --release \
+            --manifest-path "$src/Cargo.toml" -p continuum-router
+        cp "$adir/target/release/continuum-router" "$abin.tmp"
+        mv "$abin.tmp" "$abin"
+        rm -rf "$src"
+    fi
+    extra=(--against-bin "$abin" --against-label "$short")
+fi
+exec "$target/release/continuum-bench" "$bench" "${extra[@]}" "$@"

@@ -36,7 +36,15 @@ http-hop options:
   --connections N      wrk connections (default 64)
   --threads N          wrk threads (default 1)
   --shards LIST        scenarios to run, comma separated, each 1 or 2 (default 1,2)
+  --rounds N           measurements of every server per scenario, interleaved (default 1, max 20);
+                       with more than one, a summary gives each ratio per round and its median
   --router-bin PATH    router binary (default: continuum-router next to this binary)
+  --against-bin PATH   a second router binary (another revision) measured in every round beside
+                       the first, its order alternating; the summary adds new/old ratios
+  --against-label TEXT its name in the report (default: old)
+  --profile NAME       the router's config: operator (a client API key with a rate budget and a
+                       1 s health check, the default) or plain (neither); with --against-bin and
+                       no --profile, plain when the other binary refuses the operator config
   --nginx-bin PATH     nginx binary (default: nginx on PATH)
   --wrk-bin PATH       wrk binary (default: wrk on PATH)
   --ready-timeout SECS how long a server may take to pass its probe (default 15)
@@ -161,8 +169,16 @@ pub(crate) struct HopOptions {
     pub(crate) threads: u32,
     /// Shard counts to run, each 1 or 2.
     pub(crate) shards: Vec<u8>,
+    /// Measurements of every server per scenario.
+    pub(crate) rounds: u32,
     /// Router binary; `None` means next to the current executable.
     pub(crate) router_bin: Option<PathBuf>,
+    /// A second router binary measured beside the first in every round.
+    pub(crate) against_bin: Option<PathBuf>,
+    /// The second binary's name in the report.
+    pub(crate) against_label: String,
+    /// The router config; `None`: operator, or plain when `against_bin` refuses operator.
+    pub(crate) profile: Option<crate::servers::RouterProfile>,
     /// nginx binary.
     pub(crate) nginx_bin: PathBuf,
     /// wrk binary.
@@ -179,7 +195,11 @@ impl Default for HopOptions {
             connections: 64,
             threads: 1,
             shards: vec![1, 2],
+            rounds: 1,
             router_bin: None,
+            against_bin: None,
+            against_label: "old".to_owned(),
+            profile: None,
             nginx_bin: PathBuf::from("nginx"),
             wrk_bin: PathBuf::from("wrk"),
             ready_timeout_secs: 15,
@@ -303,7 +323,11 @@ fn parse_hop(mut args: impl Iterator<Item = String>) -> Result<HopOptions, Usage
             "--connections" => opts.connections = small(&flag, v?, 1, 10_000)?,
             "--threads" => opts.threads = small(&flag, v?, 1, 64)?,
             "--shards" => opts.shards = shard_list(&flag, v?)?,
+            "--rounds" => opts.rounds = small(&flag, v?, 1, 20)?,
             "--router-bin" => opts.router_bin = Some(PathBuf::from(v?)),
+            "--against-bin" => opts.against_bin = Some(PathBuf::from(v?)),
+            "--against-label" => opts.against_label = label(&flag, v?)?,
+            "--profile" => opts.profile = Some(profile(&flag, v?)?),
             "--nginx-bin" => opts.nginx_bin = PathBuf::from(v?),
             "--wrk-bin" => opts.wrk_bin = PathBuf::from(v?),
             "--ready-timeout" => opts.ready_timeout_secs = number(&flag, v?, 1, 300)?,
@@ -318,6 +342,32 @@ fn parse_hop(mut args: impl Iterator<Item = String>) -> Result<HopOptions, Usage
         });
     }
     Ok(opts)
+}
+
+/// A report label: 1 to 24 printable ASCII characters without spaces.
+fn label(flag: &str, value: String) -> Result<String, UsageError> {
+    if (1..=24).contains(&value.len()) && value.bytes().all(|b| b.is_ascii_graphic()) {
+        Ok(value)
+    } else {
+        Err(UsageError::BadValue {
+            flag: flag.into(),
+            value,
+            reason: "1 to 24 printable characters, no spaces",
+        })
+    }
+}
+
+fn profile(flag: &str, value: String) -> Result<crate::servers::RouterProfile, UsageError> {
+    use crate::servers::RouterProfile;
+    match value.as_str() {
+        "operator" => Ok(RouterProfile::Operator),
+        "plain" => Ok(RouterProfile::Plain),
+        _ => Err(UsageError::BadValue {
+            flag: flag.into(),
+            value,
+            reason: "operator or plain",
+        }),
+    }
 }
 
 fn parse_fleet_hop(
@@ -538,6 +588,27 @@ mod tests {
         assert_eq!(o.duration_secs, 3);
         assert_eq!(o.shards, vec![2]);
         assert_eq!(o.connections, 64);
+        assert_eq!(
+            (o.rounds, o.against_bin.as_deref(), o.profile),
+            (1, None, None)
+        );
+        let Ok(Command::HttpHop(o)) = parse(args(
+            "http-hop --rounds 3 --against-bin /x/old --against-label b6d6685 --profile plain",
+        )) else {
+            panic!("expected http-hop");
+        };
+        assert_eq!(o.rounds, 3);
+        assert_eq!(o.against_bin, Some(PathBuf::from("/x/old")));
+        assert_eq!(o.against_label, "b6d6685");
+        assert_eq!(o.profile, Some(crate::servers::RouterProfile::Plain));
+        for bad in [
+            "http-hop --rounds 0",
+            "http-hop --rounds 21",
+            "http-hop --profile fast",
+            "http-hop --against-label",
+        ] {
+            assert!(parse(args(bad)).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -1,13 +1,20 @@
 //! `http-hop`: the same backend behind nginx and behind continuum-router,
 //! loaded by the same wrk, on the same CPUs, one after the other.
 //!
+//! With `--rounds N` every server is measured N times per scenario,
+//! interleaved (nginx, then the routers); with `--against-bin` a second
+//! router binary (another revision) is measured in every round beside the
+//! first, the two alternating which runs first, and the summary prints each
+//! ratio per round with its median, new/old included.
+//!
 //! Invariants: the backend and wrk are pinned to CPU 1, the server under
 //! test to CPU 0 (1 worker/shard) or CPUs 0-1 (2); only one server runs at
-//! a time; every child is owned by a [`Supervised`] and torn down on any
-//! exit path; a router failure is reported and never hides the nginx
-//! baseline.
+//! a time; both routers run the same config; every child is owned by a
+//! [`Supervised`] and torn down on any exit path; a router failure is
+//! reported and never hides the nginx baseline.
 
 use std::io::Write;
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -17,7 +24,7 @@ use crate::cpu;
 use crate::error::BenchError;
 use crate::probe;
 use crate::report::{self, Measurement};
-use crate::servers::{self, Placement};
+use crate::servers::{self, Placement, RouterProfile};
 use crate::tempdir::TempDir;
 use crate::wrk::{self, WrkRun};
 
@@ -25,9 +32,10 @@ use crate::wrk::{self, WrkRun};
 const LOAD_CPU: usize = 1;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Server {
+enum Server<'a> {
     Nginx,
-    Router,
+    /// A router binary and its name in the report.
+    Router(&'a Path, &'a str),
 }
 
 /// Shared state of one `http-hop` run.
@@ -37,6 +45,7 @@ struct Hop<'a> {
     dir: &'a TempDir,
     backend: Supervised,
     backend_port: u16,
+    profile: RouterProfile,
 }
 
 /// Runs every requested scenario and prints the report on stdout.
@@ -47,15 +56,24 @@ pub(crate) fn run(opts: &HopOptions) -> Result<(), BenchError> {
     let dir = TempDir::new()?;
     dir.write("post.lua", &wrk::post_lua())?;
     let router_bin = child::sibling_or(opts.router_bin.as_deref(), "continuum-router")?;
-    let router_missing = (!router_bin.is_file()).then(|| {
-        format!(
-            "{} not found; run `cargo build --release -p continuum-router` (or bench/run.sh)",
-            router_bin.display()
-        )
-    });
+    let router_missing = missing(
+        &router_bin,
+        "run `cargo build --release -p continuum-router` (or bench/run.sh)",
+    );
     if let Some(why) = &router_missing {
         eprintln!("router: {why}. Reporting the nginx baseline only.");
     }
+    let against = opts.against_bin.as_deref();
+    let against_missing = against.and_then(|b| {
+        missing(
+            b,
+            "build that revision first (bench/run.sh --against REV does)",
+        )
+    });
+    if let Some(why) = &against_missing {
+        eprintln!("{}: {why}.", opts.against_label);
+    }
+    let profile = choose_profile(opts, &dir, against.filter(|_| against_missing.is_none()))?;
 
     let backend_port = probe::free_port()?;
     let backend = start_backend(&dir, backend_port, opts.ready_timeout_secs)?;
@@ -64,6 +82,7 @@ pub(crate) fn run(opts: &HopOptions) -> Result<(), BenchError> {
         dir: &dir,
         backend,
         backend_port,
+        profile,
     };
 
     let mut out = std::io::stdout().lock();
@@ -71,54 +90,114 @@ pub(crate) fn run(opts: &HopOptions) -> Result<(), BenchError> {
     writeln!(
         out,
         "http-hop: wrk -t{} -c{} -d{}s (+{} s warm-up) POST /v1/chat/completions; \
-         backend and wrk pinned to CPU {LOAD_CPU}; 1-min loadavg at start: {}",
+         backend and wrk pinned to CPU {LOAD_CPU}; router config: {}; {} round(s); \
+         1-min loadavg at start: {}",
         opts.threads,
         opts.connections,
         opts.duration_secs,
         opts.warmup_secs,
+        profile.name(),
+        opts.rounds,
         cpu::loadavg().map_or("?".into(), |l| format!("{l:.2}")),
     )
     .map_err(w)?;
+    let label = opts.against_label.as_str();
     for &shards in &opts.shards {
         let title = title(shards);
-        eprintln!("{title}: nginx ...");
-        if crate::signals::interrupted() {
-            return Err(BenchError::Interrupted);
-        }
-        let nginx = hop.measure(Server::Nginx, shards, &router_bin)?;
-        let router = match &router_missing {
-            Some(why) => Err(why.clone()),
-            None => {
-                eprintln!("{title}: router ...");
-                match hop.measure(Server::Router, shards, &router_bin) {
-                    Ok(m) => Ok(m),
-                    Err(BenchError::Interrupted) => return Err(BenchError::Interrupted),
-                    Err(e) => {
-                        eprintln!("router failed: {e}");
-                        Err(format!("router failed: {e}"))
-                    }
+        let mut rounds = Vec::new();
+        for round in 1..=opts.rounds {
+            if crate::signals::interrupted() {
+                return Err(BenchError::Interrupted);
+            }
+            eprintln!("{title}, round {round}: nginx ...");
+            let nginx = hop.measure(Server::Nginx, shards)?;
+            let mut routers = vec![(Server::Router(&router_bin, "router"), &router_missing)];
+            if let Some(bin) = against {
+                routers.push((Server::Router(bin, label), &against_missing));
+                // The two revisions alternate which runs first, so neither always follows nginx.
+                if round % 2 == 0 {
+                    routers.reverse();
                 }
             }
-        };
-        report::scenario(
-            &mut out,
-            &title,
-            &nginx,
-            router.as_ref().map_err(|e| first_line(e)),
-        )
-        .map_err(BenchError::io("writing the report"))?;
+            let mut measured = Vec::new();
+            for (server, why_missing) in routers {
+                let Server::Router(_, name) = server else {
+                    continue;
+                };
+                let m = match why_missing {
+                    Some(why) => Err(why.clone()),
+                    None => {
+                        eprintln!("{title}, round {round}: {name} ...");
+                        match hop.measure(server, shards) {
+                            Ok(m) => Ok(m),
+                            Err(BenchError::Interrupted) => return Err(BenchError::Interrupted),
+                            Err(e) => {
+                                eprintln!("{name} failed: {e}");
+                                Err(format!("{name} failed: {}", first_line(&e.to_string())))
+                            }
+                        }
+                    }
+                };
+                measured.push((name, m));
+            }
+            // Report order: the router first, the other revision second, whatever ran first.
+            measured.sort_by_key(|(name, _)| *name != "router");
+            let round_title = if opts.rounds > 1 {
+                format!("{title} (round {round} of {})", opts.rounds)
+            } else {
+                title.clone()
+            };
+            let rows: Vec<report::Row<'_>> = measured
+                .iter()
+                .map(|(name, m)| report::Row {
+                    name,
+                    measured: m.as_ref().map_err(String::as_str),
+                })
+                .collect();
+            report::scenario(&mut out, &round_title, &nginx, &rows)
+                .map_err(BenchError::io("writing the report"))?;
+            rounds.push(report::Round::of(&nginx, &measured));
+        }
+        if opts.rounds > 1 || against.is_some() {
+            report::summary(&mut out, &title, label, &rounds)
+                .map_err(BenchError::io("writing the report"))?;
+        }
     }
     Ok(())
 }
 
+/// Why `bin` cannot be measured, if it cannot.
+fn missing(bin: &Path, hint: &str) -> Option<String> {
+    (!bin.is_file()).then(|| format!("{} not found; {hint}", bin.display()))
+}
+
+/// The router config of the run: the one asked for, else operator unless the other binary
+/// refuses it (a revision from before client keys and health checks), then plain for both.
+fn choose_profile(
+    opts: &HopOptions,
+    dir: &TempDir,
+    against: Option<&Path>,
+) -> Result<RouterProfile, BenchError> {
+    if let Some(p) = opts.profile {
+        return Ok(p);
+    }
+    let Some(bin) = against else {
+        return Ok(RouterProfile::Operator);
+    };
+    if servers::router_accepts(bin, dir, RouterProfile::Operator)? {
+        return Ok(RouterProfile::Operator);
+    }
+    eprintln!(
+        "{}: refuses the operator config (no client keys or health checks in that revision); \
+         both routers run the plain config",
+        opts.against_label
+    );
+    Ok(RouterProfile::Plain)
+}
+
 impl Hop<'_> {
     /// Starts `server` on `shards` CPUs, warms it up, measures one wrk run.
-    fn measure(
-        &mut self,
-        server: Server,
-        shards: u8,
-        router_bin: &std::path::Path,
-    ) -> Result<Measurement, BenchError> {
+    fn measure(&mut self, server: Server<'_>, shards: u8) -> Result<Measurement, BenchError> {
         let o = self.opts;
         let p = Placement {
             workers: usize::from(shards),
@@ -129,7 +208,9 @@ impl Hop<'_> {
         let ready = Duration::from_secs(o.ready_timeout_secs);
         let mut srv = match server {
             Server::Nginx => servers::start_nginx(&o.nginx_bin, self.dir, &p, ready)?,
-            Server::Router => servers::start_router(router_bin, self.dir, &p, ready)?,
+            Server::Router(bin, _) => {
+                servers::start_router(bin, self.dir, &p, self.profile, ready)?
+            }
         };
         let load_cpus = [LOAD_CPU];
         let script = self.dir.path().join("post.lua");
@@ -166,8 +247,8 @@ impl Hop<'_> {
             - wrk_cpu.total();
         Ok(Measurement {
             server: match server {
-                Server::Nginx => "nginx",
-                Server::Router => "router",
+                Server::Nginx => "nginx".to_owned(),
+                Server::Router(_, name) => name.to_owned(),
             },
             server_cpus: p.cpus.len(),
             wrk,

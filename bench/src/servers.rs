@@ -74,11 +74,33 @@ http {{
     )
 }
 
-/// Router YAML for `p`: with a client API key (with a rate budget) and an active health check on
-/// the backend, so the hop pays for what an operator would turn on.
-pub(crate) fn router_yaml(p: &Placement) -> String {
+/// Which router config the hop runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RouterProfile {
+    /// What an operator in front of untrusted clients turns on: a client API key with a rate
+    /// budget, and an active health check of the backend.
+    Operator,
+    /// The backend alone: no keys, no health check (what every revision of the router accepts,
+    /// for comparisons with revisions from before those features).
+    Plain,
+}
+
+impl RouterProfile {
+    /// The profile's name on the command line and in the report.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            RouterProfile::Operator => "operator",
+            RouterProfile::Plain => "plain",
+        }
+    }
+}
+
+/// Router YAML for `p` under `profile`. The operator profile carries a client API key (with a
+/// rate budget) and an active health check on the backend, so the hop pays for what an operator
+/// would turn on.
+pub(crate) fn router_yaml(p: &Placement, profile: RouterProfile) -> String {
     let cpus: Vec<String> = p.cpus.iter().map(usize::to_string).collect();
-    format!(
+    let mut yaml = format!(
         "server:
   bind_address: \"127.0.0.1:{port}\"
   shards: {workers}
@@ -89,18 +111,51 @@ backends:
     type: openai
     url: \"http://127.0.0.1:{backend}\"
     models: [\"bench-model\"]
-    health_check: {{ path: /health, interval: 1s, timeout: 500ms }}
-auth:
-  keys:
-    - {{ name: bench, key_hash: \"{hash}\", requests_per_second: 1000000 }}
 ",
-        hash = crate::probe::BENCH_KEY_HASH,
         port = p.port,
         workers = p.workers,
         cpus = cpus.join(", "),
         control = p.cpus.first().copied().unwrap_or(0),
         backend = p.backend_port,
-    )
+    );
+    if profile == RouterProfile::Operator {
+        yaml.push_str(&format!(
+            "    health_check: {{ path: /health, interval: 1s, timeout: 500ms }}
+auth:
+  keys:
+    - {{ name: bench, key_hash: \"{hash}\", requests_per_second: 1000000 }}
+",
+            hash = crate::probe::BENCH_KEY_HASH,
+        ));
+    }
+    yaml
+}
+
+/// Whether the router binary `bin` accepts the `profile` config (`config validate` exits 0): a
+/// revision from before client keys or health checks refuses the operator profile.
+pub(crate) fn router_accepts(
+    bin: &Path,
+    dir: &TempDir,
+    profile: RouterProfile,
+) -> Result<bool, BenchError> {
+    let p = Placement {
+        workers: 1,
+        cpus: vec![0],
+        port: 1,
+        backend_port: 2,
+    };
+    let conf = dir.write("validate.yaml", &router_yaml(&p, profile))?;
+    let status = Command::new(bin)
+        .args(["config", "validate", "--config"])
+        .arg(&conf)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .map_err(BenchError::io(format!(
+            "running {} config validate",
+            bin.display()
+        )))?;
+    Ok(status.success())
 }
 
 /// Starts nginx for `p` and waits until it proxies a chat completion.
@@ -131,9 +186,10 @@ pub(crate) fn start_router(
     bin: &Path,
     dir: &TempDir,
     p: &Placement,
+    profile: RouterProfile,
     ready: Duration,
 ) -> Result<Supervised, BenchError> {
-    let conf = dir.write("router.yaml", &router_yaml(p))?;
+    let conf = dir.write("router.yaml", &router_yaml(p, profile))?;
     let log = dir.path().join("router.log");
     let cmd = router_command(bin, &conf, &log)?;
     let mut router = Supervised::spawn("router", cmd, &p.cpus, Some(&log))?;
@@ -190,7 +246,7 @@ mod tests {
 
     #[test]
     fn router_yaml_shape() {
-        let y = router_yaml(&placement(vec![0, 1]));
+        let y = router_yaml(&placement(vec![0, 1]), RouterProfile::Operator);
         assert!(y.contains("shards: 2\n  cpu_affinity: [0, 1]\n  control_cpu: 0\n"));
         assert!(y.contains("url: \"http://127.0.0.1:9000\""));
         // The hop runs with auth and health checks on, and the key wrk sends is the configured one.
@@ -207,5 +263,11 @@ mod tests {
             auth.keys[0].rate.is_some(),
             "the rate budget is exercised too"
         );
+        // The plain profile: the same server and backend, no keys and no health check.
+        let y = router_yaml(&placement(vec![0]), RouterProfile::Plain);
+        let (c, _) = continuum_core::config::Config::from_yaml(&y, &continuum_core::config::NoEnv)
+            .unwrap_or_else(|e| panic!("plain router config invalid: {:?}", e.errors));
+        assert!(c.backends[0].health_check.is_none() && c.auth.is_none());
+        assert!(y.contains("url: \"http://127.0.0.1:9000\""));
     }
 }
