@@ -50,14 +50,18 @@ impl UpConn {
 }
 
 impl UpConn {
-    /// Ask the kernel to acknowledge what arrives next at once (`TCP_QUICKACK`; Linux drops it
-    /// again by itself, so it is set before every read). Why: a backend that leaves Nagle on
-    /// (Dynamo's frontend does) holds a streamed response's first event until the head it sent
-    /// is acknowledged, and on a kept-alive connection Linux delays that acknowledgement by up to
-    /// 40 ms: measured on a real 1.6.1 frontend, the first SSE event came ~24 ms late on a
-    /// reused connection and on time with this set (docs/decisions.md). Best effort: a failure
-    /// only costs that delay.
+    /// Ask the kernel to acknowledge at once (`TCP_QUICKACK`): the ACK of what already arrived
+    /// leaves now if it was being delayed, and what arrives next is acknowledged at once (Linux
+    /// drops the option again by itself). Why: a backend that leaves Nagle on (Dynamo's frontend
+    /// does) holds a streamed response's next small write until its last one is acknowledged,
+    /// and on a kept-alive connection Linux delays that acknowledgement by up to 40 ms: measured
+    /// on a real 1.6.1 frontend, the first SSE event came ~24 ms late on a reused connection and
+    /// on time with this set (docs/decisions.md). Called before every read that continues a
+    /// response, never before its first read ([`super::upstream::read_upstream`]). Best effort:
+    /// a failure only costs that delay.
     pub(crate) fn quick_ack(&self) {
+        #[cfg(test)]
+        QUICK_ACKS.with(|n| n.set(n.get() + 1));
         let fd = match self {
             UpConn::Plain(s) => s.as_raw_fd(),
             UpConn::Tls(_, fd) => *fd,
@@ -75,6 +79,12 @@ impl UpConn {
             )
         };
     }
+}
+
+#[cfg(test)]
+thread_local! {
+    /// How many times [`UpConn::quick_ack`] ran on this thread (tests of when it is asked for).
+    pub(crate) static QUICK_ACKS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
 /// See [`UpConn::abort_handle`].
@@ -213,7 +223,7 @@ mod tests {
 
     /// `quick_ack` sets `TCP_QUICKACK` on the connection's own socket (what the kernel then
     /// clears by itself once it delays an acknowledgement again, hence the call before every
-    /// read).
+    /// read that continues a response).
     #[test]
     fn quick_ack_sets_the_option_on_the_connection_s_socket() {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();

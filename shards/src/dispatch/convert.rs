@@ -36,7 +36,7 @@ use continuum_core::upstream::{DispatchError, ErrorKind};
 use super::Ingress;
 use super::exchange::{Answer, Attempt, Body, Conversion, Exchange};
 use super::upstream::{
-    BodyState, Framing, ParsedHead, Timing, end_head, hold, read_upstream, write_client,
+    BodyState, Framing, ParsedHead, Timing, end_head, hold, read_continued, write_client,
 };
 use crate::http::Outcome;
 use crate::http::respond::{self, Persistence};
@@ -224,7 +224,7 @@ pub(super) async fn relay_converted(
     write_client(ex).await?;
     while failed.is_none() && !body.done && !conv.is_done() {
         ex.bufs.ubuf.clear();
-        match read_upstream(ex, up, timing.body()).await {
+        match read_continued(ex, up, timing.body()).await {
             Ok(Ok(n)) if n > 0 => {}
             Ok(Ok(_)) if parsed.framing == Framing::UntilClose => break,
             Err(e) if e.kind == ErrorKind::Timeout => {

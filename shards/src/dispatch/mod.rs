@@ -44,6 +44,8 @@ mod pool;
 mod prepare;
 mod prompt;
 mod relay;
+#[cfg(test)]
+mod relay_tests;
 mod shim;
 #[cfg(test)]
 pub(crate) mod tests;

@@ -20,7 +20,7 @@ use continuum_core::upstream::{DispatchError, ErrorKind, Phase};
 use super::exchange::{Answer, Attempt, Exchange, FailureHandling};
 use super::upstream::{
     BodyState, Framing, MAX_RESPONSE_HEAD, ParsedHead, Timing, UPSTREAM_BUF, end_head, hold,
-    parse_head, read_upstream, write_client,
+    parse_head, read_continued, read_upstream, write_client,
 };
 use crate::http::Outcome;
 use crate::http::respond;
@@ -44,6 +44,7 @@ pub(super) async fn relay(
         ex.bufs.ubuf.reserve(UPSTREAM_BUF);
     }
     // Read until a complete (non-1xx) response head is buffered.
+    let mut first_read = true;
     let parsed = loop {
         if ex.bufs.ubuf.len() == ex.bufs.ubuf.capacity() {
             if ex.bufs.ubuf.len() >= MAX_RESPONSE_HEAD {
@@ -52,7 +53,14 @@ pub(super) async fn relay(
             ex.bufs.ubuf.reserve(UPSTREAM_BUF);
         }
         let nothing_yet = ex.bufs.ubuf.is_empty();
-        match read_upstream(ex, up, timing.head()).await? {
+        // Only the response's first read goes without an immediate ACK (see read_upstream).
+        let read = if first_read {
+            read_upstream(ex, up, timing.head()).await?
+        } else {
+            read_continued(ex, up, timing.head()).await?
+        };
+        first_read = false;
+        match read {
             Ok(n) if n > 0 => {}
             // EOF or reset before any response byte: a pooled connection the backend closed.
             _ if nothing_yet => return Err(DispatchError::closed(Phase::Head, reused)),
@@ -103,7 +111,7 @@ pub(super) async fn relay(
     // more, and a failure closes the client connection mid-body.
     while !body.done {
         ex.bufs.ubuf.clear();
-        match read_upstream(ex, up, timing.body()).await {
+        match read_continued(ex, up, timing.body()).await {
             Ok(Ok(n)) if n > 0 => {}
             Ok(Ok(_)) if parsed.framing == Framing::UntilClose => break,
             Ok(_) => return Err(DispatchError::new(ErrorKind::Reset, Phase::Body)),

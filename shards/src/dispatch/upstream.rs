@@ -123,7 +123,7 @@ pub(super) async fn hold(
                 return Err(protocol);
             }
             ex.bufs.ubuf.clear();
-            match read_upstream(ex, up, timing.body()).await? {
+            match read_continued(ex, up, timing.body()).await? {
                 Ok(n) if n > 0 => {}
                 Ok(_) if parsed.framing == Framing::UntilClose => break,
                 _ => return Err(DispatchError::new(ErrorKind::Reset, Phase::Head)),
@@ -240,8 +240,13 @@ impl BodyState {
     }
 }
 
-/// One upstream read appended to `ex.bufs.ubuf`, bounded by `timeout`. (The client is watched for
-/// disconnects by the connection's reader task, not here.)
+/// The first read of a response appended to `ex.bufs.ubuf`, bounded by `timeout`. (The client
+/// is watched for disconnects by the connection's reader task, not here.)
+///
+/// It asks for no immediate ACK: what the backend sends first cannot be held back by our
+/// delayed ACK (our request acknowledged everything it had sent before), and a response that
+/// arrives whole in this read is then acknowledged by the next request on the connection instead
+/// of by a packet of its own. Reads that continue a response go through [`read_continued`].
 pub(super) async fn read_upstream(
     ex: &mut Exchange<'_>,
     up: &mut UpConn,
@@ -249,7 +254,6 @@ pub(super) async fn read_upstream(
 ) -> Result<std::io::Result<usize>, DispatchError> {
     let buf = std::mem::take(&mut ex.bufs.ubuf);
     let (len, cap) = (buf.len(), buf.capacity());
-    up.quick_ack();
     match monoio::time::timeout(timeout, up.read(buf.slice_mut(len..cap))).await {
         Err(_) => Err(DispatchError::new(ErrorKind::Timeout, Phase::Head)),
         Ok((res, slice)) => {
@@ -257,6 +261,21 @@ pub(super) async fn read_upstream(
             Ok(res)
         }
     }
+}
+
+/// A read that continues a response part of which has arrived: the same as [`read_upstream`],
+/// after asking the kernel to acknowledge at once ([`UpConn::quick_ack`]), which also sends
+/// the ACK of what arrived so far now. Why: a backend with Nagle on (Dynamo's frontend) holds
+/// its next small write (the first SSE event after the head, each event after the one before)
+/// until its last one is acknowledged, and Linux delays that ACK by up to 40 ms on a kept-alive
+/// connection.
+pub(super) async fn read_continued(
+    ex: &mut Exchange<'_>,
+    up: &mut UpConn,
+    timeout: Duration,
+) -> Result<std::io::Result<usize>, DispatchError> {
+    up.quick_ack();
+    read_upstream(ex, up, timeout).await
 }
 
 pub(super) async fn write_client(ex: &mut Exchange<'_>) -> Result<(), DispatchError> {

@@ -180,6 +180,12 @@ impl ResponseSink {
         }
     }
 
+    /// A sink writing to `wr` (tests that relay to a real client socket).
+    #[cfg(test)]
+    pub(crate) fn connected(wr: OwnedWriteHalf<TcpStream>) -> Self {
+        Self::new(wr)
+    }
+
     /// A sink with no client behind it: what a handler leaves in [`Self::buf`] can be read back,
     /// and every flush fails as if the client had gone.
     #[cfg(test)]
