@@ -12,8 +12,6 @@
 //! was sent) moves to the next untried replica up to `connect_retries` times, each retry within
 //! the shard's retry budget. Every attempt's result is reported to the replica's shared health.
 
-use std::io::Write as _;
-
 use continuum_core::auth::Refusal;
 use continuum_core::config::{BackendConfig, BackendUrl, UpstreamTimeouts};
 use continuum_core::headers::{self, RequestHeaderFate};
@@ -28,7 +26,7 @@ use super::upstream::Timing;
 use super::{Dispatcher, Ingress, convert, relay};
 use crate::clock;
 use crate::http::respond::LocalError;
-use crate::http::{Outcome, write_lent};
+use crate::http::{Outcome, push_decimal, write_lent};
 
 /// Bodies up to this size are copied behind the request head and sent in one write.
 const COALESCE_BODY: usize = 64 * 1024;
@@ -341,12 +339,16 @@ pub(super) fn build_upstream_head(
     out.extend_from_slice(url.base_path.as_bytes());
     out.extend_from_slice(path);
     out.extend_from_slice(b" HTTP/1.1\r\nhost: ");
-    if url.host.contains(':') {
-        let _ = write!(out, "[{}]:{}", url.host, url.port);
-    } else {
-        let _ = write!(out, "{}:{}", url.host, url.port);
+    let bracket = url.host.contains(':');
+    if bracket {
+        out.push(b'[');
     }
-    let _ = write!(out, "\r\ncontent-length: {body_len}\r\n");
+    out.extend_from_slice(url.host.as_bytes());
+    out.extend_from_slice(if bracket { b"]:" } else { b":" });
+    push_decimal(&mut out, u64::from(url.port));
+    out.extend_from_slice(b"\r\ncontent-length: ");
+    push_decimal(&mut out, body_len as u64);
+    out.extend_from_slice(b"\r\n");
     let connection = req
         .head
         .connection

@@ -22,8 +22,8 @@ use super::upstream::{
     BodyState, Framing, MAX_RESPONSE_HEAD, ParsedHead, Timing, UPSTREAM_BUF, end_head, hold,
     parse_head, read_continued, read_upstream, write_client,
 };
-use crate::http::Outcome;
 use crate::http::respond;
+use crate::http::{Outcome, push_decimal};
 
 /// Largest non-2xx body held back for the shim decision (error bodies are small; a larger one
 /// is treated as an unusable answer).
@@ -182,7 +182,9 @@ fn write_client_head(
 ) {
     ex.sink.buf.clear();
     let reason = &ex.bufs.ubuf[p.reason.clone()];
-    let _ = write!(ex.sink.buf, "HTTP/1.1 {} ", p.status);
+    ex.sink.buf.extend_from_slice(b"HTTP/1.1 ");
+    push_decimal(&mut ex.sink.buf, u64::from(p.status));
+    ex.sink.buf.push(b' ');
     if reason.is_empty() {
         ex.sink
             .buf
@@ -205,7 +207,9 @@ fn write_client_head(
     }
     match p.framing {
         Framing::Length(n) => {
-            let _ = write!(ex.sink.buf, "content-length: {n}\r\n");
+            ex.sink.buf.extend_from_slice(b"content-length: ");
+            push_decimal(&mut ex.sink.buf, n);
+            ex.sink.buf.extend_from_slice(b"\r\n");
         }
         Framing::Chunked if !dechunk => ex
             .sink

@@ -1,4 +1,5 @@
-//! The relay on real sockets: when it asks the kernel for an immediate ACK. A response that
+//! The relay on real sockets: when it asks the kernel for an immediate ACK, and the heads the
+//! attempt and the relay format by hand. A response that
 //! arrives whole in its first read must not cost a `setsockopt` and an ACK packet of its own
 //! (the next request acknowledges it); every read that continues a response must ask first, or
 //! a backend with Nagle on holds its next write until our delayed ACK (docs/decisions.md).
@@ -130,4 +131,44 @@ fn a_head_split_across_reads_asks_before_the_second_read() {
     assert_eq!(status(answer), 200);
     assert!(got.ends_with(b"{}"));
     assert_eq!(acks, 1);
+}
+
+/// The upstream request head, formatted without `core::fmt`: the request line with the base
+/// path, `host` (an IPv6 literal in brackets) with the port, and the body's exact length.
+#[test]
+fn the_upstream_head_names_the_host_port_and_length() {
+    use continuum_core::config::{BackendUrl, UrlScheme};
+
+    use super::attempt::build_upstream_head;
+    use super::exchange::Body;
+
+    let body = r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
+    for (host, port, want) in [
+        ("127.0.0.1", 8000, "host: 127.0.0.1:8000"),
+        ("::1", 65535, "host: [::1]:65535"),
+        ("frontend.prod.svc", 80, "host: frontend.prod.svc:80"),
+    ] {
+        let mut p = Parts::new("/v1/chat/completions", body);
+        let mut ex = p.exchange(Ingress::Chat);
+        let url = BackendUrl {
+            scheme: UrlScheme::Http,
+            host: host.to_owned(),
+            port,
+            base_path: "/proxy".to_owned(),
+        };
+        build_upstream_head(&mut ex, &url, Body::Client, &Attempt::PLAIN);
+        let raw = String::from_utf8(ex.bufs.out.clone()).unwrap();
+        let (head, sent) = raw.split_once("\r\n\r\n").unwrap();
+        let mut lines = head.lines();
+        assert_eq!(
+            lines.next(),
+            Some("POST /proxy/v1/chat/completions HTTP/1.1")
+        );
+        assert_eq!(lines.next(), Some(want));
+        assert_eq!(
+            lines.next(),
+            Some(format!("content-length: {}", body.len()).as_str())
+        );
+        assert_eq!(sent, body);
+    }
 }
