@@ -140,13 +140,16 @@ impl Round {
                 .and_then(|(_, m)| m.as_ref().ok())
         };
         let (new, old) = (find(true), find(false));
-        let ratio =
-            |a: Option<&Measurement>, b: Option<&Measurement>, f: fn(&Measurement) -> f64| match (
-                a, b,
-            ) {
+        fn ratio(
+            a: Option<&Measurement>,
+            b: Option<&Measurement>,
+            f: fn(&Measurement) -> f64,
+        ) -> f64 {
+            match (a, b) {
                 (Some(a), Some(b)) => f(a) / f(b),
                 _ => f64::NAN,
-            };
+            }
+        }
         let eff = |m: &Measurement| m.req_per_cpu_s();
         let p99 = |m: &Measurement| m.wrk.p99_us;
         let thr = |m: &Measurement| m.wrk.rps;

@@ -37,6 +37,13 @@ pub fn now_ms() -> u64 {
     u64::try_from(now().since_origin().as_millis()).unwrap_or(u64::MAX)
 }
 
+/// `at` (a `std` instant of this process, e.g. a request's start) as milliseconds on the process
+/// clock: the same timeline as [`now_ms`], without another clock reading.
+pub(crate) fn ms_at(at: StdInstant) -> u64 {
+    let origin = *ORIGIN.get_or_init(instant);
+    u64::try_from(at.saturating_duration_since(origin).as_millis()).unwrap_or(u64::MAX)
+}
+
 /// Now as nanoseconds on the process clock (the client keys' rate budgets).
 pub(crate) fn now_ns() -> u64 {
     u64::try_from(now().since_origin().as_nanos()).unwrap_or(u64::MAX)

@@ -60,7 +60,12 @@ impl Dispatcher {
         let mut tried = Tried::default();
         let mut last = LocalError::UpstreamUnavailable;
         for n in 0..attempts {
-            let now = clock::now_ms();
+            // The first attempt starts with the request; a retry reads the clock again.
+            let now = if n == 0 {
+                clock::ms_at(ex.started)
+            } else {
+                clock::now_ms()
+            };
             let chosen = match choose(snap, &route.replicas, start, &mut tried, now, ex.key) {
                 Ok(c) => c,
                 Err(NoReplica::Unhealthy) if n == 0 => {
@@ -157,7 +162,9 @@ impl Dispatcher {
         let timeouts = &backend.timeouts;
         let tls = snap.backend_tls(idx);
         let key = PoolKey::new(addr, tls);
-        let pooled = self.pool.borrow_mut().checkout(key, clock::instant());
+        // Idle age against the request's start: at most that much older than now, far below the
+        // pool's 30 s limit, and a stale connection is replaced anyway.
+        let pooled = self.pool.borrow_mut().checkout(key, ex.started);
         for slot in [pooled, None] {
             let reused = slot.is_some();
             let mut up = match slot {

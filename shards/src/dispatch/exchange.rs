@@ -83,7 +83,8 @@ pub(crate) struct Exchange<'a> {
     /// The context converting a Responses request's chat answer back, built with
     /// [`ExchangeBufs::alt`] on first use and kept for the request's other attempts.
     pub(crate) responses_ctx: Option<ResponsesContext>,
-    /// When dispatch began: the origin of `request_deadline`.
+    /// When the request began (its head parsed; [`Request::started`]): the origin of
+    /// `request_deadline`, and the clock reading the start-of-dispatch bookkeeping shares.
     pub(crate) started: std::time::Instant,
     /// The client's API key when `auth` is on: its `allowed_backends` filter every replica
     /// choice, and its credential headers are not forwarded.
@@ -99,6 +100,7 @@ impl<'a> Exchange<'a> {
         ingress: Ingress,
     ) -> Self {
         let shape = ErrorShape::of(req.route);
+        let started = req.started;
         Self {
             req,
             sink,
@@ -108,7 +110,7 @@ impl<'a> Exchange<'a> {
             body: Body::Client,
             convert: None,
             responses_ctx: None,
-            started: crate::clock::instant(),
+            started,
             key: None,
         }
     }

@@ -193,14 +193,15 @@ impl Dispatcher {
         v
     }
 
-    /// A request arrived: it deposits into the retry budget (reconfigured first after a reload).
-    fn deposit(&self, cfg: &RetryBudgetConfig) {
+    /// A request arrived at `now_ms`: it deposits into the retry budget (reconfigured first after
+    /// a reload).
+    fn deposit(&self, cfg: &RetryBudgetConfig, now_ms: u64) {
         let mut budget = self.budget.borrow_mut();
         if self.budget_cfg.get() != *cfg {
             budget.reconfigure(cfg, self.signals.shards());
             self.budget_cfg.set(*cfg);
         }
-        budget.on_request(crate::clock::now_ms() / 1000);
+        budget.on_request(now_ms / 1000);
     }
 
     /// The next position in a shim pool's replica rotation.
@@ -220,7 +221,7 @@ impl Dispatcher {
         bufs: &mut ExchangeBufs,
         ingress: Ingress,
     ) -> Outcome {
-        self.deposit(&snap.config.server.retry_budget);
+        self.deposit(&snap.config.server.retry_budget, clock::ms_at(req.started));
         let mut ex = Exchange::new(req, sink, bufs, ingress);
         if let Some(auth) = &snap.auth {
             match keys::identify(auth, ex.req) {

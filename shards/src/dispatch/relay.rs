@@ -55,7 +55,7 @@ pub(super) async fn relay(
         let nothing_yet = ex.bufs.ubuf.is_empty();
         // Only the response's first read goes without an immediate ACK (see read_upstream).
         let read = if first_read {
-            read_upstream(ex, up, timing.head()).await?
+            read_upstream(ex, up, timing.first_head()).await?
         } else {
             read_continued(ex, up, timing.head()).await?
         };

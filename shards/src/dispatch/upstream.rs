@@ -45,6 +45,7 @@ pub(super) enum Framing {
 /// and every read before the request's overall deadline, when one is set.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Timing {
+    sent: Instant,
     head_by: Instant,
     idle: Duration,
     deadline: Option<Instant>,
@@ -57,10 +58,17 @@ impl Timing {
         let deadline = t.deadline.map(|d| started + d);
         let head_by = sent + t.first_byte;
         Self {
+            sent,
             head_by: deadline.map_or(head_by, |d| d.min(head_by)),
             idle: t.idle,
             deadline,
         }
+    }
+
+    /// The time the response's first read may take: the whole head allowance, since it starts
+    /// as the request is written (no clock reading).
+    pub(super) fn first_head(&self) -> Duration {
+        self.head_by.saturating_duration_since(self.sent)
     }
 
     /// The time left for the response head.

@@ -102,6 +102,7 @@ async fn serve_one<H: Handler>(
     let metrics = handler.metrics();
     metrics.inflight_inc();
     c.req.pins_stripped = 0;
+    c.req.started = started;
     let route = route_of(&c.req);
     c.req.route = route;
     let (outcome, consumed) = match read_body(c, limits).await {

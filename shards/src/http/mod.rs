@@ -20,6 +20,7 @@ pub(crate) mod respond;
 
 use std::net::SocketAddr;
 use std::ops::Range;
+use std::time::Instant;
 
 use continuum_core::http1::request::RequestHead;
 use continuum_core::route::Route;
@@ -67,6 +68,10 @@ pub(crate) struct Request {
     pub(crate) body: BodyRef,
     /// Client pin headers or fields the handler removed (`continuum_client_pin_headers_stripped_total`).
     pub(crate) pins_stripped: u64,
+    /// When the connection began serving this request (its head parsed): the one clock reading
+    /// the request's start-of-dispatch bookkeeping shares (retry budget, health, pool age, the
+    /// deadline's origin).
+    pub(crate) started: Instant,
     rbuf: Vec<u8>,
     decoded: Vec<u8>,
 }
@@ -79,6 +84,7 @@ impl Request {
             peer,
             body: BodyRef::None,
             pins_stripped: 0,
+            started: crate::clock::instant(),
             rbuf: Vec::with_capacity(capacity),
             decoded: Vec::new(),
         }
