@@ -23,6 +23,7 @@
 
 mod admin;
 pub mod clock;
+mod deadline;
 mod dispatch;
 mod http;
 pub mod ingest;

@@ -294,9 +294,10 @@ async fn send_request(
 ) -> Result<(), DispatchError> {
     let limit = write_timeout(timeouts, ex.started);
     let abort = up.abort_handle();
+    let timer = ex.req.timer.clone();
     let write = write_request(ex, up, url, body, attempt);
     let mut write = std::pin::pin!(write);
-    match monoio::time::timeout(limit, write.as_mut()).await {
+    match timer.within(limit, write.as_mut()).await {
         Ok(Ok(())) => Ok(()),
         // A pooled connection the backend had closed: retryable on a fresh one.
         Ok(Err(_)) => Err(DispatchError::closed(Phase::Request, reused)),

@@ -262,7 +262,12 @@ pub(super) async fn read_upstream(
 ) -> Result<std::io::Result<usize>, DispatchError> {
     let buf = std::mem::take(&mut ex.bufs.ubuf);
     let (len, cap) = (buf.len(), buf.capacity());
-    match monoio::time::timeout(timeout, up.read(buf.slice_mut(len..cap))).await {
+    match ex
+        .req
+        .timer
+        .within(timeout, up.read(buf.slice_mut(len..cap)))
+        .await
+    {
         Err(_) => Err(DispatchError::new(ErrorKind::Timeout, Phase::Head)),
         Ok((res, slice)) => {
             ex.bufs.ubuf = slice.into_inner();

@@ -20,6 +20,7 @@ use super::inbox::{self, Inbox};
 use super::respond::{ErrorShape, LocalError};
 use super::{BodyRef, Handler, Outcome, ReadLimits, Request, ResponseSink};
 use crate::clock;
+use crate::deadline::Elapsed;
 
 /// Initial read buffer size.
 const READ_BUF: usize = 8 * 1024;
@@ -33,12 +34,20 @@ struct Conn {
 }
 
 impl Conn {
-    /// Wait for client bytes and move them to the end of the read buffer. `0`: the client closed.
-    async fn fill(&mut self) -> usize {
-        if !self.inbox.readable().await {
-            return 0;
-        }
-        self.inbox.take_into(&mut self.req.rbuf)
+    /// Wait, at most `limit`, for client bytes and move them to the end of the read buffer.
+    /// `Ok(0)`: the client closed.
+    async fn fill(&mut self, limit: std::time::Duration) -> Result<usize, Elapsed> {
+        let Conn { inbox, req, .. } = self;
+        let timer = &*req.timer;
+        let rbuf = &mut req.rbuf;
+        timer
+            .within(limit, async {
+                if !inbox.readable().await {
+                    return 0;
+                }
+                inbox.take_into(rbuf)
+            })
+            .await
     }
 }
 
@@ -50,9 +59,10 @@ pub(crate) async fn serve<H: Handler>(handler: &H, stream: TcpStream, peer: Sock
     let inbox = Inbox::with_capacity(READ_BUF);
     let reader_stop = Canceller::new();
     monoio::spawn(inbox::run_reader(rd, inbox.clone(), reader_stop.handle()));
+    let floor = handler.limits().timer_floor;
     let mut c = Conn {
         inbox,
-        req: Request::new(peer, READ_BUF),
+        req: Request::new(peer, READ_BUF, floor),
         sink: ResponseSink::new(wr),
     };
     let mut state = H::ConnState::default();
@@ -184,7 +194,7 @@ async fn read_head(c: &mut Conn, limits: &ReadLimits) -> HeadRead {
             Some(d) => d.saturating_duration_since(clock::instant()),
             None => limits.keepalive_timeout,
         };
-        match monoio::time::timeout(wait, c.fill()).await {
+        match c.fill(wait).await {
             Ok(n) if n > 0 => {}
             Ok(_) => return HeadRead::Closed,
             Err(_) if deadline.is_some() => return HeadRead::Reject(LocalError::Timeout),
@@ -208,7 +218,7 @@ async fn read_body(c: &mut Conn, limits: &ReadLimits) -> Result<(BodyRef, usize)
             while c.req.rbuf.len() < total {
                 let missing = total - c.req.rbuf.len();
                 c.req.rbuf.reserve(missing);
-                match monoio::time::timeout(limits.keepalive_timeout, c.fill()).await {
+                match c.fill(limits.keepalive_timeout).await {
                     Ok(k) if k > 0 => {}
                     _ => return Err(LocalError::BadRequest("request body ended early")),
                 }
@@ -244,7 +254,7 @@ async fn read_body(c: &mut Conn, limits: &ReadLimits) -> Result<(BodyRef, usize)
                 // read buffer does not grow with the body (the decoded copy is what we keep).
                 c.req.rbuf.truncate(head_len);
                 pos = head_len;
-                match monoio::time::timeout(limits.keepalive_timeout, c.fill()).await {
+                match c.fill(limits.keepalive_timeout).await {
                     Ok(k) if k > 0 => {}
                     _ => return Err(LocalError::BadRequest("request body ended early")),
                 }

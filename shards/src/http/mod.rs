@@ -20,7 +20,10 @@ pub(crate) mod respond;
 
 use std::net::SocketAddr;
 use std::ops::Range;
+use std::rc::Rc;
 use std::time::Instant;
+
+use crate::deadline::ConnTimer;
 
 use continuum_core::http1::request::RequestHead;
 use continuum_core::route::Route;
@@ -72,12 +75,15 @@ pub(crate) struct Request {
     /// the request's start-of-dispatch bookkeeping shares (retry budget, health, pool age, the
     /// deadline's origin).
     pub(crate) started: Instant,
+    /// The connection's one timer, bounding each of its waits ([`ConnTimer`]); shared with the
+    /// dispatch of its requests.
+    pub(crate) timer: Rc<ConnTimer>,
     rbuf: Vec<u8>,
     decoded: Vec<u8>,
 }
 
 impl Request {
-    fn new(peer: SocketAddr, capacity: usize) -> Self {
+    fn new(peer: SocketAddr, capacity: usize, timer_floor: std::time::Duration) -> Self {
         Self {
             head: RequestHead::default(),
             route: Route::Other,
@@ -85,6 +91,7 @@ impl Request {
             body: BodyRef::None,
             pins_stripped: 0,
             started: crate::clock::instant(),
+            timer: Rc::new(ConnTimer::new(timer_floor)),
             rbuf: Vec::with_capacity(capacity),
             decoded: Vec::new(),
         }
@@ -95,7 +102,8 @@ impl Request {
     #[cfg(test)]
     pub(crate) fn parsed(raw: &[u8]) -> Self {
         use continuum_core::http1::request::{BodyFraming, HeadLimits};
-        let mut req = Self::new(SocketAddr::from(([127, 0, 0, 1], 40000)), raw.len());
+        let floor = std::time::Duration::from_secs(1);
+        let mut req = Self::new(SocketAddr::from(([127, 0, 0, 1], 40000)), raw.len(), floor);
         req.rbuf.extend_from_slice(raw);
         let limits = HeadLimits {
             max_header_bytes: 64 * 1024,
@@ -252,6 +260,9 @@ pub(crate) struct ReadLimits {
     pub(crate) max_body_bytes: usize,
     pub(crate) header_read_timeout: std::time::Duration,
     pub(crate) keepalive_timeout: std::time::Duration,
+    /// No longer than any limit a connection's waits use under this config: how far ahead its
+    /// timer may be armed ([`ConnTimer::new`]).
+    pub(crate) timer_floor: std::time::Duration,
 }
 
 /// What serves the requests of a connection.

@@ -34,14 +34,46 @@ use crate::signals::Signals;
 /// A snapshot as a shard holds it: requests clone the `Rc` around it (non-atomic), never the
 /// `Arc` inside (whose counter every core would contend on).
 #[derive(Debug)]
-pub(crate) struct LocalSnapshot(Arc<RouterSnapshot>);
+pub(crate) struct LocalSnapshot {
+    snap: Arc<RouterSnapshot>,
+    /// The shortest limit a connection's waits use under this config (`ReadLimits::timer_floor`),
+    /// worked out once per snapshot.
+    timer_floor: Duration,
+}
+
+impl LocalSnapshot {
+    pub(crate) fn new(snap: Arc<RouterSnapshot>) -> Self {
+        let timer_floor = timer_floor(&snap);
+        Self { snap, timer_floor }
+    }
+
+    /// See [`LocalSnapshot::timer_floor`](field@LocalSnapshot::timer_floor).
+    pub(crate) fn timer_floor(&self) -> Duration {
+        self.timer_floor
+    }
+}
 
 impl std::ops::Deref for LocalSnapshot {
     type Target = RouterSnapshot;
 
     fn deref(&self) -> &RouterSnapshot {
-        &self.0
+        &self.snap
     }
+}
+
+/// The shortest limit any wait of a connection uses under `snap`'s config: the header and
+/// keep-alive reads, and every backend's first-byte and idle timeouts (the upstream write is
+/// bounded by first-byte too). A request deadline shrinks below it and then re-arms the timer.
+fn timer_floor(snap: &RouterSnapshot) -> Duration {
+    let server = &snap.config.server;
+    let upstream = std::iter::once(&server.upstream)
+        .chain(snap.config.backends.iter().map(|b| &b.timeouts))
+        .flat_map(|t| [t.first_byte, t.idle]);
+    [server.header_read_timeout, server.keepalive_timeout]
+        .into_iter()
+        .chain(upstream)
+        .min()
+        .unwrap_or(server.keepalive_timeout)
 }
 
 /// What a shard's connections are served by.
@@ -84,7 +116,7 @@ impl Runner {
                 generation = next.generation,
                 "snapshot loaded"
             );
-            *s.snapshot.borrow_mut() = Rc::new(LocalSnapshot(next));
+            *s.snapshot.borrow_mut() = Rc::new(LocalSnapshot::new(next));
             s.dispatch.on_snapshot();
         }
     }

@@ -17,13 +17,15 @@ impl Handler for Service {
     type ConnState = ExchangeBufs;
 
     fn limits(&self) -> ReadLimits {
-        let cfg = &self.snapshot.borrow().config.server;
+        let snap = self.snapshot.borrow();
+        let cfg = &snap.config.server;
         ReadLimits {
             max_header_bytes: cfg.max_header_bytes,
             max_headers: cfg.max_headers,
             max_body_bytes: cfg.max_body_bytes,
             header_read_timeout: cfg.header_read_timeout,
             keepalive_timeout: cfg.keepalive_timeout,
+            timer_floor: snap.timer_floor(),
         }
     }
 

@@ -312,7 +312,7 @@ fn build(
     );
     let service = Service {
         id,
-        snapshot: RefCell::new(Rc::new(LocalSnapshot(cell.load()))),
+        snapshot: RefCell::new(Rc::new(LocalSnapshot::new(cell.load()))),
         drain: LocalSignal::default(),
         metrics,
         all_metrics,
