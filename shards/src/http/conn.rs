@@ -13,7 +13,7 @@ use std::time::Instant;
 use continuum_core::http1::chunked::ChunkedDecoder;
 use continuum_core::http1::request::{self as reqhead, BodyFraming, HeadError, HeadLimits};
 use continuum_core::route::Route;
-use monoio::io::{Canceller, Splitable};
+use monoio::io::Splitable;
 use monoio::net::TcpStream;
 
 use super::inbox::{self, Inbox};
@@ -55,10 +55,10 @@ impl Conn {
 pub(crate) async fn serve<H: Handler>(handler: &H, stream: TcpStream, peer: SocketAddr) {
     handler.metrics().connection_opened();
     let _ = stream.set_nodelay(true);
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&stream);
     let (rd, wr) = stream.into_split();
     let inbox = Inbox::with_capacity(READ_BUF);
-    let reader_stop = Canceller::new();
-    monoio::spawn(inbox::run_reader(rd, inbox.clone(), reader_stop.handle()));
+    monoio::spawn(inbox::run_reader(rd, inbox.clone()));
     let floor = handler.limits().timer_floor;
     let mut c = Conn {
         inbox,
@@ -87,7 +87,7 @@ pub(crate) async fn serve<H: Handler>(handler: &H, stream: TcpStream, peer: Sock
         }
     }
     // Stop the reader; the socket closes once both halves are gone.
-    let _ = reader_stop.cancel();
+    c.inbox.stop(fd);
     handler.metrics().connection_closed();
 }
 

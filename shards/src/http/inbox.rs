@@ -13,7 +13,10 @@
 //!   own buffer and appends;
 //! - above [`MAX_BUFFERED`] unread bytes the reader pauses until the connection task takes them;
 //! - EOF or an error marks the inbox closed and ends the reader;
-//! - the connection task stops the reader through a monoio canceller when it ends.
+//! - the connection task stops the reader when it ends ([`Inbox::stop`]): a flag the reader
+//!   checks before each read (and a paused reader is woken to see), and `shutdown(SHUT_RD)` on
+//!   the socket, which completes a read in flight with end of stream. (A monoio canceller did
+//!   this before; registering every read with it cost two hash-set operations per request.)
 
 use std::cell::{Cell, RefCell};
 use std::future::poll_fn;
@@ -21,7 +24,7 @@ use std::rc::Rc;
 use std::task::{Poll, Waker};
 
 use monoio::buf::IoBufMut;
-use monoio::io::{CancelHandle, CancelableAsyncReadRent, OwnedReadHalf};
+use monoio::io::{AsyncReadRent, OwnedReadHalf};
 use monoio::net::TcpStream;
 
 /// Unread bytes above which the reader stops reading (a client pipelining that far ahead waits).
@@ -34,6 +37,8 @@ const READ_CHUNK: usize = 16 * 1024;
 pub(crate) struct Inbox {
     buf: RefCell<Vec<u8>>,
     closed: Cell<bool>,
+    /// The connection task has ended: the reader must not read again.
+    stopped: Cell<bool>,
     conn_waker: RefCell<Option<Waker>>,
     reader_waker: RefCell<Option<Waker>>,
 }
@@ -95,9 +100,21 @@ impl Inbox {
         .await;
     }
 
+    /// The connection task is done with this inbox: end the reader. `fd` is the client socket,
+    /// still open (the connection's write half is alive), whose read side is shut down so that a
+    /// read in flight completes at once.
+    pub(crate) fn stop(&self, fd: std::os::fd::RawFd) {
+        self.stopped.set(true);
+        wake(&self.reader_waker);
+        // SAFETY: `fd` is the connection's socket, kept open by the connection's write half,
+        // which the caller still holds; shutdown(2) neither closes nor frees it, and takes no
+        // pointers.
+        let _ = unsafe { libc::shutdown(fd, libc::SHUT_RD) };
+    }
+
     async fn room(&self) {
         poll_fn(|cx| {
-            if self.buf.borrow().len() < MAX_BUFFERED {
+            if self.stopped.get() || self.buf.borrow().len() < MAX_BUFFERED {
                 Poll::Ready(())
             } else {
                 *self.reader_waker.borrow_mut() = Some(cx.waker().clone());
@@ -114,15 +131,14 @@ fn wake(slot: &RefCell<Option<Waker>>) {
     }
 }
 
-/// The reader task: read until EOF, error or cancellation.
-pub(crate) async fn run_reader(
-    mut rd: OwnedReadHalf<TcpStream>,
-    inbox: Rc<Inbox>,
-    cancel: CancelHandle,
-) {
+/// The reader task: read until EOF, an error, or [`Inbox::stop`].
+pub(crate) async fn run_reader(mut rd: OwnedReadHalf<TcpStream>, inbox: Rc<Inbox>) {
     let mut own: Vec<u8> = Vec::new();
     loop {
         inbox.room().await;
+        if inbox.stopped.get() {
+            return;
+        }
         let direct = inbox.buf.borrow().is_empty();
         let n = if direct {
             let mut buf = std::mem::take(&mut *inbox.buf.borrow_mut());
@@ -130,9 +146,7 @@ pub(crate) async fn run_reader(
                 buf.reserve(READ_CHUNK);
             }
             let (len, cap) = (buf.len(), buf.capacity());
-            let (res, slice) = rd
-                .cancelable_read(buf.slice_mut(len..cap), cancel.clone())
-                .await;
+            let (res, slice) = rd.read(buf.slice_mut(len..cap)).await;
             let mut buf = slice.into_inner();
             // Bytes may have been appended meanwhile only through this task, so the placeholder
             // is still empty: put the buffer back.
@@ -147,7 +161,7 @@ pub(crate) async fn run_reader(
                 own.reserve(READ_CHUNK);
             }
             own.clear();
-            let (res, b) = rd.cancelable_read(own, cancel.clone()).await;
+            let (res, b) = rd.read(own).await;
             own = b;
             if let Ok(n) = res {
                 inbox.buf.borrow_mut().extend_from_slice(&own[..n]);
