@@ -1,5 +1,5 @@
 //! Small statistics and number formatting shared by the reports of
-//! `fleet-hop` and `sim-hop`: medians, latencies in microseconds with a
+//! `fleet-hop`, `sim-hop` and `http-hop`: medians, latencies in microseconds with a
 //! unit, signed differences, and the spread of per-worker counts.
 //!
 //! Invariant: pure functions; an empty input gives NaN (printed as `NaN`),

@@ -165,19 +165,10 @@ impl Round {
     }
 }
 
-/// The median of the finite values of `v` (NaN when there is none).
+/// The median of the finite values of `v` (NaN when there is none): a round whose router did
+/// not run leaves its ratio out.
 pub(crate) fn median(v: &[f64]) -> f64 {
-    let mut v: Vec<f64> = v.iter().copied().filter(|x| x.is_finite()).collect();
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
+    crate::numbers::median(v.iter().copied().filter(|x| x.is_finite()).collect())
 }
 
 /// Prints the summary of a scenario's rounds: each ratio per round, then its median; the
