@@ -6,7 +6,9 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use continuum_core::config::{EnvLookup, report};
+use continuum_core::config::report;
+
+use crate::config_file::{ProcessEnv, read};
 
 /// Usage text.
 pub(crate) const USAGE: &str = "usage:
@@ -105,15 +107,6 @@ pub(crate) fn parse(args: impl Iterator<Item = String>) -> Result<Command, CliEr
     }
 }
 
-/// The process environment, for `${NAME}` interpolation.
-pub(crate) struct ProcessEnv;
-
-impl EnvLookup for ProcessEnv {
-    fn var(&self, name: &str) -> Option<String> {
-        std::env::var(name).ok()
-    }
-}
-
 /// Run a parsed command.
 pub(crate) fn execute(cmd: Command) -> ExitCode {
     match cmd {
@@ -166,14 +159,6 @@ pub(crate) fn execute(cmd: Command) -> ExitCode {
             }
         }
     }
-}
-
-/// Read a config file, reporting failure as exit status 1.
-pub(crate) fn read(path: &PathBuf) -> Result<String, ExitCode> {
-    std::fs::read_to_string(path).map_err(|e| {
-        eprintln!("error: cannot read {}: {e}", path.display());
-        ExitCode::from(1)
-    })
 }
 
 #[cfg(test)]

@@ -13,6 +13,7 @@
 //! - `continuum-router config show --config FILE`: print the effective config, secrets masked.
 
 mod cli;
+mod config_file;
 #[cfg(feature = "demo")]
 mod demo;
 mod serve;

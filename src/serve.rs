@@ -14,11 +14,11 @@ use continuum_shards::metrics::ControlStats;
 use continuum_shards::runtime::DriverChoice;
 use continuum_shards::{ShardSpec, spawn_shards};
 
-use crate::cli::{ProcessEnv, read};
+use crate::config_file::{ProcessEnv, read};
 
 /// Serve from a config file.
 pub(crate) fn run_file(path: &Path) -> ExitCode {
-    let text = match read(&path.to_path_buf()) {
+    let text = match read(path) {
         Ok(t) => t,
         Err(code) => return code,
     };

@@ -95,13 +95,20 @@ impl ConnTimer {
                 self.armed.set(Some(deadline));
             }
             (None, _) => {
-                let at = deadline.min(clock::instant() + self.floor.get());
+                let at = self.ahead(clock::instant(), deadline);
                 *slot = Some(Box::pin(monoio::time::sleep_until(
                     monoio::time::Instant::from_std(at),
                 )));
                 self.armed.set(Some(at));
             }
         }
+    }
+
+    /// When to arm the sleep from `now` for `deadline`: at most `floor` ahead (a floor too long
+    /// for the clock, from a huge configured limit, arms at the deadline itself).
+    fn ahead(&self, now: Instant, deadline: Instant) -> Instant {
+        now.checked_add(self.floor.get())
+            .map_or(deadline, |t| deadline.min(t))
     }
 
     /// Ready once `deadline` has passed; an earlier firing re-arms (at most `floor` ahead).
@@ -119,7 +126,7 @@ impl ConnTimer {
             if now >= deadline {
                 return Poll::Ready(());
             }
-            let at = deadline.min(now + self.floor.get());
+            let at = self.ahead(now, deadline);
             sleep.as_mut().reset(monoio::time::Instant::from_std(at));
             self.armed.set(Some(at));
         }
@@ -208,6 +215,16 @@ mod tests {
         run(async {
             let t = ConnTimer::new(Duration::from_secs(1));
             assert_eq!(t.within(Duration::MAX, async { 9 }).await, Ok(9));
+            // A floor too long for the clock (every configured limit huge) must not overflow.
+            let huge = ConnTimer::new(Duration::MAX);
+            assert_eq!(
+                huge.within(Duration::from_secs(5), async { 4 }).await,
+                Ok(4)
+            );
+            let r = huge
+                .within(Duration::from_millis(10), pending::<()>())
+                .await;
+            assert_eq!(r, Err(Elapsed));
         });
     }
 }

@@ -1,7 +1,7 @@
 //! Just enough HTTP/1.1 for the shim: read one request (head via `httparse`, body by
 //! `Content-Length` or chunked), write a buffered response or a chunked stream.
 //!
-//! Role: the wire layer under [`crate::shim`]; knows nothing of OpenAI or pins.
+//! Role: the wire layer under the simulated frontend (the `shim` module); knows nothing of OpenAI or pins.
 //!
 //! Invariants:
 //! - bounded: a head over [`MAX_HEAD`] bytes or [`MAX_HEADERS`] headers, and a body over
