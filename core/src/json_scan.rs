@@ -161,19 +161,23 @@ fn members_and_close<const N: usize>(
             Some(b'"') => {}
             _ => return Err(ScanError::Malformed),
         }
-        let k = string_at(doc, i)?;
+        let (k, escaped) = string_at(doc, i)?;
         i = k.end + 1;
         i = skip_ws(doc, i);
         if doc.get(i) != Some(&b':') {
             return Err(ScanError::Malformed);
         }
         i = skip_ws(doc, i + 1);
-        let slot = keys
-            .iter()
-            .position(|key| key_matches(&doc[k.clone()], key));
+        let raw = &doc[k];
+        // An unescaped key (the usual case) compares as bytes; only an escaped one is decoded.
+        let slot = if escaped {
+            keys.iter().position(|key| key_matches(raw, key))
+        } else {
+            keys.iter().position(|key| *key == raw)
+        };
         let end = match doc.get(i) {
             // Strings are validated (control characters, escapes) only for the keys we read.
-            Some(b'"') if slot.is_some() => string_at(doc, i)?.end + 1,
+            Some(b'"') if slot.is_some() => string_at(doc, i)?.0.end + 1,
             Some(_) => skip_value(doc, i)?,
             None => return Err(ScanError::Malformed),
         };
@@ -291,20 +295,25 @@ fn skip_ws(doc: &[u8], mut i: usize) -> usize {
     i
 }
 
-/// `doc[i]` is `"`; returns the range of the contents (exclusive of quotes).
-fn string_at(doc: &[u8], i: usize) -> Result<Range<usize>, ScanError> {
+/// `doc[i]` is `"`; returns the range of the contents (exclusive of quotes) and whether they
+/// hold an escape.
+fn string_at(doc: &[u8], i: usize) -> Result<(Range<usize>, bool), ScanError> {
     let start = i + 1;
     let mut j = start;
+    let mut escaped = false;
     loop {
-        let rest = doc.get(j..).ok_or(ScanError::Malformed)?;
-        let off = rest
-            .iter()
-            .position(|b| *b == b'"' || *b == b'\\' || *b < 0x20)
-            .ok_or(ScanError::Malformed)?;
-        j += off;
-        match doc[j] {
-            b'"' => return Ok(start..j),
-            b'\\' => j += 2,
+        while doc.get(j).is_some_and(|b| !STRING_STOP[usize::from(*b)]) {
+            j += 1;
+        }
+        let Some(&b) = doc.get(j) else {
+            return Err(ScanError::Malformed);
+        };
+        match b {
+            b'"' => return Ok((start..j, escaped)),
+            b'\\' => {
+                escaped = true;
+                j += 2;
+            }
             _ => return Err(ScanError::Malformed),
         }
     }
@@ -347,11 +356,40 @@ fn skip_value(doc: &[u8], i: usize) -> Result<usize, ScanError> {
     }
 }
 
+/// Bytes that end a run of plain string contents: the closing quote, an escape, a control
+/// character (invalid inside a JSON string).
+const STRING_STOP: [bool; 256] = {
+    let mut t = [false; 256];
+    let mut b = 0;
+    while b < 0x20 {
+        t[b] = true;
+        b += 1;
+    }
+    t[b'"' as usize] = true;
+    t[b'\\' as usize] = true;
+    t
+};
+
+/// Bytes [`skip_container`] acts on; everything else is stepped over.
+const CONTAINER_STOP: [bool; 256] = {
+    let mut t = [false; 256];
+    t[b'{' as usize] = true;
+    t[b'[' as usize] = true;
+    t[b'}' as usize] = true;
+    t[b']' as usize] = true;
+    t[b'"' as usize] = true;
+    t
+};
+
 /// Skip a nested object or array by depth counting, stepping over strings.
 fn skip_container(doc: &[u8], i: usize) -> Result<usize, ScanError> {
     let mut depth = 0usize;
     let mut j = i;
-    while let Some(&c) = doc.get(j) {
+    loop {
+        while doc.get(j).is_some_and(|b| !CONTAINER_STOP[usize::from(*b)]) {
+            j += 1;
+        }
+        let Some(&c) = doc.get(j) else { break };
         match c {
             b'{' | b'[' => {
                 depth += 1;

@@ -55,6 +55,12 @@ impl ModelRoute {
 /// Largest weight honoured in the rotation; larger weights are clamped so a rotation stays small.
 pub const MAX_ROTATION_WEIGHT: u32 = 64;
 
+/// Client model id → its route. Hashed with foldhash, not SipHash: every proxied request looks
+/// its model up here (SipHash was ~200 instructions of a hop's ~15,000, docs/decisions.md "The
+/// hop's cost"). Flooding needs inserts, and the keys come from the config alone; a client's
+/// model name is only ever looked up.
+pub type ModelRoutes = HashMap<String, ModelRoute, foldhash::fast::RandomState>;
+
 /// Everything a shard needs to route a request, for one generation.
 #[derive(Debug)]
 pub struct RouterSnapshot {
@@ -63,7 +69,7 @@ pub struct RouterSnapshot {
     /// The config this snapshot was built from.
     pub config: Arc<Config>,
     /// Client model id → replicas.
-    pub models: HashMap<String, ModelRoute>,
+    pub models: ModelRoutes,
     /// Model ids in config order, for `GET /v1/models`.
     pub model_ids: Vec<String>,
     /// Resolved socket address of each backend, indexed like `config.backends`; `None` for a
@@ -234,7 +240,7 @@ fn health_table(
     previous: Option<&RouterSnapshot>,
     config: &Config,
     backend_addrs: &[Option<SocketAddr>],
-    models: &HashMap<String, ModelRoute>,
+    models: &ModelRoutes,
     shim: &ShimRoutes,
 ) -> HealthTable {
     let keys = config

@@ -8,6 +8,7 @@
 //! Framing is strict, against request smuggling: `Content-Length` with `Transfer-Encoding`, a
 //! transfer coding other than exactly `chunked`, or conflicting lengths are rejected.
 
+use std::mem::MaybeUninit;
 use std::ops::Range;
 
 use crate::headers;
@@ -95,11 +96,14 @@ const STACK_HEADERS: usize = 128;
 
 /// Try to parse a complete head from `buf`. `Ok(false)`: more bytes needed.
 pub fn parse(buf: &[u8], limits: HeadLimits, head: &mut RequestHead) -> Result<bool, HeadError> {
+    // Uninitialised: httparse writes the headers it finds and reads only those (filling 128
+    // empty headers first was a 4 KiB memset per request).
     if limits.max_headers <= STACK_HEADERS {
-        let mut hdrs = [httparse::EMPTY_HEADER; STACK_HEADERS];
+        let mut hdrs = [const { MaybeUninit::uninit() }; STACK_HEADERS];
         parse_with(buf, limits, head, &mut hdrs[..limits.max_headers])
     } else {
-        let mut hdrs = vec![httparse::EMPTY_HEADER; limits.max_headers];
+        let mut hdrs = Vec::with_capacity(limits.max_headers);
+        hdrs.resize_with(limits.max_headers, MaybeUninit::uninit);
         parse_with(buf, limits, head, &mut hdrs)
     }
 }
@@ -108,10 +112,10 @@ fn parse_with<'b>(
     buf: &'b [u8],
     limits: HeadLimits,
     head: &mut RequestHead,
-    hdrs: &mut [httparse::Header<'b>],
+    hdrs: &mut [MaybeUninit<httparse::Header<'b>>],
 ) -> Result<bool, HeadError> {
-    let mut req = httparse::Request::new(hdrs);
-    let status = match req.parse(buf) {
+    let mut req = httparse::Request::new(&mut []);
+    let status = match req.parse_with_uninit_headers(buf, hdrs) {
         Ok(s) => s,
         Err(httparse::Error::TooManyHeaders) => return Err(HeadError::TooManyHeaders),
         Err(_) => return Err(HeadError::Malformed),
@@ -193,7 +197,9 @@ fn parse_with<'b>(
     Ok(true)
 }
 
-fn parse_content_length(v: &[u8]) -> Option<u64> {
+/// A `Content-Length` value: ASCII digits only (no sign), surrounding whitespace allowed, no
+/// overflow. Requests and responses read it alike.
+pub fn parse_content_length(v: &[u8]) -> Option<u64> {
     let v = v.trim_ascii();
     if v.is_empty() || v.len() > 19 || !v.iter().all(u8::is_ascii_digit) {
         return None;

@@ -303,10 +303,13 @@ pub(super) fn parse_head(
     head_request: bool,
     spans: &mut Vec<HeaderSpan>,
 ) -> Result<Option<ParsedHead>, DispatchError> {
-    let mut hdrs = [httparse::EMPTY_HEADER; MAX_RESPONSE_HEADERS];
-    let mut resp = httparse::Response::new(&mut hdrs);
+    // Uninitialised: httparse writes the headers it finds and reads only those.
+    let mut hdrs = [const { std::mem::MaybeUninit::uninit() }; MAX_RESPONSE_HEADERS];
+    let mut resp = httparse::Response::new(&mut []);
     let protocol = DispatchError::new(ErrorKind::Protocol, Phase::Head);
-    let head_len = match resp.parse(buf).map_err(|_| protocol)? {
+    let parsed = httparse::ParserConfig::default()
+        .parse_response_with_uninit_headers(&mut resp, buf, &mut hdrs);
+    let head_len = match parsed.map_err(|_| protocol)? {
         httparse::Status::Partial => return Ok(None),
         httparse::Status::Complete(n) => n,
     };
@@ -329,9 +332,7 @@ pub(super) fn parse_head(
             value: span(h.value),
         });
         if name.eq_ignore_ascii_case(b"content-length") {
-            let v = std::str::from_utf8(h.value)
-                .ok()
-                .and_then(|s| s.trim().parse::<u64>().ok());
+            let v = continuum_core::http1::request::parse_content_length(h.value);
             length = Some(v.ok_or(protocol)?);
         } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
             chunked = h.value.trim_ascii().eq_ignore_ascii_case(b"chunked");
