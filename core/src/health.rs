@@ -165,12 +165,13 @@ impl ReplicaHealth {
     }
 
     /// An attempt on the replica succeeded (a response head below 500 arrived). Closes the
-    /// breaker when this was the trial (`trial`), and otherwise only resets a running streak.
-    pub fn succeeded(&self, now_ms: u64, trial: bool) {
+    /// breaker when this was the trial (`trial_ended_ms`: when it ended), and otherwise only
+    /// resets a running streak (no time needed, so a caller reads no clock for it).
+    pub fn succeeded(&self, trial_ended_ms: Option<u64>) {
         if self.streak.load(Ordering::Relaxed) != 0 {
             self.streak.store(0, Ordering::Relaxed);
         }
-        if trial {
+        if let Some(now_ms) = trial_ended_ms {
             self.closed_at.store(now_ms.max(1), Ordering::Relaxed);
             self.ejected_until.store(0, Ordering::Release);
             self.trial.store(false, Ordering::Release);

@@ -44,9 +44,11 @@ pub(crate) fn ms_at(at: StdInstant) -> u64 {
     u64::try_from(at.saturating_duration_since(origin).as_millis()).unwrap_or(u64::MAX)
 }
 
-/// Now as nanoseconds on the process clock (the client keys' rate budgets).
-pub(crate) fn now_ns() -> u64 {
-    u64::try_from(now().since_origin().as_nanos()).unwrap_or(u64::MAX)
+/// `at` (a `std` instant of this process, e.g. a request's start) as nanoseconds on the process
+/// clock (the client keys' rate budgets), without another clock reading.
+pub(crate) fn ns_at(at: StdInstant) -> u64 {
+    let origin = *ORIGIN.get_or_init(instant);
+    u64::try_from(at.saturating_duration_since(origin).as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// Seconds since the Unix epoch on the wall clock (a chat template's `strftime_now`).

@@ -5,7 +5,9 @@
 //!
 //! Why: a `monoio::time::timeout` per wait registers a timer-wheel entry, cancels it and reads the
 //! clock every time, three times per proxied request (docs/decisions.md, "The hop's cost"). Here
-//! a wait costs one clock reading and a store; the wheel is touched when the sleep fires (at most
+//! a wait costs a store, plus one clock reading when the caller gives a limit instead of a
+//! deadline ([`ConnTimer::until`] takes the deadline a caller derived from a reading it took
+//! anyway); the wheel is touched when the sleep fires (at most
 //! once per `floor`) or when a deadline comes before the time it is armed for.
 //!
 //! Invariants:
@@ -69,9 +71,20 @@ impl ConnTimer {
         limit: Duration,
         fut: F,
     ) -> Result<F::Output, Elapsed> {
-        let Some(deadline) = clock::instant().checked_add(limit) else {
-            return Ok(fut.await);
-        };
+        match clock::instant().checked_add(limit) {
+            Some(deadline) => self.until(deadline, fut).await,
+            None => Ok(fut.await),
+        }
+    }
+
+    /// Run `fut` until it completes, or until `deadline` (`Elapsed`; `fut` is dropped). For a
+    /// caller that already knows the deadline (from a clock reading it took anyway): no clock
+    /// reading here unless the sleep has to be created or fires.
+    pub(crate) async fn until<F: Future>(
+        &self,
+        deadline: Instant,
+        fut: F,
+    ) -> Result<F::Output, Elapsed> {
         self.arm_by(deadline);
         let mut fut = std::pin::pin!(fut);
         std::future::poll_fn(|cx| {
@@ -207,6 +220,22 @@ mod tests {
                 3
             };
             assert_eq!(t.within(Duration::from_secs(1), slow).await, Ok(3));
+        });
+    }
+
+    /// A deadline given directly: one already past elapses at the first poll that finds the
+    /// future pending, never before the future had its chance; a future one bounds the wait.
+    #[test]
+    fn until_a_deadline_bounds_the_wait() {
+        run(async {
+            let t = ConnTimer::new(Duration::from_secs(10));
+            let past = clock::instant();
+            assert_eq!(t.until(past, async { 5 }).await, Ok(5));
+            assert_eq!(t.until(past, pending::<()>()).await, Err(Elapsed));
+            let start = clock::instant();
+            let by = start + Duration::from_millis(25);
+            assert_eq!(t.until(by, pending::<()>()).await, Err(Elapsed));
+            assert!(clock::instant() >= by, "fired before the deadline");
         });
     }
 

@@ -33,7 +33,7 @@ fn a_streak_ejects_at_the_threshold_and_a_success_resets_it() {
     let p = policy(3, 50);
     assert_eq!(t.failed(A, 1_000, &p, false), FailureEffect::Counted);
     assert_eq!(t.failed(A, 1_001, &p, false), FailureEffect::Counted);
-    t.get(A).unwrap().succeeded(1_002, false);
+    t.get(A).unwrap().succeeded(None);
     assert_eq!(t.failed(A, 1_003, &p, false), FailureEffect::Counted);
     assert_eq!(t.failed(A, 1_004, &p, false), FailureEffect::Counted);
     assert_eq!(
@@ -73,7 +73,7 @@ fn half_open_lets_one_trial_through_and_its_outcome_decides() {
     );
     assert_eq!(a.admit(31_002), Admission::Ejected);
     assert_eq!(a.admit(31_003), Admission::Trial);
-    a.succeeded(31_010, true);
+    a.succeeded(Some(31_010));
     assert_eq!(a.admit(31_011), Admission::Open);
     assert_eq!(a.state(31_011), HealthState::Healthy);
 }
@@ -94,7 +94,7 @@ fn a_flapping_replica_is_ejected_for_longer_each_time_until_it_stays_quiet() {
         times.push(until_ms - (now + 2));
         assert_eq!(a.admit(until_ms - 1), Admission::Ejected);
         assert_eq!(a.admit(until_ms), Admission::Trial);
-        a.succeeded(until_ms, true);
+        a.succeeded(Some(until_ms));
         now = until_ms + 1_000;
     }
     assert_eq!(

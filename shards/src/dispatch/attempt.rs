@@ -12,6 +12,8 @@
 //! was sent) moves to the next untried replica up to `connect_retries` times, each retry within
 //! the shard's retry budget. Every attempt's result is reported to the replica's shared health.
 
+use std::time::Instant;
+
 use continuum_core::auth::Refusal;
 use continuum_core::config::{BackendConfig, BackendUrl, UpstreamTimeouts};
 use continuum_core::headers::{self, RequestHeaderFate};
@@ -33,13 +35,15 @@ const COALESCE_BODY: usize = 64 * 1024;
 
 impl Dispatcher {
     /// Plain model routing: the model's weighted rotation, retryable failures moving to the next
-    /// replica up to `connect_retries` times.
+    /// replica up to `connect_retries` times. The first attempt begins at `first` (the caller's
+    /// clock reading); each retry reads the clock again.
     pub(super) async fn plain(
         &self,
         snap: &RouterSnapshot,
         ex: &mut Exchange<'_>,
         route: Option<&ModelRoute>,
         attempt: &Attempt<'_>,
+        first: Instant,
     ) -> Outcome {
         let Some(route) = route else {
             return ex.local_error(LocalError::ModelNotFound);
@@ -60,12 +64,8 @@ impl Dispatcher {
         let mut tried = Tried::default();
         let mut last = LocalError::UpstreamUnavailable;
         for n in 0..attempts {
-            // The first attempt starts with the request; a retry reads the clock again.
-            let now = if n == 0 {
-                clock::ms_at(ex.started)
-            } else {
-                clock::now_ms()
-            };
+            let begun = if n == 0 { first } else { clock::instant() };
+            let now = clock::ms_at(begun);
             let chosen = match choose(snap, &route.replicas, start, &mut tried, now, ex.key) {
                 Ok(c) => c,
                 Err(NoReplica::Unhealthy) if n == 0 => {
@@ -83,7 +83,7 @@ impl Dispatcher {
                 break;
             }
             let idx = chosen.idx;
-            let result = self.send_to(snap, ex, idx, attempt).await;
+            let result = self.send_to(snap, ex, idx, attempt, begun).await;
             self.report(snap, chosen, &result);
             match plain_step(result) {
                 PlainStep::Answered(outcome) => return outcome,
@@ -121,8 +121,12 @@ impl Dispatcher {
         result: &Result<Answer, DispatchError>,
     ) {
         let idx = chosen.idx;
-        let now = clock::now_ms();
-        match choose::report(snap, chosen, verdict(result), now) {
+        let mut now = 0;
+        let clock_ms = || {
+            now = clock::now_ms();
+            now
+        };
+        match choose::report(snap, chosen, verdict(result), clock_ms) {
             Some(FailureEffect::Ejected { until_ms }) => {
                 let name = snap.backend(idx).map_or("", |b| b.name.0.as_str());
                 tracing::warn!(
@@ -143,14 +147,16 @@ impl Dispatcher {
         }
     }
 
-    /// One attempt on backend `idx`: a pooled or new connection, the head and body, then the
-    /// relay. A retryable error means nothing was sent.
+    /// One attempt on backend `idx`, begun at `begun` (the request's start for a first attempt):
+    /// a pooled or new connection, the head and body, then the relay. A retryable error means
+    /// nothing was sent.
     pub(super) async fn send_to(
         &self,
         snap: &RouterSnapshot,
         ex: &mut Exchange<'_>,
         idx: BackendIdx,
         attempt: &Attempt<'_>,
+        begun: Instant,
     ) -> Result<Answer, DispatchError> {
         let (Some(backend), Some(addr)) = (snap.backend(idx), snap.backend_addr(idx)) else {
             return Err(DispatchError::CONNECT);
@@ -185,20 +191,25 @@ impl Dispatcher {
                 body,
                 attempt,
                 timeouts,
-                reused,
+                reused.then_some(begun),
             )
             .await
             {
                 Ok(()) => {
                     let timing = Timing::new(timeouts, ex.started, clock::instant());
-                    relay::relay(&timing, ex, &mut up, backend, attempt, reused).await
+                    relay::relay(&timing, ex, &mut up, backend, attempt, reused)
+                        .await
+                        .map(|answer| (answer, timing.sent()))
                 }
                 Err(e) => Err(e),
             };
             match result {
-                Ok((answer, reusable)) => {
+                Ok(((answer, reusable), sent)) => {
                     if reusable {
-                        self.pool.borrow_mut().checkin(key, up, clock::instant());
+                        // Idle since the request was written, for all the pool knows: an age
+                        // that only errs old (a stream longer than the pool's limit costs one
+                        // connect later), without another clock reading.
+                        self.pool.borrow_mut().checkin(key, up, sent);
                     }
                     return Ok(answer);
                 }
@@ -216,7 +227,7 @@ impl Dispatcher {
 }
 
 /// The connect timeout, shortened to what is left of the request's deadline.
-fn connect_timeout(t: &UpstreamTimeouts, started: std::time::Instant) -> std::time::Duration {
+fn connect_timeout(t: &UpstreamTimeouts, started: Instant) -> std::time::Duration {
     within_deadline(t.connect, t, started)
 }
 
@@ -224,7 +235,7 @@ fn connect_timeout(t: &UpstreamTimeouts, started: std::time::Instant) -> std::ti
 fn within_deadline(
     limit: std::time::Duration,
     t: &UpstreamTimeouts,
-    started: std::time::Instant,
+    started: Instant,
 ) -> std::time::Duration {
     match t.deadline {
         None => limit,
@@ -290,14 +301,15 @@ async fn send_request(
     body: Body,
     attempt: &Attempt<'_>,
     timeouts: &UpstreamTimeouts,
-    reused: bool,
+    pooled_at: Option<Instant>,
 ) -> Result<(), DispatchError> {
-    let limit = write_timeout(timeouts, ex.started);
+    let reused = pooled_at.is_some();
+    let by = write_by(timeouts, ex.started, pooled_at);
     let abort = up.abort_handle();
     let timer = ex.req.timer.clone();
     let write = write_request(ex, up, url, body, attempt);
     let mut write = std::pin::pin!(write);
-    match timer.within(limit, write.as_mut()).await {
+    match timer.until(by, write.as_mut()).await {
         Ok(Ok(())) => Ok(()),
         // A pooled connection the backend had closed: retryable on a fresh one.
         Ok(Err(_)) => Err(DispatchError::closed(Phase::Request, reused)),
@@ -309,9 +321,14 @@ async fn send_request(
     }
 }
 
-/// How long the request may take to write: the first-byte timeout, within the deadline.
-fn write_timeout(t: &UpstreamTimeouts, started: std::time::Instant) -> std::time::Duration {
-    within_deadline(t.first_byte, t, started)
+/// When the request must be written: the first-byte timeout from when the write begins, within
+/// the request's deadline. On a pooled connection (`pooled_at`: when the attempt began, the
+/// request's own clock reading for a first attempt) the write begins as the attempt does; after
+/// a connect, which may have taken a while, it counts from a fresh reading.
+fn write_by(t: &UpstreamTimeouts, started: Instant, pooled_at: Option<Instant>) -> Instant {
+    let begins = pooled_at.unwrap_or_else(clock::instant);
+    let by = begins + t.first_byte;
+    t.deadline.map_or(by, |d| by.min(started + d))
 }
 
 async fn write_request(

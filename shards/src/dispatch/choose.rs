@@ -162,11 +162,12 @@ pub(super) fn verdict(result: &Result<Answer, DispatchError>) -> Verdict {
 }
 
 /// Report the attempt on `chosen` to the shared health: returns the ejection it caused, if any.
+/// `now_ms` is called only when the report needs the time (a failure, or a trial's end).
 pub(super) fn report(
     snap: &RouterSnapshot,
     chosen: Chosen<'_>,
     verdict: Verdict,
-    now_ms: u64,
+    now_ms: impl FnOnce() -> u64,
 ) -> Option<FailureEffect> {
     let Chosen { idx, trial } = chosen;
     let health = snap.health.get(idx)?;
@@ -175,7 +176,8 @@ pub(super) fn report(
         // The trial slot, if any, is freed when `trial` drops.
         Verdict::Unknown => None,
         Verdict::Success => {
-            health.succeeded(now_ms, is_trial);
+            // Only a trial's end is timed: a plain success reads no clock.
+            health.succeeded(is_trial.then(now_ms));
             if let Some(t) = trial {
                 t.reported();
             }
@@ -184,7 +186,7 @@ pub(super) fn report(
         Verdict::Failure => {
             // Outlier ejection off: the replica is never ejected, so never on trial either.
             let policy = snap.backend(idx).and_then(|b| b.outlier)?;
-            let effect = snap.health.failed(idx, now_ms, &policy, is_trial);
+            let effect = snap.health.failed(idx, now_ms(), &policy, is_trial);
             if let Some(t) = trial {
                 t.reported();
             }

@@ -224,7 +224,7 @@ pub(super) async fn relay_converted(
     write_client(ex).await?;
     while failed.is_none() && !body.done && !conv.is_done() {
         ex.bufs.ubuf.clear();
-        match read_continued(ex, up, timing.body()).await {
+        match read_continued(ex, up, timing.body_by()).await {
             Ok(Ok(n)) if n > 0 => {}
             Ok(Ok(_)) if parsed.framing == Framing::UntilClose => break,
             Err(e) if e.kind == ErrorKind::Timeout => {

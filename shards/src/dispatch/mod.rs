@@ -250,7 +250,10 @@ impl Dispatcher {
                 // The key's model and budgets, once the model is known and before anything is
                 // picked (a refused request spends nothing); the in-flight slot is held until
                 // the request ends.
-                Some(model) => match ex.key.map(|k| keys::admit(k, &model, clock::now_ns())) {
+                Some(model) => match ex
+                    .key
+                    .map(|k| keys::admit(k, &model, clock::ns_at(ex.started)))
+                {
                     Some(Err(e)) => Err(e),
                     admitted => {
                         let slot = admitted.and_then(Result::ok);
@@ -298,9 +301,16 @@ impl Dispatcher {
                     }),
                     ..Attempt::PLAIN
                 };
-                self.plain(snap, &mut ex, route, &attempt).await
+                self.plain(snap, &mut ex, route, &attempt, clock::instant())
+                    .await
             }
-            plan::Plan::Off => self.plain(snap, &mut ex, route, &Attempt::PLAIN).await,
+            // Nothing ran between the request's start and its dispatch: the first attempt
+            // begins with the request, on its clock reading.
+            plan::Plan::Off => {
+                let begun = ex.started;
+                self.plain(snap, &mut ex, route, &Attempt::PLAIN, begun)
+                    .await
+            }
         }
     }
 }

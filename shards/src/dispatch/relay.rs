@@ -55,9 +55,9 @@ pub(super) async fn relay(
         let nothing_yet = ex.bufs.ubuf.is_empty();
         // Only the response's first read goes without an immediate ACK (see read_upstream).
         let read = if first_read {
-            read_upstream(ex, up, timing.first_head()).await?
+            read_upstream(ex, up, timing.head_by()).await?
         } else {
-            read_continued(ex, up, timing.head()).await?
+            read_continued(ex, up, timing.head_by()).await?
         };
         first_read = false;
         match read {
@@ -111,7 +111,7 @@ pub(super) async fn relay(
     // more, and a failure closes the client connection mid-body.
     while !body.done {
         ex.bufs.ubuf.clear();
-        match read_continued(ex, up, timing.body()).await {
+        match read_continued(ex, up, timing.body_by()).await {
             Ok(Ok(n)) if n > 0 => {}
             Ok(Ok(_)) if parsed.framing == Framing::UntilClose => break,
             Ok(_) => return Err(DispatchError::new(ErrorKind::Reset, Phase::Body)),

@@ -87,12 +87,14 @@ impl Dispatcher {
         let mut tried = Tried::default();
         let mut n = 0;
         let decision = loop {
+            // Each attempt reads the clock: the pick (tokenizing, the index) came in between.
+            let begun = clock::instant();
             let Ok(chosen) = choose(
                 snap,
                 pinned.replicas,
                 start,
                 &mut tried,
-                clock::now_ms(),
+                clock::ms_at(begun),
                 ex.key,
             ) else {
                 // No replica left to send to (none, or all unhealthy): nothing was sent.
@@ -104,7 +106,7 @@ impl Dispatcher {
             n += 1;
             let replica_left = n < budget;
             let idx = chosen.idx;
-            let result = self.send_to(snap, ex, idx, &attempt).await;
+            let result = self.send_to(snap, ex, idx, &attempt, begun).await;
             self.report(snap, chosen, &result);
             let answers = snap.config.dynamo.shim.answers;
             let step = pinned_step(result, &ex.bufs.held, mode, fallback, replica_left, answers);
@@ -144,7 +146,8 @@ impl Dispatcher {
         match decision {
             ShimDecision::FallbackUnified if route.is_some() => {
                 self.metrics.dynamo.request(RoutingPath::FallbackUnified);
-                self.plain(snap, ex, route, &FALLBACK_ATTEMPT).await
+                self.plain(snap, ex, route, &FALLBACK_ATTEMPT, clock::instant())
+                    .await
             }
             // Fallback configured but no plain route serves the model: it cannot happen.
             ShimDecision::FallbackUnified => {

@@ -65,23 +65,21 @@ impl Timing {
         }
     }
 
-    /// The time the response's first read may take: the whole head allowance, since it starts
-    /// as the request is written (no clock reading).
-    pub(super) fn first_head(&self) -> Duration {
-        self.head_by.saturating_duration_since(self.sent)
+    /// When the response head must be complete (no clock reading: the allowance starts as the
+    /// request is written).
+    pub(super) fn head_by(&self) -> Instant {
+        self.head_by
     }
 
-    /// The time left for the response head.
-    pub(super) fn head(&self) -> Duration {
-        self.head_by.saturating_duration_since(clock::instant())
+    /// When the next body read must complete: the idle timeout from now, within the deadline.
+    pub(super) fn body_by(&self) -> Instant {
+        let idle = clock::instant() + self.idle;
+        self.deadline.map_or(idle, |d| d.min(idle))
     }
 
-    /// The time allowed for the next body read.
-    pub(super) fn body(&self) -> Duration {
-        match self.deadline {
-            None => self.idle,
-            Some(d) => self.idle.min(d.saturating_duration_since(clock::instant())),
-        }
+    /// When the request was written (the attempt's one clock reading after its start).
+    pub(super) fn sent(&self) -> Instant {
+        self.sent
     }
 }
 
@@ -131,7 +129,7 @@ pub(super) async fn hold(
                 return Err(protocol);
             }
             ex.bufs.ubuf.clear();
-            match read_continued(ex, up, timing.body()).await? {
+            match read_continued(ex, up, timing.body_by()).await? {
                 Ok(n) if n > 0 => {}
                 Ok(_) if parsed.framing == Framing::UntilClose => break,
                 _ => return Err(DispatchError::new(ErrorKind::Reset, Phase::Head)),
@@ -248,7 +246,7 @@ impl BodyState {
     }
 }
 
-/// The first read of a response appended to `ex.bufs.ubuf`, bounded by `timeout`. (The client
+/// The first read of a response appended to `ex.bufs.ubuf`, bounded by the deadline `by`. (The client
 /// is watched for disconnects by the connection's reader task, not here.)
 ///
 /// It asks for no immediate ACK: what the backend sends first cannot be held back by our
@@ -258,14 +256,14 @@ impl BodyState {
 pub(super) async fn read_upstream(
     ex: &mut Exchange<'_>,
     up: &mut UpConn,
-    timeout: Duration,
+    by: Instant,
 ) -> Result<std::io::Result<usize>, DispatchError> {
     let buf = std::mem::take(&mut ex.bufs.ubuf);
     let (len, cap) = (buf.len(), buf.capacity());
     match ex
         .req
         .timer
-        .within(timeout, up.read(buf.slice_mut(len..cap)))
+        .until(by, up.read(buf.slice_mut(len..cap)))
         .await
     {
         Err(_) => Err(DispatchError::new(ErrorKind::Timeout, Phase::Head)),
@@ -285,10 +283,10 @@ pub(super) async fn read_upstream(
 pub(super) async fn read_continued(
     ex: &mut Exchange<'_>,
     up: &mut UpConn,
-    timeout: Duration,
+    by: Instant,
 ) -> Result<std::io::Result<usize>, DispatchError> {
     up.quick_ack();
-    read_upstream(ex, up, timeout).await
+    read_upstream(ex, up, by).await
 }
 
 pub(super) async fn write_client(ex: &mut Exchange<'_>) -> Result<(), DispatchError> {

@@ -37,17 +37,22 @@ impl Conn {
     /// Wait, at most `limit`, for client bytes and move them to the end of the read buffer.
     /// `Ok(0)`: the client closed.
     async fn fill(&mut self, limit: std::time::Duration) -> Result<usize, Elapsed> {
-        let Conn { inbox, req, .. } = self;
-        let timer = &*req.timer;
-        let rbuf = &mut req.rbuf;
-        timer
-            .within(limit, async {
-                if !inbox.readable().await {
-                    return 0;
-                }
-                inbox.take_into(rbuf)
-            })
-            .await
+        let timer = self.req.timer.clone();
+        timer.within(limit, self.take()).await
+    }
+
+    /// [`Conn::fill`] until the deadline `by`.
+    async fn fill_by(&mut self, by: Instant) -> Result<usize, Elapsed> {
+        let timer = self.req.timer.clone();
+        timer.until(by, self.take()).await
+    }
+
+    /// Wait for client bytes and move them to the end of the read buffer; 0: the client closed.
+    async fn take(&mut self) -> usize {
+        if !self.inbox.readable().await {
+            return 0;
+        }
+        self.inbox.take_into(&mut self.req.rbuf)
     }
 }
 
@@ -66,10 +71,19 @@ pub(crate) async fn serve<H: Handler>(handler: &H, stream: TcpStream, peer: Sock
         sink: ResponseSink::new(wr),
     };
     let mut state = H::ConnState::default();
+    // When the connection last went idle: the keep-alive wait counts from here (the end of the
+    // previous request, whose clock reading this reuses).
+    let mut idle_since = clock::instant();
     loop {
         let limits = handler.limits();
-        let keep = match read_head(&mut c, &limits).await {
-            HeadRead::Ready => serve_one(handler, &mut state, &mut c, &limits).await,
+        let keep = match read_head(&mut c, &limits, idle_since).await {
+            HeadRead::Ready => match serve_one(handler, &mut state, &mut c, &limits).await {
+                Some(ended) => {
+                    idle_since = ended;
+                    true
+                }
+                None => false,
+            },
             HeadRead::Closed => false,
             HeadRead::Reject(e) => {
                 let started = clock::instant();
@@ -101,13 +115,13 @@ fn route_of(req: &Request) -> Route {
     }
 }
 
-/// Serve the request whose head is parsed; returns whether the connection stays open.
+/// Serve the request whose head is parsed; returns when it ended if the connection stays open.
 async fn serve_one<H: Handler>(
     handler: &H,
     state: &mut H::ConnState,
     c: &mut Conn,
     limits: &ReadLimits,
-) -> bool {
+) -> Option<Instant> {
     let started = clock::instant();
     let metrics = handler.metrics();
     metrics.inflight_inc();
@@ -141,10 +155,15 @@ async fn serve_one<H: Handler>(
     metrics.pins_stripped(c.req.pins_stripped);
     let flushed = c.sink.flush().await.is_ok();
     metrics.inflight_dec();
-    metrics.request_done(route, outcome.status, started.elapsed());
+    let ended = clock::instant();
+    metrics.request_done(
+        route,
+        outcome.status,
+        ended.saturating_duration_since(started),
+    );
     c.req.body = BodyRef::None;
     if !(flushed && outcome.keep_alive) {
-        return false;
+        return None;
     }
     // Drop the finished request; keep any pipelined bytes for the next one.
     let rbuf = &mut c.req.rbuf;
@@ -156,7 +175,7 @@ async fn serve_one<H: Handler>(
     if rbuf.capacity() > 4 * READ_BUF && rbuf.len() < READ_BUF {
         rbuf.shrink_to(READ_BUF);
     }
-    true
+    Some(ended)
 }
 
 enum HeadRead {
@@ -165,7 +184,9 @@ enum HeadRead {
     Reject(LocalError),
 }
 
-async fn read_head(c: &mut Conn, limits: &ReadLimits) -> HeadRead {
+/// Read the next request head; the connection is idle since `idle_since` until its first byte
+/// (the keep-alive limit), then the whole head is due within the header-read limit.
+async fn read_head(c: &mut Conn, limits: &ReadLimits, idle_since: Instant) -> HeadRead {
     let head_limits = HeadLimits {
         max_header_bytes: limits.max_header_bytes,
         max_headers: limits.max_headers,
@@ -190,11 +211,15 @@ async fn read_head(c: &mut Conn, limits: &ReadLimits) -> HeadRead {
             }
             deadline.get_or_insert_with(|| clock::instant() + limits.header_read_timeout);
         }
-        let wait = match deadline {
-            Some(d) => d.saturating_duration_since(clock::instant()),
-            None => limits.keepalive_timeout,
+        let by = match deadline {
+            Some(d) => Some(d),
+            None => idle_since.checked_add(limits.keepalive_timeout),
         };
-        match c.fill(wait).await {
+        let filled = match by {
+            Some(by) => c.fill_by(by).await,
+            None => Ok(c.take().await),
+        };
+        match filled {
             Ok(n) if n > 0 => {}
             Ok(_) => return HeadRead::Closed,
             Err(_) if deadline.is_some() => return HeadRead::Reject(LocalError::Timeout),

@@ -48,7 +48,7 @@ const C: BackendIdx = BackendIdx(2);
 const ALL: [BackendIdx; 3] = [A, B, C];
 
 fn fail(s: &RouterSnapshot, chosen: Chosen<'_>, now: u64) -> Option<FailureEffect> {
-    report(s, chosen, Verdict::Failure, now)
+    report(s, chosen, Verdict::Failure, || now)
 }
 
 #[test]
@@ -132,11 +132,11 @@ fn a_half_open_replica_gets_one_trial_and_its_outcome_decides() {
         B
     );
     // The client left: the trial slot is free again.
-    assert_eq!(report(&s, trial, Verdict::Unknown, 10_003), None);
+    assert_eq!(report(&s, trial, Verdict::Unknown, || 10_003), None);
     let mut t3 = Tried::default();
     let trial = choose(&s, &[A, B], 0, &mut t3, 10_004, None).unwrap();
     assert_eq!(trial.idx, A);
-    assert_eq!(report(&s, trial, Verdict::Success, 10_005), None);
+    assert_eq!(report(&s, trial, Verdict::Success, || 10_005), None);
     assert_eq!(a.admit(10_006), Admission::Open);
 }
 
@@ -187,4 +187,23 @@ fn with_outlier_ejection_off_failures_change_nothing() {
         assert_eq!(fail(&s, c, now), None);
     }
     assert_eq!(s.health.get(A).unwrap().admit(21), Admission::Open);
+}
+
+/// A success outside a trial only resets the streak: the report must not read the clock for it
+/// (the hop reads it three times a request, docs/decisions.md "The hop's cost"); a failure does.
+#[test]
+fn only_reports_that_use_the_time_read_the_clock() {
+    let s = snap();
+    let mut tried = Tried::default();
+    let chosen = choose(&s, &ALL, 0, &mut tried, 1_000, None).unwrap();
+    let no_clock = || -> u64 { panic!("a plain success read the clock") };
+    assert_eq!(report(&s, chosen, Verdict::Success, no_clock), None);
+    let mut read = false;
+    let chosen = choose(&s, &ALL, 0, &mut Tried::default(), 1_001, None).unwrap();
+    let effect = report(&s, chosen, Verdict::Failure, || {
+        read = true;
+        1_002
+    });
+    assert!(read, "a failure is timed");
+    assert!(matches!(effect, Some(FailureEffect::Ejected { until_ms }) if until_ms >= 1_002));
 }
