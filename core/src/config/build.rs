@@ -3,7 +3,8 @@
 //! A config that validates must do what it says: `dynamo.enabled` in a build without the `dynamo`
 //! feature or `dynamo.kv.enabled` without `dynamo-kv` is an error of `config validate`, of
 //! startup and of every reload — never a log line and a silently disabled feature. (Every
-//! discovery source is implemented in a `dynamo` build.)
+//! discovery source is implemented in a `dynamo` build.) `dynamo.event_bus.enabled` is refused in
+//! every build until one has the listener.
 //!
 //! Invariant: [`Config::check_build`] only reads the config; it never changes what validated.
 
@@ -43,6 +44,17 @@ impl Config {
                 field: "dynamo.kv.enabled".into(),
                 value: "true".into(),
                 reason: "this binary was built without the `dynamo-kv` feature".into(),
+            });
+        }
+        // No build has the listener yet (BUS-01's `dynamo-event-bus`): a config that enables it
+        // would validate and then leave every broker without a port to dial.
+        if d.event_bus.enabled {
+            errors.push(FieldError {
+                field: "dynamo.event_bus.enabled".into(),
+                value: "true".into(),
+                reason: "no build of this release has the event bus listener: brokers would have \
+                         nothing to dial, so enabling it is refused"
+                    .into(),
             });
         }
         errors
@@ -98,6 +110,33 @@ mod tests {
         });
         assert_eq!(errs.len(), 1, "{errs:?}");
         assert_eq!(errs[0].field, "dynamo.kv.enabled");
+    }
+
+    /// BUS-01: no build serves the event bus yet, so enabling it is refused in every build, with
+    /// the section itself still validated as before (a bad section reports its own errors first).
+    #[test]
+    fn an_enabled_event_bus_is_refused_by_every_build() {
+        let c = config(
+            "dynamo:\n  event_bus:\n    enabled: true\n    listen: \"0.0.0.0:7443\"\n    tls: { cert: /c, key: /k }\n    \
+             brokers: [ { id: b.dynamo, token_hash: \"sha256:0000000000000000000000000000000000000000000000000000000000000000\", namespaces: [dynamo] } ]\n",
+        );
+        for build in [
+            Build::FULL,
+            Build {
+                dynamo: false,
+                dynamo_kv: false,
+            },
+        ] {
+            let errs = c.check_build(build);
+            assert_eq!(errs.len(), 1, "{errs:?}");
+            assert_eq!(errs[0].field, "dynamo.event_bus.enabled");
+            assert!(errs[0].reason.contains("event bus listener"));
+        }
+        assert!(
+            config("dynamo:\n  event_bus:\n    enabled: false\n")
+                .check_build(Build::FULL)
+                .is_empty()
+        );
     }
 
     #[test]
