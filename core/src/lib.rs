@@ -13,6 +13,7 @@
 pub mod artifacts;
 pub mod auth;
 pub mod backoff;
+pub mod bus;
 pub mod clock;
 pub mod config;
 pub mod discovery;

@@ -1,0 +1,5 @@
+//! The event bus listener's decisions, sans-IO (BUS-12..28): who a connection's credentials name
+//! ([`credentials`]). The listener that owns the sockets calls these with what it read; the wire
+//! contract itself is the shared crate `continuum-event-bus`.
+
+pub mod credentials;
