@@ -1,5 +1,6 @@
-//! Module-graph check: the modules of `continuum-shards` and `continuum-core` must not depend
-//! on each other in a cycle.
+//! Module-graph check: the modules of `continuum-shards`, `continuum-core`, the event bus
+//! listener (`continuum-bus`) and its wire contract (`continuum-event-bus`) must not depend on each
+//! other in a cycle.
 //!
 //! The rule, checked at every level of each crate's module tree (the crate root `lib.rs` is the
 //! parent of the top-level modules): the sibling modules under one parent form an acyclic graph,
@@ -568,6 +569,15 @@ fn shards_has_no_module_cycles() {
 #[test]
 fn core_has_no_module_cycles() {
     assert_acyclic("core", "../core/src/lib.rs");
+}
+
+#[test]
+fn event_bus_crates_have_no_module_cycles() {
+    assert_acyclic("bus", "../bus/src/lib.rs");
+    assert_acyclic(
+        "continuum-event-bus",
+        "../crates/continuum-event-bus/src/lib.rs",
+    );
 }
 
 /// Writes the files of `tree` (each starting with a `@@ path` line) under `root/krate`, and

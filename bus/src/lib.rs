@@ -1,0 +1,32 @@
+//! The event bus listener (BUS-01..32): the dedicated TLS 1.3 + HTTP/2 port that in-cluster
+//! brokers and kv_listeners dial **into** (the router never dials a broker, BUS-06).
+//!
+//! Role: [`spawn`] binds `dynamo.event_bus.listen` and runs the listener on its own thread and
+//! tokio runtime (the control thread decides, the shards serve clients, this thread serves
+//! brokers). Every connection goes through [`accept`] (connection limit, first-byte check,
+//! 10 s TLS 1.3 handshake with ALPN `h2`, the authentication deadline) and is then served by hyper's
+//! HTTP/2 server with a 20 s keep-alive PING ([`service`]); `POST /bus/v1/session` runs a control
+//! session ([`session`]). The decisions (credentials, session limits, hello authorisation) are
+//! `continuum_core::bus`'s; the wire contract is `continuum-event-bus`'s.
+//!
+//! Invariants:
+//! - every refusal is one of `continuum_event_bus::code::Code`, answered with its status and JSON
+//!   body where it has one, and counted under that code alone ([`BusMetrics`], BUS-37);
+//! - a connection holds a slot of the connection limit from accept to close, and a session a slot
+//!   of `max_sessions` from its request to its end.
+//!
+//! Part 1 of the bus (issue 34) is still being built: data streams, the command API and the
+//! byte budgets come next, so a config cannot enable the bus yet (`Config::check_build`).
+
+mod accept;
+mod listener;
+mod metrics;
+mod reply;
+mod service;
+mod session;
+mod state;
+pub mod tls;
+
+pub use listener::{Listener, Settings, spawn};
+pub use metrics::BusMetrics;
+pub use state::IdSource;

@@ -1,0 +1,141 @@
+//! The listener's thread: bind, accept, hand each connection to [`crate::accept`], stop on
+//! request.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use continuum_core::bus::sessions::connection_limit;
+use continuum_core::config::dynamo::EventBusConfig;
+use tokio::sync::oneshot;
+
+use crate::metrics::BusMetrics;
+use crate::state::{IdSource, State};
+
+/// What a listener runs with.
+pub struct Settings {
+    /// Where to listen (`dynamo.event_bus.listen`).
+    pub listen: SocketAddr,
+    /// Its TLS ([`crate::tls::server_config`]).
+    pub tls: Arc<rustls::ServerConfig>,
+    /// The bus config in force.
+    pub bus: EventBusConfig,
+    /// Randomness for session ids; `None`: the TLS provider's secure random.
+    pub ids: Option<IdSource>,
+}
+
+impl std::fmt::Debug for Settings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Settings")
+            .field("listen", &self.listen)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A running listener; dropping it stops it.
+#[derive(Debug)]
+pub struct Listener {
+    addr: SocketAddr,
+    stop: Option<oneshot::Sender<()>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Listener {
+    /// The bound address (BUS-36 `local_addr`).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Stop accepting, close every connection and wait for the thread.
+    pub fn stop(mut self) {
+        self.shutdown();
+    }
+
+    fn shutdown(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+fn secure_ids() -> IdSource {
+    let rng = rustls::crypto::ring::default_provider().secure_random;
+    Box::new(move || {
+        let mut b = [0u8; 16];
+        // ring's system random does not fail on Linux; a failure leaves zeros, which the
+        // session table still keeps unique per entry.
+        let _ = rng.fill(&mut b);
+        u128::from_be_bytes(b)
+    })
+}
+
+/// Bind `settings.listen` (an error here is the caller's to report and retry, BUS-32) and run
+/// the listener on a thread of its own.
+pub fn spawn(settings: Settings, metrics: Arc<BusMetrics>) -> std::io::Result<Listener> {
+    let std_listener = std::net::TcpListener::bind(settings.listen)?;
+    std_listener.set_nonblocking(true)?;
+    let addr = std_listener.local_addr()?;
+    let (stop_tx, stop_rx) = oneshot::channel();
+    let limit = connection_limit(settings.bus.max_sessions);
+    let ids = settings.ids.unwrap_or_else(secure_ids);
+    let state = Arc::new(State::new(settings.bus, ids, metrics));
+    let acceptor = tokio_rustls::TlsAcceptor::from(settings.tls);
+    let thread = std::thread::Builder::new()
+        .name("event-bus".into())
+        .spawn(move || {
+            let rt = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => {
+                    tracing::error!(error = %e, "event bus runtime failed to start");
+                    return;
+                }
+            };
+            rt.block_on(async move {
+                let Ok(listener) = tokio::net::TcpListener::from_std(std_listener) else {
+                    tracing::error!("event bus listener socket unusable");
+                    return;
+                };
+                let accept_loop = async {
+                    loop {
+                        let Ok((tcp, _peer)) = listener.accept().await else {
+                            continue;
+                        };
+                        match state.connection_slot(limit) {
+                            Some(slot) => {
+                                tokio::spawn(crate::accept::connection(
+                                    tcp,
+                                    acceptor.clone(),
+                                    state.clone(),
+                                    slot,
+                                ));
+                            }
+                            None => state
+                                .metrics
+                                .refused(continuum_event_bus::code::Code::ConnectionLimit),
+                        }
+                    }
+                };
+                tokio::select! {
+                    () = accept_loop => {}
+                    _ = stop_rx => {}
+                }
+            });
+        })?;
+    Ok(Listener {
+        addr,
+        stop: Some(stop_tx),
+        thread: Some(thread),
+    })
+}

@@ -1,0 +1,43 @@
+//! The listener's counters: refusals and closes by code (a closed label set, BUS-37), and the
+//! sessions gauge (`continuum_dynamo_event_bus_sessions`).
+
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+
+use continuum_event_bus::code::Code;
+
+/// Counters shared by the listener's tasks and whoever renders them.
+#[derive(Debug, Default)]
+pub struct BusMetrics {
+    refused: [AtomicU64; Code::ALL.len()],
+    sessions: AtomicI64,
+}
+
+impl BusMetrics {
+    /// One refusal or close with `code`.
+    pub fn refused(&self, code: Code) {
+        if let Some(i) = Code::ALL.iter().position(|c| *c == code) {
+            self.refused[i].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// How many refusals or closes had `code`.
+    pub fn refused_total(&self, code: Code) -> u64 {
+        Code::ALL
+            .iter()
+            .position(|c| *c == code)
+            .map_or(0, |i| self.refused[i].load(Ordering::Relaxed))
+    }
+
+    /// Active sessions.
+    pub fn sessions(&self) -> i64 {
+        self.sessions.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn session_opened(&self) {
+        self.sessions.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn session_closed(&self) {
+        self.sessions.fetch_sub(1, Ordering::Relaxed);
+    }
+}

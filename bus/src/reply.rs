@@ -1,0 +1,71 @@
+//! What the listener answers with: the response body type (a whole refusal, or a session's
+//! line stream), counted refusals with their code's status and JSON body, and the credentials a
+//! request presents. A leaf: the routes and the session both use it.
+
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use continuum_core::bus::credentials::Presented;
+use continuum_event_bus::code::{Code, error_body};
+use http::{HeaderMap, Response, StatusCode};
+use http_body_util::Full;
+use hyper::body::Frame;
+use tokio::sync::mpsc;
+
+use crate::state::State;
+
+/// A response body: a whole refusal, or a session's line stream.
+pub(crate) enum Body {
+    Whole(Full<Bytes>),
+    Lines(mpsc::Receiver<Bytes>),
+}
+
+impl hyper::body::Body for Body {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        match self.get_mut() {
+            Body::Whole(b) => Pin::new(b).poll_frame(cx),
+            Body::Lines(rx) => rx.poll_recv(cx).map(|o| o.map(|b| Ok(Frame::data(b)))),
+        }
+    }
+}
+
+/// The credentials a request presents (bearer token; client certificates are not accepted by
+/// this listener yet).
+pub(crate) fn presented(headers: &HeaderMap) -> Presented<'_> {
+    let bearer = headers
+        .get(http::header::AUTHORIZATION)
+        .map(|v| v.as_bytes())
+        .and_then(|v| {
+            let (scheme, token) = v.split_at(v.len().min(7));
+            scheme
+                .eq_ignore_ascii_case(b"bearer ")
+                .then_some(token.trim_ascii())
+        });
+    Presented { bearer, cert: None }
+}
+
+/// Count and answer a refusal.
+pub(crate) fn refuse(state: &State, code: Code, message: &str) -> Response<Body> {
+    state.metrics.refused(code);
+    let status = code
+        .http_status()
+        .and_then(|s| StatusCode::from_u16(s).ok())
+        .unwrap_or(StatusCode::BAD_REQUEST);
+    let mut resp = Response::new(Body::Whole(Full::new(Bytes::from(error_body(
+        code, message,
+    )))));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    resp
+}

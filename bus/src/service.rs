@@ -1,0 +1,44 @@
+//! The listener's HTTP/2 routes: `POST /bus/v1/session` (a control session, [`crate::session`]),
+//! `POST /bus/v1/streams/{stream_id}` (a data stream: none is commanded yet, so every one is
+//! `unknown_stream` once its credentials check out), anything else `not_found`. Every refusal is
+//! counted and answered with its code's status and JSON body ([`crate::reply`]).
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use continuum_event_bus::code::Code;
+use http::{Method, Request, Response};
+use hyper::body::Incoming;
+
+use crate::reply::{Body, presented, refuse};
+use crate::state::State;
+
+/// Route one request; an authenticated 2xx marks the connection authenticated (BUS-24).
+pub(crate) async fn handle(
+    req: Request<Incoming>,
+    state: Arc<State>,
+    authed: Arc<AtomicBool>,
+) -> Result<Response<Body>, Infallible> {
+    let path = req.uri().path();
+    let resp = if req.method() == Method::POST && path == "/bus/v1/session" {
+        crate::session::open(req, &state).await
+    } else if req.method() == Method::POST && path.starts_with("/bus/v1/streams/") {
+        let who = {
+            let d = state.lock();
+            d.credentials
+                .authenticate(presented(req.headers()))
+                .map(|_| ())
+        };
+        match who {
+            Err(code) => refuse(&state, code, "no valid credential"),
+            Ok(()) => refuse(&state, Code::UnknownStream, "no such stream was commanded"),
+        }
+    } else {
+        refuse(&state, Code::NotFound, "no such bus endpoint")
+    };
+    if resp.status().is_success() {
+        authed.store(true, Ordering::Release);
+    }
+    Ok(resp)
+}

@@ -1,0 +1,80 @@
+//! What the listener's tasks share: the config in force, the credential and session decisions
+//! (`continuum_core::bus`), each session's end signal, and the counters. One mutex, held only for
+//! a decision (never across an await); the listener is not on any client's request path.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use continuum_core::bus::credentials::Credentials;
+use continuum_core::bus::sessions::Sessions;
+use continuum_core::config::dynamo::EventBusConfig;
+use continuum_event_bus::code::Code;
+use continuum_event_bus::ids::SessionId;
+use tokio::sync::oneshot;
+
+use crate::metrics::BusMetrics;
+
+/// A source of 128 random bits for session ids (injected; the default draws from the TLS
+/// provider's secure random).
+pub type IdSource = Box<dyn FnMut() -> u128 + Send>;
+
+pub(crate) struct Decisions {
+    pub(crate) bus: EventBusConfig,
+    pub(crate) credentials: Credentials,
+    pub(crate) sessions: Sessions,
+    /// How to end each active session (a newer session of its entry supersedes it).
+    pub(crate) enders: HashMap<SessionId, oneshot::Sender<Code>>,
+    pub(crate) ids: IdSource,
+}
+
+pub(crate) struct State {
+    decisions: Mutex<Decisions>,
+    pub(crate) metrics: Arc<BusMetrics>,
+    connections: AtomicUsize,
+}
+
+impl State {
+    pub(crate) fn new(bus: EventBusConfig, ids: IdSource, metrics: Arc<BusMetrics>) -> Self {
+        Self {
+            decisions: Mutex::new(Decisions {
+                credentials: Credentials::new(&bus, 0),
+                sessions: Sessions::new(bus.max_sessions),
+                bus,
+                enders: HashMap::new(),
+                ids,
+            }),
+            metrics,
+            connections: AtomicUsize::new(0),
+        }
+    }
+
+    /// The decisions, for one decision's time.
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Decisions> {
+        // A panic while holding it aborts the process (release builds abort on panic), so a
+        // poisoned lock is only seen in tests; the state itself stays consistent per call.
+        self.decisions
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Take a connection slot, if one is free under the limit.
+    pub(crate) fn connection_slot(self: &Arc<Self>, limit: usize) -> Option<ConnectionSlot> {
+        let taken = self
+            .connections
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < limit).then_some(n + 1)
+            })
+            .is_ok();
+        taken.then(|| ConnectionSlot(self.clone()))
+    }
+}
+
+/// A held connection slot; freed on drop.
+pub(crate) struct ConnectionSlot(Arc<State>);
+
+impl Drop for ConnectionSlot {
+    fn drop(&mut self) {
+        self.0.connections.fetch_sub(1, Ordering::AcqRel);
+    }
+}
