@@ -12,6 +12,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 
+use crate::reply::ConnInfo;
 use crate::state::{ConnectionSlot, State};
 
 /// The TLS handshake's allowance, first byte included (BUS-10).
@@ -116,11 +117,27 @@ pub(crate) async fn connection(
             return;
         }
     };
-    let authed = Arc::new(AtomicBool::new(false));
+    // The identity a verified client certificate claims, bound to the CA generation that
+    // verified it (BUS-17).
+    let cert = tls
+        .get_ref()
+        .1
+        .peer_certificates()
+        .and_then(|c| c.first())
+        .map(|c| {
+            (
+                crate::tls::dns_sans(c),
+                state.lock().credentials.ca_generation(),
+            )
+        });
+    let info = Arc::new(ConnInfo {
+        authed: AtomicBool::new(false),
+        cert,
+    });
     let svc = {
-        let (state, authed) = (state.clone(), authed.clone());
+        let (state, info) = (state.clone(), info.clone());
         hyper::service::service_fn(move |req| {
-            crate::service::handle(req, state.clone(), authed.clone())
+            crate::service::handle(req, state.clone(), info.clone())
         })
     };
     let conn = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
@@ -133,7 +150,7 @@ pub(crate) async fn connection(
         _ = conn.as_mut() => return,
         () = tokio::time::sleep_until(accepted + AUTH_TIMEOUT) => {}
     }
-    if !authed.load(Ordering::Acquire) {
+    if !info.authed.load(Ordering::Acquire) {
         // GOAWAY: no new request; one in flight still gets its answer (a session waiting for
         // its hello gets its own 408), then the connection closes.
         state.metrics.refused(Code::AuthTimeout);

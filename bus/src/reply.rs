@@ -4,10 +4,11 @@
 
 use std::convert::Infallible;
 use std::pin::Pin;
+use std::sync::atomic::AtomicBool;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use continuum_core::bus::credentials::Presented;
+use continuum_core::bus::credentials::{Presented, VerifiedCert};
 use continuum_event_bus::code::{Code, error_body};
 use http::{HeaderMap, Response, StatusCode};
 use http_body_util::Full;
@@ -15,6 +16,15 @@ use hyper::body::Frame;
 use tokio::sync::mpsc;
 
 use crate::state::State;
+
+/// What the requests of one connection share.
+#[derive(Debug)]
+pub(crate) struct ConnInfo {
+    /// An authenticated request was answered 2xx (BUS-24).
+    pub(crate) authed: AtomicBool,
+    /// The verified client certificate's DNS SANs and the CA generation that verified it.
+    pub(crate) cert: Option<(Vec<String>, u64)>,
+}
 
 /// A response body: a whole refusal, or a session's line stream.
 pub(crate) enum Body {
@@ -37,9 +47,9 @@ impl hyper::body::Body for Body {
     }
 }
 
-/// The credentials a request presents (bearer token; client certificates are not accepted by
-/// this listener yet).
-pub(crate) fn presented(headers: &HeaderMap) -> Presented<'_> {
+/// The credentials a request presents: its bearer token and its connection's verified client
+/// certificate.
+pub(crate) fn presented<'a>(headers: &'a HeaderMap, conn: &'a ConnInfo) -> Presented<'a> {
     let bearer = headers
         .get(http::header::AUTHORIZATION)
         .map(|v| v.as_bytes())
@@ -49,7 +59,11 @@ pub(crate) fn presented(headers: &HeaderMap) -> Presented<'_> {
                 .eq_ignore_ascii_case(b"bearer ")
                 .then_some(token.trim_ascii())
         });
-    Presented { bearer, cert: None }
+    let cert = conn.cert.as_ref().map(|(sans, generation)| VerifiedCert {
+        dns_sans: sans,
+        ca_generation: *generation,
+    });
+    Presented { bearer, cert }
 }
 
 /// Count and answer a refusal.

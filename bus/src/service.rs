@@ -5,29 +5,29 @@
 
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 
 use continuum_event_bus::code::Code;
 use http::{Method, Request, Response};
 use hyper::body::Incoming;
 
-use crate::reply::{Body, presented, refuse};
+use crate::reply::{Body, ConnInfo, presented, refuse};
 use crate::state::State;
 
 /// Route one request; an authenticated 2xx marks the connection authenticated (BUS-24).
 pub(crate) async fn handle(
     req: Request<Incoming>,
     state: Arc<State>,
-    authed: Arc<AtomicBool>,
+    conn: Arc<ConnInfo>,
 ) -> Result<Response<Body>, Infallible> {
     let path = req.uri().path();
     let resp = if req.method() == Method::POST && path == "/bus/v1/session" {
-        crate::session::open(req, &state).await
+        crate::session::open(req, &state, &conn).await
     } else if req.method() == Method::POST && path.starts_with("/bus/v1/streams/") {
         let who = {
             let d = state.lock();
             d.credentials
-                .authenticate(presented(req.headers()))
+                .authenticate(presented(req.headers(), &conn))
                 .map(|_| ())
         };
         match who {
@@ -38,7 +38,7 @@ pub(crate) async fn handle(
         refuse(&state, Code::NotFound, "no such bus endpoint")
     };
     if resp.status().is_success() {
-        authed.store(true, Ordering::Release);
+        conn.authed.store(true, Ordering::Release);
     }
     Ok(resp)
 }

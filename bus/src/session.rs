@@ -19,7 +19,7 @@ use http_body_util::BodyExt as _;
 use hyper::body::Incoming;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::reply::{Body, presented, refuse};
+use crate::reply::{Body, ConnInfo, presented, refuse};
 use crate::state::State;
 
 /// The allowance for the `hello` line (BUS-18).
@@ -73,7 +73,11 @@ impl Drop for Handshake<'_> {
     }
 }
 
-pub(crate) async fn open(req: Request<Incoming>, state: &Arc<State>) -> Response<Body> {
+pub(crate) async fn open(
+    req: Request<Incoming>,
+    state: &Arc<State>,
+    conn: &ConnInfo,
+) -> Response<Body> {
     let header = req.headers().get(version::HEADER).map(|v| v.as_bytes());
     if version::parse_header(header).is_err() {
         return refuse(
@@ -84,7 +88,7 @@ pub(crate) async fn open(req: Request<Incoming>, state: &Arc<State>) -> Response
     }
     let entry: BrokerConfig = {
         let d = state.lock();
-        match d.credentials.authenticate(presented(req.headers())) {
+        match d.credentials.authenticate(presented(req.headers(), conn)) {
             Ok(a) => d.bus.brokers[a.index].clone(),
             Err(code) => return refuse(state, code, "no valid credential"),
         }

@@ -28,23 +28,55 @@ use tokio::sync::mpsc;
 
 pub const TOKEN_A: &str = "token-of-broker-a";
 
-/// A CA and a server certificate for `localhost` and 127.0.0.1.
+/// A CA and a server certificate for `localhost` and 127.0.0.1, and a client CA that signs
+/// brokers' certificates.
 pub struct Pki {
     pub ca_der: CertificateDer<'static>,
     pub ca_pem: String,
     pub cert_pem: String,
     pub key_pem: String,
+    pub client_ca: Ca,
 }
 
+/// A CA that can sign certificates.
+pub struct Ca {
+    pub cert: rcgen::Certificate,
+    pub key: rcgen::KeyPair,
+}
+
+impl Ca {
+    pub fn new(name: &str) -> Self {
+        use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
+        let key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.distinguished_name.push(DnType::CommonName, name);
+        let cert = params.self_signed(&key).unwrap();
+        Self { cert, key }
+    }
+
+    /// A client certificate with DNS SAN `san`: its chain and key.
+    pub fn client(&self, san: &str) -> ClientCert {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let params = rcgen::CertificateParams::new(vec![san.to_owned()]).unwrap();
+        let cert = params.signed_by(&key, &self.cert, &self.key).unwrap();
+        let key_der = rustls::pki_types::PrivatePkcs8KeyDer::from(key.serialize_der());
+        (vec![cert.der().clone()], key_der.into())
+    }
+}
+
+/// A client certificate chain and its key.
+pub type ClientCert = (
+    Vec<CertificateDer<'static>>,
+    rustls::pki_types::PrivateKeyDer<'static>,
+);
+
 pub fn pki() -> Pki {
-    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair, SanType};
-    let ca_key = KeyPair::generate().unwrap();
-    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca_params
-        .distinguished_name
-        .push(DnType::CommonName, "continuum bus test CA");
-    let ca = ca_params.self_signed(&ca_key).unwrap();
+    use rcgen::{CertificateParams, KeyPair, SanType};
+    let Ca {
+        cert: ca,
+        key: ca_key,
+    } = Ca::new("continuum bus test CA");
     let key = KeyPair::generate().unwrap();
     let mut params = CertificateParams::new(vec!["localhost".to_owned()]).unwrap();
     params
@@ -56,6 +88,7 @@ pub fn pki() -> Pki {
         ca_pem: ca.pem(),
         cert_pem: cert.pem(),
         key_pem: key.serialize_pem(),
+        client_ca: Ca::new("continuum bus test client CA"),
     }
 }
 
@@ -91,9 +124,19 @@ impl Bus {
 }
 
 pub fn start(bus: EventBusConfig) -> Bus {
+    start_with(bus, false)
+}
+
+/// A listener; with `client_ca`, it verifies client certificates against the test client CA.
+pub fn start_with(bus: EventBusConfig, client_ca: bool) -> Bus {
     let pki = pki();
-    let tls =
-        continuum_bus::tls::server_config(pki.cert_pem.as_bytes(), pki.key_pem.as_bytes()).unwrap();
+    let ca_pem = client_ca.then(|| pki.client_ca.cert.pem());
+    let tls = continuum_bus::tls::server_config(
+        pki.cert_pem.as_bytes(),
+        pki.key_pem.as_bytes(),
+        ca_pem.as_deref().map(str::as_bytes),
+    )
+    .unwrap();
     let metrics = Arc::new(BusMetrics::default());
     let mut n = 0u128;
     let listener = continuum_bus::spawn(
@@ -114,6 +157,21 @@ pub fn start(bus: EventBusConfig) -> Bus {
         listener,
         metrics,
     }
+}
+
+/// A client TLS config trusting the test CA, ALPN `h2`, presenting `cert`.
+pub fn client_tls_cert(pki: &Pki, cert: ClientCert) -> Arc<rustls::ClientConfig> {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(pki.ca_der.clone()).unwrap();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut c = rustls::ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_client_auth_cert(cert.0, cert.1)
+        .unwrap();
+    c.alpn_protocols = vec![b"h2".to_vec()];
+    Arc::new(c)
 }
 
 /// A client TLS config trusting the test CA, TLS 1.3, with `alpn`.
@@ -165,9 +223,15 @@ impl hyper::body::Body for ChanBody {
 
 /// An HTTP/2 connection to the listener.
 pub async fn h2(bus: &Bus) -> hyper::client::conn::http2::SendRequest<ChanBody> {
-    let tls = tls_connect(bus, client_tls(&bus.pki, &[b"h2"], false))
-        .await
-        .unwrap();
+    h2_with(bus, client_tls(&bus.pki, &[b"h2"], false)).await
+}
+
+/// An HTTP/2 connection to the listener with the client TLS config `tls`.
+pub async fn h2_with(
+    bus: &Bus,
+    tls: Arc<rustls::ClientConfig>,
+) -> hyper::client::conn::http2::SendRequest<ChanBody> {
+    let tls = tls_connect(bus, tls).await.unwrap();
     let (send, conn) =
         hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tls))
             .await
