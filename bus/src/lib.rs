@@ -11,7 +11,7 @@
 //!
 //! Invariants:
 //! - every refusal is one of `continuum_event_bus::code::Code`, answered with its status and JSON
-//!   body where it has one, and counted under that code alone ([`BusMetrics`], BUS-37);
+//!   body where it has one, and counted under that code alone (`continuum_core::bus::metrics::BusMetrics`, BUS-37);
 //! - a connection holds a slot of the connection limit from accept to close, and a session a slot
 //!   of `max_sessions` from its request to its end.
 //!
@@ -20,13 +20,12 @@
 
 mod accept;
 mod listener;
-mod metrics;
 mod reply;
 mod service;
 mod session;
 mod state;
 pub mod tls;
 
+pub use continuum_core::bus::metrics::BusMetrics;
 pub use listener::{Listener, Settings, spawn};
-pub use metrics::BusMetrics;
 pub use state::IdSource;

@@ -5,12 +5,11 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use continuum_core::bus::sessions::connection_limit;
 use continuum_core::config::dynamo::EventBusConfig;
 use tokio::sync::oneshot;
 
-use crate::metrics::BusMetrics;
 use crate::state::{IdSource, State};
+use continuum_core::bus::metrics::BusMetrics;
 
 /// What a listener runs with.
 pub struct Settings {
@@ -33,17 +32,42 @@ impl std::fmt::Debug for Settings {
 }
 
 /// A running listener; dropping it stops it.
-#[derive(Debug)]
 pub struct Listener {
     addr: SocketAddr,
+    state: Arc<State>,
     stop: Option<oneshot::Sender<()>>,
     thread: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Listener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Listener")
+            .field("addr", &self.addr)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Listener {
     /// The bound address (BUS-36 `local_addr`).
     pub fn local_addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// Apply a reload of the bus config that keeps the address and TLS (BUS-31): credentials
+    /// (what it removed is revoked, BUS-16), limits, and the sessions it no longer allows end
+    /// `forbidden` (BUS-42). Heartbeat and idle settings apply to sessions opened after it.
+    pub fn reconfigure(&self, bus: EventBusConfig) {
+        self.state.reconfigure(bus);
+    }
+
+    /// Active sessions (BUS-36 `session_count`).
+    pub fn session_count(&self) -> usize {
+        self.state.lock().sessions.session_count()
+    }
+
+    /// Whether an active broker session declared `namespace` (BUS-36 `covers`).
+    pub fn covers(&self, namespace: &str) -> bool {
+        self.state.lock().sessions.covers(namespace)
     }
 
     /// Stop accepting, close every connection and wait for the thread.
@@ -85,10 +109,10 @@ pub fn spawn(settings: Settings, metrics: Arc<BusMetrics>) -> std::io::Result<Li
     std_listener.set_nonblocking(true)?;
     let addr = std_listener.local_addr()?;
     let (stop_tx, stop_rx) = oneshot::channel();
-    let limit = connection_limit(settings.bus.max_sessions);
     let ids = settings.ids.unwrap_or_else(secure_ids);
     let state = Arc::new(State::new(settings.bus, ids, metrics));
     let acceptor = tokio_rustls::TlsAcceptor::from(settings.tls);
+    let thread_state = state.clone();
     let thread = std::thread::Builder::new()
         .name("event-bus".into())
         .spawn(move || {
@@ -102,6 +126,7 @@ pub fn spawn(settings: Settings, metrics: Arc<BusMetrics>) -> std::io::Result<Li
                     return;
                 }
             };
+            let state = thread_state;
             rt.block_on(async move {
                 let Ok(listener) = tokio::net::TcpListener::from_std(std_listener) else {
                     tracing::error!("event bus listener socket unusable");
@@ -112,7 +137,7 @@ pub fn spawn(settings: Settings, metrics: Arc<BusMetrics>) -> std::io::Result<Li
                         let Ok((tcp, _peer)) = listener.accept().await else {
                             continue;
                         };
-                        match state.connection_slot(limit) {
+                        match state.connection_slot() {
                             Some(slot) => {
                                 tokio::spawn(crate::accept::connection(
                                     tcp,
@@ -135,6 +160,7 @@ pub fn spawn(settings: Settings, metrics: Arc<BusMetrics>) -> std::io::Result<Li
         })?;
     Ok(Listener {
         addr,
+        state,
         stop: Some(stop_tx),
         thread: Some(thread),
     })

@@ -7,13 +7,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use continuum_core::bus::credentials::Credentials;
-use continuum_core::bus::sessions::Sessions;
+use continuum_core::bus::sessions::{Sessions, connection_limit};
 use continuum_core::config::dynamo::EventBusConfig;
 use continuum_event_bus::code::Code;
 use continuum_event_bus::ids::SessionId;
 use tokio::sync::oneshot;
 
-use crate::metrics::BusMetrics;
+use continuum_core::bus::metrics::BusMetrics;
 
 /// A source of 128 random bits for session ids (injected; the default draws from the TLS
 /// provider's secure random).
@@ -32,10 +32,13 @@ pub(crate) struct State {
     decisions: Mutex<Decisions>,
     pub(crate) metrics: Arc<BusMetrics>,
     connections: AtomicUsize,
+    /// The connection limit in force (`4 × max_sessions`, at least 16, BUS-23).
+    connection_limit: AtomicUsize,
 }
 
 impl State {
     pub(crate) fn new(bus: EventBusConfig, ids: IdSource, metrics: Arc<BusMetrics>) -> Self {
+        let limit = connection_limit(bus.max_sessions);
         Self {
             decisions: Mutex::new(Decisions {
                 credentials: Credentials::new(&bus, 0),
@@ -46,7 +49,24 @@ impl State {
             }),
             metrics,
             connections: AtomicUsize::new(0),
+            connection_limit: AtomicUsize::new(limit),
         }
+    }
+
+    /// See [`crate::Listener::reconfigure`].
+    pub(crate) fn reconfigure(&self, bus: EventBusConfig) {
+        let mut d = self.lock();
+        let generation = d.credentials.ca_generation();
+        d.credentials = d.credentials.reloaded(&bus, generation);
+        d.sessions.set_max_sessions(bus.max_sessions);
+        for (_, sid) in d.sessions.disallowed_by(&bus) {
+            if let Some(end) = d.enders.remove(&sid) {
+                let _ = end.send(Code::Forbidden);
+            }
+        }
+        self.connection_limit
+            .store(connection_limit(bus.max_sessions), Ordering::Relaxed);
+        d.bus = bus;
     }
 
     /// The decisions, for one decision's time.
@@ -59,7 +79,8 @@ impl State {
     }
 
     /// Take a connection slot, if one is free under the limit.
-    pub(crate) fn connection_slot(self: &Arc<Self>, limit: usize) -> Option<ConnectionSlot> {
+    pub(crate) fn connection_slot(self: &Arc<Self>) -> Option<ConnectionSlot> {
+        let limit = self.connection_limit.load(Ordering::Relaxed);
         let taken = self
             .connections
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {

@@ -385,3 +385,46 @@ async fn hello_and_auth_deadlines() {
     eventually(|| bus.metrics.refused_total(Code::AuthTimeout) == 2).await;
     assert_eq!(bus.metrics.refused_total(Code::HelloTimeout), 1);
 }
+
+/// BUS-16, BUS-31, BUS-42: a live reload ends the sessions it no longer allows (`forbidden`),
+/// and a token it removed is `credential_revoked` from then on.
+#[tokio::test]
+async fn a_reload_revokes_and_ends_what_it_no_longer_allows() {
+    let bus = start(bus());
+    let mut send = h2(&bus).await;
+    let (resp, _tx) = session(
+        &mut send,
+        Some(TOKEN_A),
+        Some("1"),
+        &hello("broker-a.dynamo", &["dynamo"]),
+    )
+    .await;
+    let mut lines = Lines::new(resp.into_body());
+    assert_eq!(lines.next().await.unwrap()["type"], "welcome");
+    assert!(bus.listener.covers("dynamo"));
+    // The namespace leaves broker-a's allow list and its token changes.
+    let mut next = common::bus();
+    next.brokers = vec![broker("broker-a.dynamo", "a-new-token", &["other"])];
+    bus.listener.reconfigure(next);
+    assert_eq!(lines.next().await, None, "the session ends");
+    eventually(|| bus.metrics.refused_total(Code::Forbidden) == 1).await;
+    eventually(|| bus.listener.session_count() == 0).await;
+    assert!(!bus.listener.covers("dynamo"));
+    let (resp, _tx) = session(
+        &mut send,
+        Some(TOKEN_A),
+        Some("1"),
+        &hello("broker-a.dynamo", &["other"]),
+    )
+    .await;
+    assert_eq!(resp.status(), 401);
+    assert_eq!(json(resp).await["error"]["code"], "credential_revoked");
+    let (resp, _tx) = session(
+        &mut send,
+        Some("a-new-token"),
+        Some("1"),
+        &hello("broker-a.dynamo", &["other"]),
+    )
+    .await;
+    assert_eq!(resp.status(), 200);
+}

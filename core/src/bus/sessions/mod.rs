@@ -23,7 +23,7 @@ use continuum_event_bus::code::Code;
 use continuum_event_bus::ids::SessionId;
 use continuum_event_bus::message::{Hello, Role};
 
-use crate::config::dynamo::{BrokerConfig, BrokerRole};
+use crate::config::dynamo::{BrokerConfig, BrokerRole, EventBusConfig};
 
 /// The most TCP connections the listener holds: `4 × max_sessions`, at least 16 (BUS-23).
 pub fn connection_limit(max_sessions: u32) -> usize {
@@ -147,6 +147,34 @@ impl Sessions {
         if self.active.get(id).is_some_and(|s| s.id == session_id) {
             self.active.remove(id);
         }
+    }
+
+    /// The sessions a reload to `bus` no longer allows (BUS-42): their entry is gone or has
+    /// another role, or a namespace or source they declared is outside its new lists. The
+    /// listener ends each with `forbidden`.
+    pub fn disallowed_by(&self, bus: &EventBusConfig) -> Vec<(String, SessionId)> {
+        let mut out: Vec<(String, SessionId)> = self
+            .active
+            .iter()
+            .filter(|(id, s)| {
+                let Some(entry) = bus.brokers.iter().find(|b| &b.id == *id) else {
+                    return true;
+                };
+                match (entry.role, s.role) {
+                    (BrokerRole::Broker, Role::Broker) => {
+                        !entry.namespaces.is_empty()
+                            && !s.namespaces.iter().all(|n| entry.namespaces.contains(n))
+                    }
+                    (BrokerRole::KvListener, Role::KvListener) => {
+                        !s.backends.iter().all(|b| entry.backends.contains(b))
+                    }
+                    _ => true,
+                }
+            })
+            .map(|(id, s)| (id.clone(), s.id))
+            .collect();
+        out.sort();
+        out
     }
 
     /// The active session of entry `id`.

@@ -187,3 +187,49 @@ fn coverage_follows_active_broker_sessions() {
     assert_eq!(s.covered_namespaces(), vec!["x", "y"]);
     assert!(!s.covers("z"));
 }
+
+/// BUS-42: a reload that removes an entry, changes its role, or shrinks the lists a session
+/// declared from, makes that session disallowed; one whose lists still cover it stays.
+#[test]
+fn reloads_disallow_sessions_outside_the_new_entries() {
+    let mut s = Sessions::new(8);
+    let entries = [
+        broker("keep", &["x"]),
+        broker("shrunk", &["x", "y"]),
+        broker("gone", &[]),
+        broker("re-roled", &[]),
+        listener("kvl", &["a", "b"]),
+        listener("kvl-keep", &["a"]),
+    ];
+    let hellos = [
+        hello(Role::Broker, "keep", &["x"]),
+        hello(Role::Broker, "shrunk", &["y"]),
+        hello(Role::Broker, "gone", &["x"]),
+        hello(Role::Broker, "re-roled", &["x"]),
+        hello(Role::KvListener, "kvl", &["b"]),
+        hello(Role::KvListener, "kvl-keep", &["a"]),
+    ];
+    for (i, (e, h)) in entries.iter().zip(&hellos).enumerate() {
+        s.begin(&e.id).unwrap();
+        s.establish(e, h, sid(i as u128)).unwrap();
+    }
+    let next = EventBusConfig {
+        brokers: vec![
+            broker("keep", &["x", "z"]),
+            broker("shrunk", &["x"]),
+            listener("re-roled", &["a"]),
+            listener("kvl", &["a"]),
+            listener("kvl-keep", &["a", "c"]),
+        ],
+        ..EventBusConfig::default()
+    };
+    let disallowed = s.disallowed_by(&next);
+    let out: Vec<&str> = disallowed.iter().map(|(id, _)| id.as_str()).collect();
+    assert_eq!(out, vec!["gone", "kvl", "re-roled", "shrunk"]);
+    // An allow list emptied allows every namespace again.
+    let open = EventBusConfig {
+        brokers: vec![broker("shrunk", &[])],
+        ..EventBusConfig::default()
+    };
+    assert!(!s.disallowed_by(&open).iter().any(|(id, _)| id == "shrunk"));
+}

@@ -1,5 +1,6 @@
-//! The listener's counters: refusals and closes by code (a closed label set, BUS-37), and the
-//! sessions gauge (`continuum_dynamo_event_bus_sessions`).
+//! The event bus listener's counters: refusals and closes by code (a closed label set, BUS-37),
+//! and the sessions gauge (`continuum_dynamo_event_bus_sessions`). Written by the listener's
+//! thread, rendered with the rest of `/metrics`.
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
@@ -33,11 +34,13 @@ impl BusMetrics {
         self.sessions.load(Ordering::Relaxed)
     }
 
-    pub(crate) fn session_opened(&self) {
+    /// A session opened.
+    pub fn session_opened(&self) {
         self.sessions.fetch_add(1, Ordering::Relaxed);
     }
 
-    pub(crate) fn session_closed(&self) {
+    /// A session ended.
+    pub fn session_closed(&self) {
         self.sessions.fetch_sub(1, Ordering::Relaxed);
     }
 }
