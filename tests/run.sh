@@ -7,13 +7,16 @@ cd "$(dirname "$0")/.."
 
 # System packages used by tests: protoc builds etcd-client (feature `dynamo`), etcd-server is
 # the real etcd the discovery tests start; kubectl and curl are the real clients that prove the
-# fake Kubernetes API server faithful (tests/kube_fake.rs; any kubectl already on the PATH does).
+# fake Kubernetes API server faithful (tests/kube_fake.rs; any kubectl already on the PATH does);
+# curl (HTTP/2) and openssl are clients of the event bus listener nobody here wrote
+# (bus/tests/listener.rs, tests/event_bus.rs).
 need=()
 command -v protoc >/dev/null 2>&1 || need+=(protobuf-compiler)
 command -v etcd >/dev/null 2>&1 || need+=(etcd-server)
 command -v etcdctl >/dev/null 2>&1 || need+=(etcd-client)
 command -v kubectl >/dev/null 2>&1 || need+=(kubernetes-client)
 command -v curl >/dev/null 2>&1 || need+=(curl)
+command -v openssl >/dev/null 2>&1 || need+=(openssl)
 if [ ${#need[@]} -gt 0 ] && command -v apt-get >/dev/null 2>&1; then
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"

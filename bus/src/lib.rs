@@ -16,7 +16,8 @@
 //!   of `max_sessions` from its request to its end.
 //!
 //! Part 1 of the bus (issue 34) is still being built: data streams, the command API and the
-//! byte budgets come next, so a config cannot enable the bus yet (`Config::check_build`).
+//! byte budgets come next; the control thread's supervisor starts, reconfigures and retries this
+//! listener (feature `dynamo-event-bus`).
 
 mod accept;
 mod listener;

@@ -83,3 +83,33 @@ pub(crate) fn refuse(state: &State, code: Code, message: &str) -> Response<Body>
     );
     resp
 }
+
+/// Most bytes a refused request's body is read for, and for how long, before it is dropped.
+const DRAIN_BYTES: usize = 64 * 1024;
+const DRAIN_TIME: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// [`refuse`], reading the rest of the request body in the background (up to [`DRAIN_BYTES`] and
+/// [`DRAIN_TIME`]): a client still sending (curl sends its whole body) then sees the answer and a
+/// clean end of stream, not a reset under it.
+pub(crate) fn drain_refuse(
+    body: hyper::body::Incoming,
+    state: &State,
+    code: Code,
+    message: &str,
+) -> Response<Body> {
+    tokio::spawn(async move {
+        use http_body_util::BodyExt as _;
+        let mut body = body;
+        let mut read = 0usize;
+        let _ = tokio::time::timeout(DRAIN_TIME, async {
+            while read < DRAIN_BYTES {
+                match body.frame().await {
+                    Some(Ok(f)) => read += f.data_ref().map_or(0, Bytes::len),
+                    _ => break,
+                }
+            }
+        })
+        .await;
+    });
+    refuse(state, code, message)
+}

@@ -11,7 +11,7 @@ use continuum_event_bus::code::Code;
 use http::{Method, Request, Response};
 use hyper::body::Incoming;
 
-use crate::reply::{Body, ConnInfo, presented, refuse};
+use crate::reply::{Body, ConnInfo, drain_refuse, presented};
 use crate::state::State;
 
 /// Route one request; an authenticated 2xx marks the connection authenticated (BUS-24).
@@ -24,18 +24,29 @@ pub(crate) async fn handle(
     let resp = if req.method() == Method::POST && path == "/bus/v1/session" {
         crate::session::open(req, &state, &conn).await
     } else if req.method() == Method::POST && path.starts_with("/bus/v1/streams/") {
+        let (parts, body) = req.into_parts();
         let who = {
             let d = state.lock();
             d.credentials
-                .authenticate(presented(req.headers(), &conn))
+                .authenticate(presented(&parts.headers, &conn))
                 .map(|_| ())
         };
         match who {
-            Err(code) => refuse(&state, code, "no valid credential"),
-            Ok(()) => refuse(&state, Code::UnknownStream, "no such stream was commanded"),
+            Err(code) => drain_refuse(body, &state, code, "no valid credential"),
+            Ok(()) => drain_refuse(
+                body,
+                &state,
+                Code::UnknownStream,
+                "no such stream was commanded",
+            ),
         }
     } else {
-        refuse(&state, Code::NotFound, "no such bus endpoint")
+        drain_refuse(
+            req.into_body(),
+            &state,
+            Code::NotFound,
+            "no such bus endpoint",
+        )
     };
     if resp.status().is_success() {
         conn.authed.store(true, Ordering::Release);

@@ -19,7 +19,7 @@ use http_body_util::BodyExt as _;
 use hyper::body::Incoming;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::reply::{Body, ConnInfo, presented, refuse};
+use crate::reply::{Body, ConnInfo, drain_refuse, presented};
 use crate::state::State;
 
 /// The allowance for the `hello` line (BUS-18).
@@ -78,9 +78,13 @@ pub(crate) async fn open(
     state: &Arc<State>,
     conn: &ConnInfo,
 ) -> Response<Body> {
-    let header = req.headers().get(version::HEADER).map(|v| v.as_bytes());
+    let (parts, body) = req.into_parts();
+    // Every refusal keeps reading what the client still sends (bounded), so the stream ends
+    // cleanly instead of being reset under the answer (`reply::drain`).
+    let header = parts.headers.get(version::HEADER).map(|v| v.as_bytes());
     if version::parse_header(header).is_err() {
-        return refuse(
+        return drain_refuse(
+            body,
             state,
             Code::UnsupportedProtocolVersion,
             "continuum-bus-version must name a version this router speaks",
@@ -88,13 +92,18 @@ pub(crate) async fn open(
     }
     let entry: BrokerConfig = {
         let d = state.lock();
-        match d.credentials.authenticate(presented(req.headers(), conn)) {
+        match d.credentials.authenticate(presented(&parts.headers, conn)) {
             Ok(a) => d.bus.brokers[a.index].clone(),
-            Err(code) => return refuse(state, code, "no valid credential"),
+            Err(code) => return drain_refuse(body, state, code, "no valid credential"),
         }
     };
     if let Err(code) = state.lock().sessions.begin(&entry.id) {
-        return refuse(state, code, "no session slot is free for this credential");
+        return drain_refuse(
+            body,
+            state,
+            code,
+            "no session slot is free for this credential",
+        );
     }
     let mut handshake = Handshake {
         state,
@@ -102,15 +111,25 @@ pub(crate) async fn open(
         done: false,
     };
     let mut inbound = Inbound {
-        body: req.into_body(),
+        body,
         reader: LineReader::new(MAX_LINE_BYTES),
         ready: Default::default(),
     };
     let line = match tokio::time::timeout(HELLO_TIMEOUT, inbound.next_line()).await {
-        Err(_) => return refuse(state, Code::HelloTimeout, "no hello within 10 s"),
-        Ok(Err(code)) => return refuse(state, code, "the hello line is too long"),
+        Err(_) => {
+            return drain_refuse(
+                inbound.body,
+                state,
+                Code::HelloTimeout,
+                "no hello within 10 s",
+            );
+        }
+        Ok(Err(code)) => {
+            return drain_refuse(inbound.body, state, code, "the hello line is too long");
+        }
         Ok(Ok(None)) => {
-            return refuse(
+            return drain_refuse(
+                inbound.body,
                 state,
                 Code::BadRequest,
                 "the session ended before its hello",
@@ -119,7 +138,12 @@ pub(crate) async fn open(
         Ok(Ok(Some(line))) => line,
     };
     let Ok(ClientMessage::Hello(hello)) = decode_client(&line) else {
-        return refuse(state, Code::BadRequest, "the first message must be a hello");
+        return drain_refuse(
+            inbound.body,
+            state,
+            Code::BadRequest,
+            "the first message must be a hello",
+        );
     };
     let (end_tx, end_rx) = oneshot::channel();
     let (sid, welcome, heartbeat, idle) = {
@@ -135,7 +159,8 @@ pub(crate) async fn open(
             Err(code) => {
                 handshake.done = true; // `establish` ended the handshake itself
                 drop(d);
-                return refuse(
+                return drain_refuse(
+                    inbound.body,
                     state,
                     code,
                     "the hello does not match this credential's entry",

@@ -9,6 +9,7 @@ use continuum_core::tls::BackendTlsTable;
 pub const BUILD: Build = Build {
     dynamo: cfg!(feature = "dynamo"),
     dynamo_kv: cfg!(feature = "dynamo-kv"),
+    event_bus: cfg!(feature = "dynamo-event-bus"),
 };
 
 /// A config that validated, with what loading it read.

@@ -18,6 +18,7 @@
 
 pub mod artifacts;
 mod build;
+mod bus;
 mod clock;
 pub mod discovery;
 mod health;

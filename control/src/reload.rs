@@ -167,6 +167,8 @@ struct State {
     publishers: Publishers,
     /// The KV supervisor: per-model prompt pipelines, loaded in the background.
     kv: KvArtifacts,
+    /// The event bus listener (started, reconfigured and retried here; BUS-31, BUS-32).
+    bus: crate::bus::BusSupervisor,
 }
 
 impl State {
@@ -290,6 +292,7 @@ async fn run(params: ControlParams, signals: Signals) -> Result<ExitReason, Cont
     let (loaded_tx, mut loaded) = tokio::sync::mpsc::unbounded_channel::<LoadDone>();
     let discovery = Supervisor::new(updates_tx, params.stats.clone());
     let kv = KvArtifacts::new(loaded_tx, params.stats.clone());
+    let bus_metrics = params.stats.bus.clone();
     let (addrs, tls) = {
         let first = params.cell.load();
         (first.backend_addrs.clone(), first.backend_tls.clone())
@@ -305,9 +308,11 @@ async fn run(params: ControlParams, signals: Signals) -> Result<ExitReason, Cont
         health: HealthChecks::default(),
         publishers: Publishers::new(looked_tx),
         kv,
+        bus: crate::bus::BusSupervisor::new(bus_metrics),
     };
     st.health.reconcile(&st.params.cell.load());
     st.reconcile_discovery(true);
+    st.bus.reconcile(&st.params.config);
     let mut poll = tokio::time::interval(FILE_POLL);
     poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -355,6 +360,7 @@ async fn run(params: ControlParams, signals: Signals) -> Result<ExitReason, Cont
                     st.publish();
                 }
             }
+            _ = sleep_until_opt(st.bus.retry_at()) => st.bus.reconcile(&st.params.config),
             _ = sleep_until_opt(st.publishers.retry_at()) => {
                 st.publishers.retry_failed();
                 if st.refresh_publishers() {
@@ -433,6 +439,7 @@ async fn reload(st: &mut State, trigger: Trigger) {
     if st.reconcile_discovery(false) {
         st.retain_live();
     }
+    st.bus.reconcile(&st.params.config);
     if let Err(e) = st
         .params
         .load_store

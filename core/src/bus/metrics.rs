@@ -29,6 +29,14 @@ impl BusMetrics {
             .map_or(0, |i| self.refused[i].load(Ordering::Relaxed))
     }
 
+    /// Every code's word and count, in `Code::ALL` order (the metric's closed label set).
+    pub fn each_refusal(&self) -> impl Iterator<Item = (&'static str, u64)> + '_ {
+        Code::ALL
+            .iter()
+            .zip(&self.refused)
+            .map(|(c, n)| (c.as_str(), n.load(Ordering::Relaxed)))
+    }
+
     /// Active sessions.
     pub fn sessions(&self) -> i64 {
         self.sessions.load(Ordering::Relaxed)

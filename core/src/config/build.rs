@@ -3,8 +3,8 @@
 //! A config that validates must do what it says: `dynamo.enabled` in a build without the `dynamo`
 //! feature or `dynamo.kv.enabled` without `dynamo-kv` is an error of `config validate`, of
 //! startup and of every reload — never a log line and a silently disabled feature. (Every
-//! discovery source is implemented in a `dynamo` build.) `dynamo.event_bus.enabled` is refused in
-//! every build until one has the listener.
+//! discovery source is implemented in a `dynamo` build.) `dynamo.event_bus.enabled` needs
+//! `dynamo-event-bus`.
 //!
 //! Invariant: [`Config::check_build`] only reads the config; it never changes what validated.
 
@@ -17,6 +17,8 @@ pub struct Build {
     pub dynamo: bool,
     /// Cargo feature `dynamo-kv`: kv-events ingest and the KV index (KV-IDX-01).
     pub dynamo_kv: bool,
+    /// Cargo feature `dynamo-event-bus`: the event bus listener (BUS-01).
+    pub event_bus: bool,
 }
 
 impl Build {
@@ -24,6 +26,7 @@ impl Build {
     pub const FULL: Build = Build {
         dynamo: true,
         dynamo_kv: true,
+        event_bus: true,
     };
 }
 
@@ -46,15 +49,11 @@ impl Config {
                 reason: "this binary was built without the `dynamo-kv` feature".into(),
             });
         }
-        // No build has the listener yet (BUS-01's `dynamo-event-bus`): a config that enables it
-        // would validate and then leave every broker without a port to dial.
-        if d.event_bus.enabled {
+        if d.event_bus.enabled && !build.event_bus {
             errors.push(FieldError {
                 field: "dynamo.event_bus.enabled".into(),
                 value: "true".into(),
-                reason: "no build of this release has the event bus listener: brokers would have \
-                         nothing to dial, so enabling it is refused"
-                    .into(),
+                reason: "this binary was built without the `dynamo-event-bus` feature".into(),
             });
         }
         errors
@@ -77,7 +76,14 @@ mod tests {
         let c = config(BASE);
         for dynamo in [false, true] {
             for dynamo_kv in [false, true] {
-                assert!(c.check_build(Build { dynamo, dynamo_kv }).is_empty());
+                assert!(
+                    c.check_build(Build {
+                        dynamo,
+                        dynamo_kv,
+                        event_bus: false
+                    })
+                    .is_empty()
+                );
             }
         }
     }
@@ -91,6 +97,7 @@ mod tests {
         let errs = c.check_build(Build {
             dynamo: false,
             dynamo_kv: false,
+            event_bus: false,
         });
         assert_eq!(errs.len(), 1, "{errs:?}");
         assert_eq!(errs[0].field, "dynamo.enabled");
@@ -107,35 +114,37 @@ mod tests {
         let errs = c.check_build(Build {
             dynamo: true,
             dynamo_kv: false,
+            event_bus: true,
         });
         assert_eq!(errs.len(), 1, "{errs:?}");
         assert_eq!(errs[0].field, "dynamo.kv.enabled");
     }
 
-    /// BUS-01: no build serves the event bus yet, so enabling it is refused in every build, with
-    /// the section itself still validated as before (a bad section reports its own errors first).
+    /// BUS-01: the listener needs `dynamo-event-bus`; the section itself is validated the same in
+    /// every build.
     #[test]
-    fn an_enabled_event_bus_is_refused_by_every_build() {
+    fn an_enabled_event_bus_needs_its_feature() {
         let c = config(
             "dynamo:\n  event_bus:\n    enabled: true\n    listen: \"0.0.0.0:7443\"\n    tls: { cert: /c, key: /k }\n    \
              brokers: [ { id: b.dynamo, token_hash: \"sha256:0000000000000000000000000000000000000000000000000000000000000000\", namespaces: [dynamo] } ]\n",
         );
-        for build in [
-            Build::FULL,
-            Build {
+        assert!(c.check_build(Build::FULL).is_empty());
+        let errs = c.check_build(Build {
+            dynamo: true,
+            dynamo_kv: true,
+            event_bus: false,
+        });
+        assert_eq!(errs.len(), 1, "{errs:?}");
+        assert_eq!(errs[0].field, "dynamo.event_bus.enabled");
+        assert!(errs[0].reason.contains("`dynamo-event-bus` feature"));
+        let off = config("dynamo:\n  event_bus:\n    enabled: false\n");
+        assert!(
+            off.check_build(Build {
                 dynamo: false,
                 dynamo_kv: false,
-            },
-        ] {
-            let errs = c.check_build(build);
-            assert_eq!(errs.len(), 1, "{errs:?}");
-            assert_eq!(errs[0].field, "dynamo.event_bus.enabled");
-            assert!(errs[0].reason.contains("event bus listener"));
-        }
-        assert!(
-            config("dynamo:\n  event_bus:\n    enabled: false\n")
-                .check_build(Build::FULL)
-                .is_empty()
+                event_bus: false
+            })
+            .is_empty()
         );
     }
 
@@ -156,6 +165,7 @@ mod tests {
             let errs = c.check_build(Build {
                 dynamo: false,
                 dynamo_kv: false,
+                event_bus: false,
             });
             assert_eq!(errs.len(), 1, "{errs:?}");
             assert_eq!(errs[0].field, "dynamo.enabled");

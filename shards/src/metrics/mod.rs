@@ -10,6 +10,7 @@
 //! (`continuum_core::upstream::UpstreamErrorClass`) are enums, statuses are integers in
 //! 100..=599.
 
+mod bus;
 pub(crate) mod dynamo;
 pub(crate) mod kv_select;
 
@@ -198,6 +199,8 @@ pub struct ControlStats {
     pub discovery_events: [AtomicU64; DiscoveryEventKind::ALL.len()],
     /// `continuum_dynamo_kv_artifacts_total{result}`, in `ArtifactResult::ALL` order (OBS-11).
     pub kv_artifacts: [AtomicU64; ArtifactResult::ALL.len()],
+    /// The event bus listener's counters (its thread writes them).
+    pub bus: std::sync::Arc<continuum_core::bus::metrics::BusMetrics>,
 }
 
 /// Append each backend's health: `continuum_backend_health{backend,state}` (1 for its current
@@ -419,6 +422,7 @@ pub fn render(shards: &[std::sync::Arc<ShardMetrics>], control: &ControlStats) -
         "1 while every discovery watch is open.",
         control.discovery_connected.load(Relaxed),
     );
+    bus::render(&mut out, &control.bus);
     simple(
         &mut out,
         "continuum_config_generation",

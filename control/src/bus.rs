@@ -1,0 +1,146 @@
+//! The event bus listener's supervisor (BUS-31, BUS-32, RELOAD-18): starts the listener when the
+//! config enables it, applies a reload live, restarts it when its address or TLS changes, and
+//! retries a start that failed every 30 s. It never touches discovery or the registry.
+//!
+//! Reload classes (Q-03's missing table, settled here): `enabled`, `listen` and the TLS files
+//! (`tls.cert`, `tls.key`, `tls.client_ca`, compared by content) restart the listener, which closes
+//! every connection; `brokers`, `max_sessions` and `max_streams_per_session`,
+//! `max_session_buffer_bytes`, `heartbeat_interval` and `idle_timeout` apply live: credentials at
+//! once (a removed one revoked, sessions no longer allowed ended `forbidden`), limits for what
+//! comes next, heartbeat and idle settings for sessions opened after the reload.
+//!
+//! In a build without the `dynamo-event-bus` feature it does nothing; such a build refuses a
+//! config that enables the bus (`Config::check_build`).
+
+use std::sync::Arc;
+
+use continuum_core::bus::metrics::BusMetrics;
+use continuum_core::config::Config;
+
+/// How long after a failed start the supervisor tries again (BUS-32).
+#[cfg(feature = "dynamo-event-bus")]
+pub(crate) const RETRY: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// The listener and what it was started with.
+#[derive(Debug)]
+pub(crate) struct BusSupervisor {
+    metrics: Arc<BusMetrics>,
+    retry_at: Option<tokio::time::Instant>,
+    #[cfg(feature = "dynamo-event-bus")]
+    running: Option<running::Running>,
+}
+
+impl BusSupervisor {
+    /// A supervisor whose listener counts into `metrics`.
+    pub(crate) fn new(metrics: Arc<BusMetrics>) -> Self {
+        Self {
+            metrics,
+            retry_at: None,
+            #[cfg(feature = "dynamo-event-bus")]
+            running: None,
+        }
+    }
+
+    /// When to call [`BusSupervisor::reconcile`] again after a failed start.
+    pub(crate) fn retry_at(&self) -> Option<tokio::time::Instant> {
+        self.retry_at
+    }
+
+    /// Make the listener match `config`.
+    pub(crate) fn reconcile(&mut self, config: &Config) {
+        self.retry_at = None;
+        #[cfg(feature = "dynamo-event-bus")]
+        if let Err(e) = running::reconcile(&mut self.running, config, &self.metrics) {
+            tracing::warn!(error = %e, retry_in_s = RETRY.as_secs(), "event bus listener failed to start; retrying");
+            self.retry_at = Some(tokio::time::Instant::now() + RETRY);
+        }
+        #[cfg(not(feature = "dynamo-event-bus"))]
+        let _ = (config, &self.metrics);
+    }
+}
+
+#[cfg(feature = "dynamo-event-bus")]
+mod running {
+    use std::net::SocketAddr;
+    use std::sync::Arc;
+
+    use continuum_core::bus::metrics::BusMetrics;
+    use continuum_core::config::Config;
+
+    /// What a restart is decided by: the address and the TLS files' contents.
+    #[derive(Debug, PartialEq, Eq)]
+    struct Key {
+        listen: SocketAddr,
+        cert: Vec<u8>,
+        key: Vec<u8>,
+        client_ca: Option<Vec<u8>>,
+    }
+
+    #[derive(Debug)]
+    pub(super) struct Running {
+        key: Key,
+        pub(super) listener: continuum_bus::Listener,
+    }
+
+    /// Read a TLS file; the error names the key's path only as `tls.key` (it is masked like a
+    /// secret everywhere else).
+    fn read(path: &str, what: &str, show_path: bool) -> Result<Vec<u8>, String> {
+        std::fs::read(path).map_err(|e| {
+            if show_path {
+                format!("cannot read {what} {path}: {}", e.kind())
+            } else {
+                format!("cannot read {what}: {}", e.kind())
+            }
+        })
+    }
+
+    pub(super) fn reconcile(
+        running: &mut Option<Running>,
+        config: &Config,
+        metrics: &Arc<BusMetrics>,
+    ) -> Result<(), String> {
+        let bus = &config.dynamo.event_bus;
+        let (true, Some(listen), Some(tls)) = (bus.enabled, bus.listen, bus.tls.as_ref()) else {
+            if running.take().is_some() {
+                tracing::info!("event bus listener stopped");
+            }
+            return Ok(());
+        };
+        let key = Key {
+            listen,
+            cert: read(&tls.cert, "tls.cert", true)?,
+            key: read(tls.key.expose(), "tls.key", false)?,
+            client_ca: tls
+                .client_ca
+                .as_deref()
+                .map(|p| read(p, "tls.client_ca", true))
+                .transpose()?,
+        };
+        if let Some(r) = running.as_ref()
+            && r.key == key
+        {
+            r.listener.reconfigure(bus.clone());
+            return Ok(());
+        }
+        let server =
+            continuum_bus::tls::server_config(&key.cert, &key.key, key.client_ca.as_deref())
+                .map_err(|e| e.to_string())?;
+        // The old listener goes first: the new one may bind the same port.
+        if running.take().is_some() {
+            tracing::info!("event bus listener restarting (address or TLS changed)");
+        }
+        let listener = continuum_bus::spawn(
+            continuum_bus::Settings {
+                listen,
+                tls: server,
+                bus: bus.clone(),
+                ids: None,
+            },
+            metrics.clone(),
+        )
+        .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
+        tracing::info!(addr = %listener.local_addr(), "event bus listener started");
+        *running = Some(Running { key, listener });
+        Ok(())
+    }
+}
