@@ -20,13 +20,17 @@
 //! listener (feature `dynamo-event-bus`).
 
 mod accept;
+mod link;
 mod listener;
 mod reply;
 mod service;
 mod session;
 mod state;
+mod streams;
 pub mod tls;
 
 pub use continuum_core::bus::metrics::BusMetrics;
+pub use link::{BusStream, BusStreamError};
 pub use listener::{Listener, Settings, spawn};
 pub use state::IdSource;
+pub use streams::{EventBus, OpenStream, ZmqTarget};

@@ -19,8 +19,10 @@ pub struct Settings {
     pub tls: Arc<rustls::ServerConfig>,
     /// The bus config in force.
     pub bus: EventBusConfig,
-    /// Randomness for session ids; `None`: the TLS provider's secure random.
+    /// Randomness for session and stream ids; `None`: the TLS provider's secure random.
     pub ids: Option<IdSource>,
+    /// How long a commanded stream waits for its broker; `None`: 30 s (BUS-33).
+    pub open_timeout: Option<std::time::Duration>,
 }
 
 impl std::fmt::Debug for Settings {
@@ -58,6 +60,13 @@ impl Listener {
     /// `forbidden` (BUS-42). Heartbeat and idle settings apply to sessions opened after it.
     pub fn reconfigure(&self, bus: EventBusConfig) {
         self.state.reconfigure(bus);
+    }
+
+    /// The command API (BUS-33..36).
+    pub fn bus(&self) -> crate::streams::EventBus {
+        crate::streams::EventBus {
+            state: self.state.clone(),
+        }
     }
 
     /// Active sessions (BUS-36 `session_count`).
@@ -110,7 +119,10 @@ pub fn spawn(settings: Settings, metrics: Arc<BusMetrics>) -> std::io::Result<Li
     let addr = std_listener.local_addr()?;
     let (stop_tx, stop_rx) = oneshot::channel();
     let ids = settings.ids.unwrap_or_else(secure_ids);
-    let state = Arc::new(State::new(settings.bus, ids, metrics));
+    let open_timeout = settings
+        .open_timeout
+        .unwrap_or(crate::streams::OPEN_TIMEOUT);
+    let state = Arc::new(State::new(settings.bus, ids, metrics, open_timeout));
     let acceptor = tokio_rustls::TlsAcceptor::from(settings.tls);
     let thread_state = state.clone();
     let thread = std::thread::Builder::new()
@@ -127,6 +139,7 @@ pub fn spawn(settings: Settings, metrics: Arc<BusMetrics>) -> std::io::Result<Li
                 }
             };
             let state = thread_state;
+            state.set_runtime(rt.handle().clone());
             rt.block_on(async move {
                 let Ok(listener) = tokio::net::TcpListener::from_std(std_listener) else {
                     tracing::error!("event bus listener socket unusable");

@@ -26,10 +26,10 @@ pub(crate) struct ConnInfo {
     pub(crate) cert: Option<(Vec<String>, u64)>,
 }
 
-/// A response body: a whole refusal, or a session's line stream.
+/// A response body: a whole refusal, or a session's lines or a data stream's bytes.
 pub(crate) enum Body {
     Whole(Full<Bytes>),
-    Lines(mpsc::Receiver<Bytes>),
+    Stream(mpsc::Receiver<Bytes>),
 }
 
 impl hyper::body::Body for Body {
@@ -42,7 +42,7 @@ impl hyper::body::Body for Body {
     ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
         match self.get_mut() {
             Body::Whole(b) => Pin::new(b).poll_frame(cx),
-            Body::Lines(rx) => rx.poll_recv(cx).map(|o| o.map(|b| Ok(Frame::data(b)))),
+            Body::Stream(rx) => rx.poll_recv(cx).map(|o| o.map(|b| Ok(Frame::data(b)))),
         }
     }
 }

@@ -1,6 +1,6 @@
 //! The listener's HTTP/2 routes: `POST /bus/v1/session` (a control session, [`crate::session`]),
-//! `POST /bus/v1/streams/{stream_id}` (a data stream: none is commanded yet, so every one is
-//! `unknown_stream` once its credentials check out), anything else `not_found`. Every refusal is
+//! `POST /bus/v1/streams/{stream_id}` (a data stream the router commanded, [`crate::streams`]),
+//! anything else `not_found`. Every refusal is
 //! counted and answered with its code's status and JSON body ([`crate::reply`]).
 
 use std::convert::Infallible;
@@ -23,22 +23,31 @@ pub(crate) async fn handle(
     let path = req.uri().path();
     let resp = if req.method() == Method::POST && path == "/bus/v1/session" {
         crate::session::open(req, &state, &conn).await
-    } else if req.method() == Method::POST && path.starts_with("/bus/v1/streams/") {
+    } else if let (true, Some(id)) = (
+        req.method() == Method::POST,
+        path.strip_prefix("/bus/v1/streams/"),
+    ) {
+        let id = id.to_owned();
         let (parts, body) = req.into_parts();
         let who = {
             let d = state.lock();
             d.credentials
                 .authenticate(presented(&parts.headers, &conn))
-                .map(|_| ())
+                .map(|a| a.id.to_owned())
         };
-        match who {
-            Err(code) => drain_refuse(body, &state, code, "no valid credential"),
-            Ok(()) => drain_refuse(
-                body,
-                &state,
-                Code::UnknownStream,
-                "no such stream was commanded",
-            ),
+        let version = continuum_event_bus::version::parse_header(
+            parts
+                .headers
+                .get(continuum_event_bus::version::HEADER)
+                .map(|v| v.as_bytes()),
+        )
+        .ok();
+        match who.and_then(|entry| crate::streams::accept(&state, &id, &entry, version)) {
+            Err(code) => drain_refuse(body, &state, code, "this stream cannot be opened"),
+            Ok((into_stream, from_stream, close)) => {
+                tokio::spawn(crate::streams::pump(body, into_stream, close));
+                Response::new(Body::Stream(from_stream))
+            }
         }
     } else {
         drain_refuse(

@@ -146,7 +146,8 @@ pub(crate) async fn open(
         );
     };
     let (end_tx, end_rx) = oneshot::channel();
-    let (sid, welcome, heartbeat, idle) = {
+    let (tx, rx) = mpsc::channel(OUTBOX);
+    let (sid, heartbeat, idle) = {
         let mut d = state.lock();
         let sid = SessionId::from_random((d.ids)());
         let version = match d.sessions.establish(&entry, &hello, sid) {
@@ -181,12 +182,24 @@ pub(crate) async fn open(
             version,
             limits,
         });
-        (sid, welcome, bus.heartbeat_interval, bus.idle_timeout)
+        let timing = (bus.heartbeat_interval, bus.idle_timeout);
+        // The welcome goes first in the outbox: queued before the link that lets the command
+        // API queue a subscribe behind it is published, both under the lock.
+        let _ = tx.try_send(line_of(&welcome));
+        d.links.insert(
+            sid,
+            crate::link::Link::new(
+                entry.id.clone(),
+                hello.client_id.clone(),
+                hello.dynamo_namespaces.clone(),
+                version,
+                tx.clone(),
+            ),
+        );
+        (sid, timing.0, timing.1)
     };
     handshake.done = true;
     state.metrics.session_opened();
-    let (tx, rx) = mpsc::channel(OUTBOX);
-    let _ = tx.try_send(line_of(&welcome));
     tokio::spawn(run(
         state.clone(),
         entry.id,
@@ -197,7 +210,7 @@ pub(crate) async fn open(
         heartbeat,
         idle,
     ));
-    let mut resp = Response::new(Body::Lines(rx));
+    let mut resp = Response::new(Body::Stream(rx));
     resp.headers_mut().insert(
         http::header::CONTENT_TYPE,
         http::HeaderValue::from_static("application/x-ndjson"),
@@ -241,9 +254,22 @@ async fn run(
                             break None;
                         }
                     }
-                    Ok(ClientMessage::HeartbeatAck { .. }
-                        | ClientMessage::Draining
-                        | ClientMessage::StreamClosed { .. }) => heard = tokio::time::Instant::now(),
+                    Ok(ClientMessage::HeartbeatAck { .. }) => heard = tokio::time::Instant::now(),
+                    Ok(ClientMessage::StreamClosed { stream_id, reason }) => {
+                        heard = tokio::time::Instant::now();
+                        if let Some(link) = state.lock().links.get_mut(&sid) {
+                            link.closed_by_client(stream_id, reason);
+                        }
+                    }
+                    // BUS-44: a draining client takes no new stream, and its open ones close at
+                    // once so that they move to another session.
+                    Ok(ClientMessage::Draining) => {
+                        heard = tokio::time::Instant::now();
+                        if let Some(link) = state.lock().links.get_mut(&sid) {
+                            link.draining = true;
+                            link.close_all(crate::link::BusStreamError::SessionClosed);
+                        }
+                    }
                     Ok(ClientMessage::Hello(_)) | Err(_) => break Some(Code::BadRequest),
                 },
                 Ok(None) => break None,
@@ -265,6 +291,9 @@ async fn run(
     let mut d = state.lock();
     d.sessions.end(&entry, sid);
     d.enders.remove(&sid);
+    if let Some(mut link) = d.links.remove(&sid) {
+        link.close_all(crate::link::BusStreamError::SessionClosed);
+    }
     drop(d);
     state.metrics.session_closed();
 }

@@ -25,6 +25,8 @@ pub(crate) struct Decisions {
     pub(crate) sessions: Sessions,
     /// How to end each active session (a newer session of its entry supersedes it).
     pub(crate) enders: HashMap<SessionId, oneshot::Sender<Code>>,
+    /// Each active session's command link and streams.
+    pub(crate) links: HashMap<SessionId, crate::link::Link>,
     pub(crate) ids: IdSource,
 }
 
@@ -34,10 +36,19 @@ pub(crate) struct State {
     connections: AtomicUsize,
     /// The connection limit in force (`4 × max_sessions`, at least 16, BUS-23).
     connection_limit: AtomicUsize,
+    /// How long a commanded stream waits for its broker (BUS-33: 30 s).
+    pub(crate) open_timeout: std::time::Duration,
+    /// The listener's runtime, for timers the command API starts from other threads.
+    runtime: std::sync::OnceLock<tokio::runtime::Handle>,
 }
 
 impl State {
-    pub(crate) fn new(bus: EventBusConfig, ids: IdSource, metrics: Arc<BusMetrics>) -> Self {
+    pub(crate) fn new(
+        bus: EventBusConfig,
+        ids: IdSource,
+        metrics: Arc<BusMetrics>,
+        open_timeout: std::time::Duration,
+    ) -> Self {
         let limit = connection_limit(bus.max_sessions);
         Self {
             decisions: Mutex::new(Decisions {
@@ -45,12 +56,25 @@ impl State {
                 sessions: Sessions::new(bus.max_sessions),
                 bus,
                 enders: HashMap::new(),
+                links: HashMap::new(),
                 ids,
             }),
             metrics,
             connections: AtomicUsize::new(0),
             connection_limit: AtomicUsize::new(limit),
+            open_timeout,
+            runtime: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Record the listener's runtime (once, when it starts).
+    pub(crate) fn set_runtime(&self, handle: tokio::runtime::Handle) {
+        let _ = self.runtime.set(handle);
+    }
+
+    /// The listener's runtime, once it runs.
+    pub(crate) fn runtime(&self) -> Option<&tokio::runtime::Handle> {
+        self.runtime.get()
     }
 
     /// See [`crate::Listener::reconfigure`].

@@ -135,6 +135,7 @@ mod running {
                 tls: server,
                 bus: bus.clone(),
                 ids: None,
+                open_timeout: None,
             },
             metrics.clone(),
         )

@@ -129,6 +129,11 @@ pub fn start(bus: EventBusConfig) -> Bus {
 
 /// A listener; with `client_ca`, it verifies client certificates against the test client CA.
 pub fn start_with(bus: EventBusConfig, client_ca: bool) -> Bus {
+    start_opts(bus, client_ca, None)
+}
+
+/// A listener with every option.
+pub fn start_opts(bus: EventBusConfig, client_ca: bool, open_timeout: Option<Duration>) -> Bus {
     let pki = pki();
     let ca_pem = client_ca.then(|| pki.client_ca.cert.pem());
     let tls = continuum_bus::tls::server_config(
@@ -148,6 +153,7 @@ pub fn start_with(bus: EventBusConfig, client_ca: bool) -> Bus {
                 n += 1;
                 n
             })),
+            open_timeout,
         },
         metrics.clone(),
     )

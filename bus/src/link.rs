@@ -1,0 +1,133 @@
+//! A broker session's command link and its streams' slots, and the [`BusStream`] a caller holds:
+//! the state the command API, the session task and the stream route share (under the listener's
+//! lock). A leaf of `state`: nothing here reaches back to it (a stream's `unsubscribe` on drop is a
+//! guard the command API hands in).
+
+use std::collections::HashMap;
+
+use bytes::Bytes;
+use continuum_event_bus::ids::StreamId;
+use continuum_event_bus::message::CloseReason;
+use tokio::sync::{mpsc, oneshot};
+
+/// Why a stream could not be opened (BUS-33).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum BusStreamError {
+    /// No active broker session declared the target's namespace.
+    #[error("no broker session covers the namespace")]
+    NoSession,
+    /// Every covering session is at its stream limit.
+    #[error("every covering broker session is at its stream limit")]
+    TooManyStreams,
+    /// The broker refused the stream (`stream_closed` before opening it).
+    #[error("the broker refused the stream")]
+    Refused(CloseReason),
+    /// The broker did not open the stream in time.
+    #[error("the broker did not open the stream in time")]
+    OpenTimeout,
+    /// The session carrying the stream ended.
+    #[error("the broker session ended")]
+    SessionClosed,
+    /// The session's command queue is full.
+    #[error("the broker session is busy")]
+    Busy,
+    /// The target has a malformed name.
+    #[error("the target is not valid")]
+    InvalidTarget,
+}
+
+/// Where a stream is.
+pub(crate) enum Slot {
+    /// Commanded, waiting for the broker's request.
+    Pending(oneshot::Sender<Result<BusStream, BusStreamError>>),
+    /// Opened; sending on `close` ends it.
+    Open(oneshot::Sender<()>),
+}
+
+/// A broker session as the command API sees it.
+pub(crate) struct Link {
+    pub(crate) entry: String,
+    pub(crate) client_id: String,
+    pub(crate) namespaces: Vec<String>,
+    pub(crate) version: u32,
+    pub(crate) draining: bool,
+    pub(crate) outbox: mpsc::Sender<Bytes>,
+    pub(crate) streams: HashMap<StreamId, Slot>,
+}
+
+impl Link {
+    pub(crate) fn new(
+        entry: String,
+        client_id: String,
+        namespaces: Vec<String>,
+        version: u32,
+        outbox: mpsc::Sender<Bytes>,
+    ) -> Self {
+        Self {
+            entry,
+            client_id,
+            namespaces,
+            version,
+            draining: false,
+            outbox,
+            streams: HashMap::new(),
+        }
+    }
+
+    /// End every stream: pending ones fail with `why`, open ones close.
+    pub(crate) fn close_all(&mut self, why: BusStreamError) {
+        for (_, slot) in self.streams.drain() {
+            match slot {
+                Slot::Pending(tx) => {
+                    let _ = tx.send(Err(why));
+                }
+                Slot::Open(close) => {
+                    let _ = close.send(());
+                }
+            }
+        }
+    }
+
+    /// The client reported `stream_closed` for `id`.
+    pub(crate) fn closed_by_client(&mut self, id: StreamId, reason: CloseReason) {
+        match self.streams.remove(&id) {
+            Some(Slot::Pending(tx)) => {
+                let _ = tx.send(Err(BusStreamError::Refused(reason)));
+            }
+            Some(Slot::Open(close)) => {
+                let _ = close.send(());
+            }
+            None => {}
+        }
+    }
+}
+
+/// An open data stream: the publisher's bytes in, the router's bytes out. Dropping it sends
+/// `unsubscribe` and ends the broker's request.
+pub struct BusStream {
+    pub(crate) inbound: mpsc::Receiver<Bytes>,
+    pub(crate) outbound: mpsc::Sender<Bytes>,
+    /// Sends `unsubscribe` when dropped (the command API's guard).
+    pub(crate) guard: Option<Box<dyn Send + Sync>>,
+}
+
+impl std::fmt::Debug for BusStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BusStream").finish_non_exhaustive()
+    }
+}
+
+impl BusStream {
+    /// The next bytes from the publisher; `None` at the end of the stream.
+    pub async fn recv(&mut self) -> Option<Bytes> {
+        self.inbound.recv().await
+    }
+
+    /// Send bytes to the publisher; `Err` once the stream has ended.
+    pub async fn send(&self, bytes: Bytes) -> Result<(), BusStreamError> {
+        self.outbound
+            .send(bytes)
+            .await
+            .map_err(|_| BusStreamError::SessionClosed)
+    }
+}

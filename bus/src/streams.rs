@@ -1,0 +1,300 @@
+//! Data streams and the command API (BUS-05, BUS-26, BUS-33, BUS-35, BUS-44).
+//!
+//! [`EventBus::open_stream`] places a stream on the highest-rendezvous-weight active,
+//! non-draining broker session that declared the target's namespace and is under its stream limit
+//! (`continuum_event_bus::rendezvous`), sends that session `subscribe`, and returns an
+//! [`OpenStream`] that resolves to a [`BusStream`] once the broker opens
+//! `POST /bus/v1/streams/{stream_id}`, or to an error: the broker refused it (`stream_closed`),
+//! its session ended, or the open timeout (30 s) passed. Everything here is runtime-agnostic for
+//! the caller (tokio's sync channels): a shard on monoio can hold a [`BusStream`]; timers run on the
+//! listener's own runtime.
+//!
+//! Invariants:
+//! - a stream id is accepted once, from the credentials of the entry whose session commanded it,
+//!   at that session's protocol version (else `unknown_stream` 404, `duplicate_stream` 409,
+//!   `forbidden` 403, `unsupported_protocol_version` 400);
+//! - dropping an [`OpenStream`] or a [`BusStream`] sends `unsubscribe` (cancel-safe, BUS-35);
+//! - a session that drains or ends closes its streams at once: each reader sees the end.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use continuum_event_bus::code::Code;
+use continuum_event_bus::codec::encode;
+use continuum_event_bus::ids::{SessionId, StreamId};
+use continuum_event_bus::message::{RouterMessage, Target, Topic, is_name};
+use continuum_event_bus::rendezvous::{Candidate, StreamKey, place};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::link::{BusStream, BusStreamError, Slot};
+use crate::state::State;
+
+/// Frames buffered in each direction of a stream (each at most the HTTP/2 frame size).
+pub(crate) const PIPE_FRAMES: usize = 4;
+
+/// A publisher to relay: a worker's ZMQ endpoint in its Dynamo namespace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ZmqTarget {
+    /// The Dynamo namespace.
+    pub namespace: String,
+    /// The publisher's host.
+    pub host: String,
+    /// Its port.
+    pub port: u16,
+}
+
+fn line(m: &RouterMessage) -> Bytes {
+    let mut out = Vec::new();
+    encode(m, &mut out);
+    Bytes::from(out)
+}
+
+/// Tell the session carrying `id` to stop relaying it, and forget it.
+fn unsubscribe(state: &State, sid: SessionId, id: StreamId) {
+    let mut d = state.lock();
+    if let Some(link) = d.links.get_mut(&sid)
+        && link.streams.remove(&id).is_some()
+    {
+        let _ = link
+            .outbox
+            .try_send(line(&RouterMessage::Unsubscribe { stream_id: id }));
+    }
+}
+
+/// The command API of a running listener (cheap to clone, usable from any thread).
+#[derive(Clone)]
+pub struct EventBus {
+    pub(crate) state: Arc<State>,
+}
+
+impl std::fmt::Debug for EventBus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EventBus").finish_non_exhaustive()
+    }
+}
+
+impl EventBus {
+    /// Command a stream relaying `topic` of `target` (BUS-33).
+    pub fn open_stream(
+        &self,
+        target: &ZmqTarget,
+        topic: Topic,
+    ) -> Result<OpenStream, BusStreamError> {
+        if !is_name(&target.namespace) || !is_name(&target.host) {
+            return Err(BusStreamError::InvalidTarget);
+        }
+        let key = StreamKey {
+            namespace: &target.namespace,
+            host: &target.host,
+            port: target.port,
+            topic: topic.as_str(),
+        };
+        let (tx, rx) = oneshot::channel();
+        let (sid, id) = {
+            let mut d = self.state.lock();
+            let max = d.bus.max_streams_per_session as usize;
+            let covering: Vec<(SessionId, String, bool)> = d
+                .links
+                .iter()
+                .filter(|(_, l)| !l.draining && l.namespaces.contains(&target.namespace))
+                .map(|(sid, l)| (*sid, l.client_id.clone(), l.streams.len() < max))
+                .collect();
+            if covering.is_empty() {
+                return Err(BusStreamError::NoSession);
+            }
+            let candidates: Vec<Candidate<'_>> = covering
+                .iter()
+                .map(|(_, client_id, has_room)| Candidate {
+                    client_id,
+                    has_room: *has_room,
+                })
+                .collect();
+            let Some(i) = place(key, &candidates) else {
+                return Err(BusStreamError::TooManyStreams);
+            };
+            let sid = covering[i].0;
+            let id = StreamId::from_random((d.ids)());
+            let Some(link) = d.links.get_mut(&sid) else {
+                return Err(BusStreamError::SessionClosed);
+            };
+            let subscribe = RouterMessage::Subscribe {
+                stream_id: id,
+                target: Target::Zmq {
+                    namespace: target.namespace.clone(),
+                    host: target.host.clone(),
+                    port: target.port,
+                    topic,
+                },
+            };
+            if link.outbox.try_send(line(&subscribe)).is_err() {
+                return Err(BusStreamError::Busy);
+            }
+            link.streams.insert(id, Slot::Pending(tx));
+            (sid, id)
+        };
+        // The open timeout runs on the listener's runtime.
+        let timeout = self.state.open_timeout;
+        let state = self.state.clone();
+        if let Some(rt) = self.state.runtime() {
+            rt.spawn(async move {
+                tokio::time::sleep(timeout).await;
+                let mut d = state.lock();
+                if let Some(link) = d.links.get_mut(&sid)
+                    && matches!(link.streams.get(&id), Some(Slot::Pending(_)))
+                    && let Some(Slot::Pending(tx)) = link.streams.remove(&id)
+                {
+                    let _ = tx.send(Err(BusStreamError::OpenTimeout));
+                    let _ = link
+                        .outbox
+                        .try_send(line(&RouterMessage::Unsubscribe { stream_id: id }));
+                }
+            });
+        }
+        Ok(OpenStream {
+            rx,
+            guard: Unsubscribe {
+                state: self.state.clone(),
+                sid,
+                id,
+            },
+        })
+    }
+
+    /// Active sessions (BUS-36).
+    pub fn session_count(&self) -> usize {
+        self.state.lock().sessions.session_count()
+    }
+
+    /// Whether an active broker session declared `namespace` (BUS-36).
+    pub fn covers(&self, namespace: &str) -> bool {
+        self.state.lock().sessions.covers(namespace)
+    }
+}
+
+/// Sends `unsubscribe` for its stream when dropped.
+struct Unsubscribe {
+    state: Arc<State>,
+    sid: SessionId,
+    id: StreamId,
+}
+
+impl Drop for Unsubscribe {
+    fn drop(&mut self) {
+        unsubscribe(&self.state, self.sid, self.id);
+    }
+}
+
+/// A commanded stream, not opened yet. Dropping it sends `unsubscribe`.
+pub struct OpenStream {
+    rx: oneshot::Receiver<Result<BusStream, BusStreamError>>,
+    guard: Unsubscribe,
+}
+
+impl std::fmt::Debug for OpenStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OpenStream")
+            .field("stream_id", &self.guard.id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl OpenStream {
+    /// The stream's id (what the broker opens).
+    pub fn id(&self) -> StreamId {
+        self.guard.id
+    }
+
+    /// Wait for the broker to open it.
+    pub async fn wait(self) -> Result<BusStream, BusStreamError> {
+        let OpenStream { rx, guard } = self;
+        match rx.await {
+            Ok(Ok(mut s)) => {
+                s.guard = Some(Box::new(guard));
+                Ok(s)
+            }
+            // The slot is gone already: nothing to unsubscribe twice (harmless anyway).
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(BusStreamError::SessionClosed),
+        }
+    }
+}
+
+/// An accepted stream's pipes: into the stream (the broker's bytes), out of it (the router's),
+/// and its close signal.
+pub(crate) type Accepted = (
+    mpsc::Sender<Bytes>,
+    mpsc::Receiver<Bytes>,
+    oneshot::Receiver<()>,
+);
+
+/// `POST /bus/v1/streams/{stream_id}` from the entry `entry` at protocol version `version`:
+/// the pipes of the stream it opens, or the refusal code.
+pub(crate) fn accept(
+    state: &State,
+    path_id: &str,
+    entry: &str,
+    version: Option<u32>,
+) -> Result<Accepted, Code> {
+    let id = StreamId::parse(path_id).map_err(|_| Code::UnknownStream)?;
+    let mut d = state.lock();
+    let Some(link) = d.links.values_mut().find(|l| l.streams.contains_key(&id)) else {
+        return Err(Code::UnknownStream);
+    };
+    if link.entry != entry {
+        return Err(Code::Forbidden);
+    }
+    if version != Some(link.version) {
+        return Err(Code::UnsupportedProtocolVersion);
+    }
+    if matches!(link.streams.get(&id), Some(Slot::Open(_))) {
+        return Err(Code::DuplicateStream);
+    }
+    let Some(Slot::Pending(tx)) = link.streams.remove(&id) else {
+        return Err(Code::UnknownStream);
+    };
+    let (close_tx, close_rx) = oneshot::channel();
+    let (in_tx, in_rx) = mpsc::channel(PIPE_FRAMES);
+    let (out_tx, out_rx) = mpsc::channel(PIPE_FRAMES);
+    let stream = BusStream {
+        inbound: in_rx,
+        outbound: out_tx,
+        guard: None,
+    };
+    if tx.send(Ok(stream)).is_err() {
+        // The caller gave up: the stream is not wanted.
+        return Err(Code::UnknownStream);
+    }
+    link.streams.insert(id, Slot::Open(close_tx));
+    Ok((in_tx, out_rx, close_rx))
+}
+
+/// Relay the broker's request body into the stream's inbound pipe, a frame at a time (the pipe's
+/// room is what lets HTTP/2 flow control push back on the broker), until the body ends, the
+/// stream is closed, or its reader is gone.
+pub(crate) async fn pump(
+    mut body: hyper::body::Incoming,
+    tx: mpsc::Sender<Bytes>,
+    mut close: oneshot::Receiver<()>,
+) {
+    use http_body_util::BodyExt as _;
+    loop {
+        tokio::select! {
+            frame = body.frame() => match frame {
+                Some(Ok(f)) => {
+                    if let Ok(data) = f.into_data()
+                        && !data.is_empty()
+                        && tx.send(data).await.is_err()
+                    {
+                        return;
+                    }
+                }
+                _ => return,
+            },
+            _ = &mut close => return,
+        }
+    }
+}
+
+/// How long a commanded stream may wait for its broker (BUS-33).
+pub(crate) const OPEN_TIMEOUT: Duration = Duration::from_secs(30);

@@ -1,0 +1,299 @@
+//! Data streams and the command API over real TLS and HTTP/2 (BUS-05, BUS-26, BUS-33, BUS-35,
+//! BUS-44): the test plays the broker with a hyper client; the router side is the listener's
+//! `EventBus`.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::*;
+use continuum_bus::{BusStreamError, ZmqTarget};
+use continuum_event_bus::message::{CloseReason, Topic};
+use http_body_util::BodyExt as _;
+use tokio::sync::mpsc;
+
+fn target(host: &str) -> ZmqTarget {
+    ZmqTarget {
+        namespace: "dynamo".into(),
+        host: host.into(),
+        port: 5557,
+    }
+}
+
+/// A broker session: its lines, its sender of lines, and its HTTP/2 connection.
+async fn broker_session(
+    bus: &Bus,
+) -> (
+    Lines,
+    mpsc::Sender<Bytes>,
+    hyper::client::conn::http2::SendRequest<ChanBody>,
+) {
+    let mut send = h2(bus).await;
+    let (resp, tx) = session(
+        &mut send,
+        Some(TOKEN_A),
+        Some("1"),
+        &hello("broker-a.dynamo", &["dynamo"]),
+    )
+    .await;
+    assert_eq!(resp.status(), 200);
+    let mut lines = Lines::new(resp.into_body());
+    assert_eq!(lines.next().await.unwrap()["type"], "welcome");
+    (lines, tx, send)
+}
+
+/// The broker opens stream `id`: the response, and the sender of its body.
+async fn open_data(
+    send: &mut hyper::client::conn::http2::SendRequest<ChanBody>,
+    id: &str,
+    token: &str,
+    version: &str,
+) -> (http::Response<hyper::body::Incoming>, mpsc::Sender<Bytes>) {
+    let (tx, rx) = mpsc::channel(4);
+    let req = http::Request::post(format!("https://localhost/bus/v1/streams/{id}"))
+        .header("authorization", format!("Bearer {token}"))
+        .header("continuum-bus-version", version)
+        .body(ChanBody(rx))
+        .unwrap();
+    (send.send_request(req).await.unwrap(), tx)
+}
+
+async fn next_data(body: &mut hyper::body::Incoming) -> Option<Bytes> {
+    tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            match body.frame().await {
+                Some(Ok(f)) => {
+                    // An empty DATA frame may carry the end of the stream.
+                    if let Ok(d) = f.into_data()
+                        && !d.is_empty()
+                    {
+                        return Some(d);
+                    }
+                }
+                _ => return None,
+            }
+        }
+    })
+    .await
+    .expect("data or the end within 5 s")
+}
+
+#[tokio::test]
+async fn a_commanded_stream_relays_both_ways_and_unsubscribes_when_dropped() {
+    let bus = start(bus());
+    let (mut lines, _session_tx, mut send) = broker_session(&bus).await;
+    let api = bus.listener.bus();
+    let open = api
+        .open_stream(&target("10.0.0.7"), Topic::KvEvents)
+        .unwrap();
+    let sub = lines.next().await.unwrap();
+    assert_eq!(sub["type"], "subscribe");
+    let id = sub["stream_id"].as_str().unwrap().to_owned();
+    assert_eq!(id, open.id().to_string());
+    assert_eq!(
+        sub["target"],
+        serde_json::json!({"kind": "zmq", "namespace": "dynamo", "host": "10.0.0.7", "port": 5557, "topic": "kv-events"})
+    );
+    let (resp, data_tx) = open_data(&mut send, &id, TOKEN_A, "1").await;
+    assert_eq!(resp.status(), 200);
+    let mut from_router = resp.into_body();
+    let mut stream = open.wait().await.unwrap();
+    data_tx
+        .send(Bytes::from_static(b"\xff\x00zmtp greeting"))
+        .await
+        .unwrap();
+    assert_eq!(
+        stream.recv().await.unwrap(),
+        Bytes::from_static(b"\xff\x00zmtp greeting")
+    );
+    stream
+        .send(Bytes::from_static(b"to the publisher"))
+        .await
+        .unwrap();
+    assert_eq!(
+        next_data(&mut from_router).await.unwrap(),
+        Bytes::from_static(b"to the publisher")
+    );
+    // A second request for the same stream is a duplicate.
+    let (dup, _t) = open_data(&mut send, &id, TOKEN_A, "1").await;
+    assert_eq!(dup.status(), 409);
+    assert_eq!(json(dup).await["error"]["code"], "duplicate_stream");
+    drop(stream);
+    let unsub = lines.next().await.unwrap();
+    assert_eq!(
+        unsub,
+        serde_json::json!({"type": "unsubscribe", "stream_id": id})
+    );
+    assert_eq!(
+        next_data(&mut from_router).await,
+        None,
+        "the broker's response ends"
+    );
+}
+
+/// BUS-26: only the commanding session's credentials, at its version, open a stream.
+#[tokio::test]
+async fn a_stream_opens_only_for_its_owner_at_its_version() {
+    let mut cfg = bus();
+    cfg.brokers
+        .push(broker("broker-b.dynamo", "token-b", &["dynamo"]));
+    let bus = start(cfg);
+    let (mut lines, _tx, mut send) = broker_session(&bus).await;
+    let open = bus
+        .listener
+        .bus()
+        .open_stream(&target("10.0.0.8"), Topic::KvMetrics)
+        .unwrap();
+    let id = lines.next().await.unwrap()["stream_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (r, _t) = open_data(&mut send, &id, "token-b", "1").await;
+    assert_eq!(r.status(), 403);
+    let (r, _t) = open_data(&mut send, &id, TOKEN_A, "2").await;
+    assert_eq!(r.status(), 400);
+    assert_eq!(
+        json(r).await["error"]["code"],
+        "unsupported_protocol_version"
+    );
+    let (r, _t) = open_data(
+        &mut send,
+        "strm-00000000000000000000000000000bad",
+        TOKEN_A,
+        "1",
+    )
+    .await;
+    assert_eq!(r.status(), 404);
+    let (r, _t) = open_data(&mut send, &id, TOKEN_A, "1").await;
+    assert_eq!(r.status(), 200);
+    assert!(open.wait().await.is_ok());
+}
+
+#[tokio::test]
+async fn placement_errors() {
+    let mut cfg = bus();
+    cfg.max_streams_per_session = 1;
+    let bus = start(cfg);
+    let api = bus.listener.bus();
+    assert_eq!(
+        api.open_stream(&target("10.0.0.7"), Topic::KvEvents)
+            .unwrap_err(),
+        BusStreamError::NoSession
+    );
+    let (_lines, _tx, _send) = broker_session(&bus).await;
+    assert!(api.covers("dynamo"));
+    let mut other = target("10.0.0.7");
+    other.namespace = "elsewhere".into();
+    assert_eq!(
+        api.open_stream(&other, Topic::KvEvents).unwrap_err(),
+        BusStreamError::NoSession
+    );
+    assert_eq!(
+        api.open_stream(&target("bad host"), Topic::KvEvents)
+            .unwrap_err(),
+        BusStreamError::InvalidTarget
+    );
+    let first = api
+        .open_stream(&target("10.0.0.7"), Topic::KvEvents)
+        .unwrap();
+    assert_eq!(
+        api.open_stream(&target("10.0.0.9"), Topic::KvEvents)
+            .unwrap_err(),
+        BusStreamError::TooManyStreams
+    );
+    // Dropping the pending stream frees its slot.
+    drop(first);
+    assert!(
+        api.open_stream(&target("10.0.0.9"), Topic::KvEvents)
+            .is_ok()
+    );
+}
+
+/// A broker refuses a stream, and a commanded stream it never opens times out (both send
+/// nothing further but an `unsubscribe` for the timeout).
+#[tokio::test]
+async fn refused_and_timed_out_streams() {
+    let bus = start_opts(bus(), false, Some(Duration::from_millis(300)));
+    let (mut lines, tx, _send) = broker_session(&bus).await;
+    let api = bus.listener.bus();
+    let refused = api
+        .open_stream(&target("10.0.0.7"), Topic::KvEvents)
+        .unwrap();
+    let id = lines.next().await.unwrap()["stream_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let closed = serde_json::json!({"type": "stream_closed", "stream_id": id, "reason": "target_not_advertised"});
+    tx.send(Bytes::from(format!("{closed}\n"))).await.unwrap();
+    assert_eq!(
+        refused.wait().await.unwrap_err(),
+        BusStreamError::Refused(CloseReason::TargetNotAdvertised)
+    );
+    let late = api
+        .open_stream(&target("10.0.0.8"), Topic::KvEvents)
+        .unwrap();
+    let id = lines.next().await.unwrap()["stream_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(late.wait().await.unwrap_err(), BusStreamError::OpenTimeout);
+    let unsub = lines.next().await.unwrap();
+    assert_eq!(
+        unsub,
+        serde_json::json!({"type": "unsubscribe", "stream_id": id})
+    );
+}
+
+/// BUS-44: a draining session's streams end at once and it takes no new one; a session that
+/// ends fails its pending streams.
+#[tokio::test]
+async fn draining_and_ended_sessions_close_their_streams() {
+    let bus = start(bus());
+    let (mut lines, tx, mut send) = broker_session(&bus).await;
+    let api = bus.listener.bus();
+    let open = api
+        .open_stream(&target("10.0.0.7"), Topic::KvEvents)
+        .unwrap();
+    let id = lines.next().await.unwrap()["stream_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (_resp, _data_tx) = open_data(&mut send, &id, TOKEN_A, "1").await;
+    let mut stream = open.wait().await.unwrap();
+    let pending = api
+        .open_stream(&target("10.0.0.8"), Topic::KvEvents)
+        .unwrap();
+    tx.send(Bytes::from_static(b"{\"type\":\"draining\"}\n"))
+        .await
+        .unwrap();
+    assert_eq!(
+        tokio::time::timeout(Duration::from_secs(5), stream.recv())
+            .await
+            .unwrap(),
+        None
+    );
+    assert_eq!(
+        pending.wait().await.unwrap_err(),
+        BusStreamError::SessionClosed
+    );
+    assert_eq!(
+        api.open_stream(&target("10.0.0.9"), Topic::KvEvents)
+            .unwrap_err(),
+        BusStreamError::NoSession
+    );
+    // A new session of the broker supersedes the draining one; its end fails what it held.
+    let (mut lines2, tx2, _send2) = broker_session(&bus).await;
+    let held = api
+        .open_stream(&target("10.0.0.9"), Topic::KvEvents)
+        .unwrap();
+    assert_eq!(lines2.next().await.unwrap()["type"], "subscribe");
+    drop(tx2);
+    assert_eq!(
+        held.wait().await.unwrap_err(),
+        BusStreamError::SessionClosed
+    );
+    drop(tx);
+}
