@@ -332,16 +332,7 @@ async fn a_silent_session_is_heartbeaten_then_ended_idle() {
     cfg.heartbeat_interval = Duration::from_millis(100);
     cfg.idle_timeout = Duration::from_millis(450);
     let bus = start(cfg);
-    let mut send = h2(&bus).await;
-    let (resp, _tx) = session(
-        &mut send,
-        Some(TOKEN_A),
-        Some("1"),
-        &hello("broker-a.dynamo", &["dynamo"]),
-    )
-    .await;
-    let mut lines = Lines::new(resp.into_body());
-    assert_eq!(lines.next().await.unwrap()["type"], "welcome");
+    let (mut lines, _tx, _send) = broker_session(&bus).await;
     let mut beats = 0;
     while let Some(m) = lines.next().await {
         assert_eq!(m["type"], "heartbeat");
@@ -391,16 +382,7 @@ async fn hello_and_auth_deadlines() {
 #[tokio::test]
 async fn a_reload_revokes_and_ends_what_it_no_longer_allows() {
     let bus = start(bus());
-    let mut send = h2(&bus).await;
-    let (resp, _tx) = session(
-        &mut send,
-        Some(TOKEN_A),
-        Some("1"),
-        &hello("broker-a.dynamo", &["dynamo"]),
-    )
-    .await;
-    let mut lines = Lines::new(resp.into_body());
-    assert_eq!(lines.next().await.unwrap()["type"], "welcome");
+    let (mut lines, _tx, mut send) = broker_session(&bus).await;
     assert!(bus.listener.covers("dynamo"));
     // The namespace leaves broker-a's allow list and its token changes.
     let mut next = common::bus();

@@ -23,28 +23,6 @@ fn target(host: &str) -> ZmqTarget {
     }
 }
 
-/// A broker session: its lines, its sender of lines, and its HTTP/2 connection.
-async fn broker_session(
-    bus: &Bus,
-) -> (
-    Lines,
-    mpsc::Sender<Bytes>,
-    hyper::client::conn::http2::SendRequest<ChanBody>,
-) {
-    let mut send = h2(bus).await;
-    let (resp, tx) = session(
-        &mut send,
-        Some(TOKEN_A),
-        Some("1"),
-        &hello("broker-a.dynamo", &["dynamo"]),
-    )
-    .await;
-    assert_eq!(resp.status(), 200);
-    let mut lines = Lines::new(resp.into_body());
-    assert_eq!(lines.next().await.unwrap()["type"], "welcome");
-    (lines, tx, send)
-}
-
 /// The broker opens stream `id`: the response, and the sender of its body.
 async fn open_data(
     send: &mut hyper::client::conn::http2::SendRequest<ChanBody>,
