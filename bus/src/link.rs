@@ -48,7 +48,10 @@ pub(crate) enum Slot {
 pub(crate) struct Link {
     pub(crate) entry: String,
     pub(crate) client_id: String,
+    /// A broker's declared namespaces (empty for a kv_listener).
     pub(crate) namespaces: Vec<String>,
+    /// A kv_listener's announced backends (empty for a broker).
+    pub(crate) backends: Vec<String>,
     pub(crate) version: u32,
     pub(crate) draining: bool,
     pub(crate) outbox: mpsc::Sender<Bytes>,
@@ -59,7 +62,7 @@ impl Link {
     pub(crate) fn new(
         entry: String,
         client_id: String,
-        namespaces: Vec<String>,
+        (namespaces, backends): (Vec<String>, Vec<String>),
         version: u32,
         outbox: mpsc::Sender<Bytes>,
     ) -> Self {
@@ -67,6 +70,7 @@ impl Link {
             entry,
             client_id,
             namespaces,
+            backends,
             version,
             draining: false,
             outbox,

@@ -191,7 +191,10 @@ pub(crate) async fn open(
             crate::link::Link::new(
                 entry.id.clone(),
                 hello.client_id.clone(),
-                hello.dynamo_namespaces.clone(),
+                (
+                    hello.dynamo_namespaces.clone(),
+                    hello.sources.iter().map(|s| s.backend.clone()).collect(),
+                ),
                 version,
                 tx.clone(),
             ),

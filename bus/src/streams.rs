@@ -75,7 +75,8 @@ impl std::fmt::Debug for EventBus {
 }
 
 impl EventBus {
-    /// Command a stream relaying `topic` of `target` (BUS-33).
+    /// Command a stream relaying `topic` of `target` (BUS-33): on the highest-rendezvous-weight
+    /// active, non-draining broker session that declared the namespace and has room.
     pub fn open_stream(
         &self,
         target: &ZmqTarget,
@@ -90,15 +91,17 @@ impl EventBus {
             port: target.port,
             topic: topic.as_str(),
         };
-        let (tx, rx) = oneshot::channel();
-        let (sid, id) = {
-            let mut d = self.state.lock();
-            let max = d.bus.max_streams_per_session as usize;
-            let covering: Vec<(SessionId, String, bool)> = d
-                .links
+        let subscribe = Target::Zmq {
+            namespace: target.namespace.clone(),
+            host: target.host.clone(),
+            port: target.port,
+            topic,
+        };
+        self.command(subscribe, |links, max| {
+            let covering: Vec<(SessionId, &str, bool)> = links
                 .iter()
                 .filter(|(_, l)| !l.draining && l.namespaces.contains(&target.namespace))
-                .map(|(sid, l)| (*sid, l.client_id.clone(), l.streams.len() < max))
+                .map(|(sid, l)| (*sid, l.client_id.as_str(), l.streams.len() < max))
                 .collect();
             if covering.is_empty() {
                 return Err(BusStreamError::NoSession);
@@ -110,22 +113,67 @@ impl EventBus {
                     has_room: *has_room,
                 })
                 .collect();
-            let Some(i) = place(key, &candidates) else {
-                return Err(BusStreamError::TooManyStreams);
-            };
-            let sid = covering[i].0;
+            place(key, &candidates)
+                .map(|i| covering[i].0)
+                .ok_or(BusStreamError::TooManyStreams)
+        })
+    }
+
+    /// Command a stream of `backend`'s KV events from `last_event_id` on (BUS-34): on the active,
+    /// non-draining kv_listener session that announced the backend and carries the fewest streams
+    /// (ties to the smaller client id). Its bytes are the source's SSE.
+    pub fn open_announced_stream(
+        &self,
+        backend: &str,
+        last_event_id: Option<u64>,
+    ) -> Result<OpenStream, BusStreamError> {
+        if !is_name(backend) {
+            return Err(BusStreamError::InvalidTarget);
+        }
+        let subscribe = Target::Announced {
+            backend: backend.to_owned(),
+            last_event_id,
+        };
+        self.command(subscribe, |links, max| {
+            let mut announcing = links
+                .iter()
+                .filter(|(_, l)| !l.draining && l.backends.iter().any(|b| b == backend))
+                .peekable();
+            if announcing.peek().is_none() {
+                return Err(BusStreamError::NoSession);
+            }
+            announcing
+                .filter(|(_, l)| l.streams.len() < max)
+                .min_by(|(_, a), (_, b)| {
+                    (a.streams.len(), &a.client_id).cmp(&(b.streams.len(), &b.client_id))
+                })
+                .map(|(sid, _)| *sid)
+                .ok_or(BusStreamError::TooManyStreams)
+        })
+    }
+
+    /// Send `subscribe` for `target` on the session `choose` picks (from the links and the stream
+    /// limit), register the pending stream and start its open timeout.
+    fn command(
+        &self,
+        target: Target,
+        choose: impl FnOnce(
+            &std::collections::HashMap<SessionId, crate::link::Link>,
+            usize,
+        ) -> Result<SessionId, BusStreamError>,
+    ) -> Result<OpenStream, BusStreamError> {
+        let (tx, rx) = oneshot::channel();
+        let (sid, id) = {
+            let mut d = self.state.lock();
+            let max = d.bus.max_streams_per_session as usize;
+            let sid = choose(&d.links, max)?;
             let id = StreamId::from_random((d.ids)());
             let Some(link) = d.links.get_mut(&sid) else {
                 return Err(BusStreamError::SessionClosed);
             };
             let subscribe = RouterMessage::Subscribe {
                 stream_id: id,
-                target: Target::Zmq {
-                    namespace: target.namespace.clone(),
-                    host: target.host.clone(),
-                    port: target.port,
-                    topic,
-                },
+                target,
             };
             if link.outbox.try_send(line(&subscribe)).is_err() {
                 return Err(BusStreamError::Busy);

@@ -275,3 +275,58 @@ async fn draining_and_ended_sessions_close_their_streams() {
     );
     drop(tx);
 }
+
+/// BUS-34, BUS-40: a kv_listener's announced source gets its streams on the session with the
+/// fewest, carrying the resume position.
+#[tokio::test]
+async fn announced_streams_go_to_the_least_loaded_kv_listener() {
+    use continuum_core::config::dynamo::BrokerRole;
+    let mut cfg = bus();
+    for (id, token) in [("kvl-1", "token-1"), ("kvl-2", "token-2")] {
+        let mut entry = broker(id, token, &[]);
+        entry.role = BrokerRole::KvListener;
+        entry.backends = vec!["vllm-a".into(), "vllm-b".into()];
+        cfg.brokers.push(entry);
+    }
+    let bus = start(cfg);
+    let mut sessions = Vec::new();
+    for (id, token) in [("kvl-1", "token-1"), ("kvl-2", "token-2")] {
+        let mut send = h2(&bus).await;
+        let hello = serde_json::json!({
+            "type": "hello", "role": "kv_listener", "client_id": id, "versions": [1],
+            "sources": [{"backend": "vllm-a"}],
+        });
+        let (resp, tx) = session(&mut send, Some(token), Some("1"), &hello.to_string()).await;
+        assert_eq!(resp.status(), 200);
+        let mut lines = Lines::new(resp.into_body());
+        assert_eq!(lines.next().await.unwrap()["type"], "welcome");
+        sessions.push((lines, tx, send));
+    }
+    let api = bus.listener.bus();
+    let first = api.open_announced_stream("vllm-a", Some(41)).unwrap();
+    let sub = sessions[0].0.next().await.unwrap();
+    assert_eq!(
+        sub["target"],
+        serde_json::json!({"kind": "announced", "backend": "vllm-a", "last_event_id": 41})
+    );
+    assert_eq!(sub["stream_id"].as_str().unwrap(), first.id().to_string());
+    // kvl-1 now carries one stream: the next goes to kvl-2.
+    let second = api.open_announced_stream("vllm-a", None).unwrap();
+    let sub = sessions[1].0.next().await.unwrap();
+    assert_eq!(
+        sub["target"],
+        serde_json::json!({"kind": "announced", "backend": "vllm-a"})
+    );
+    assert_eq!(sub["stream_id"].as_str().unwrap(), second.id().to_string());
+    // vllm-b is allowed for both entries but announced by neither session.
+    assert_eq!(
+        api.open_announced_stream("vllm-b", None).unwrap_err(),
+        BusStreamError::NoSession
+    );
+    // Broker streams never land on a kv_listener.
+    assert_eq!(
+        api.open_stream(&target("10.0.0.7"), Topic::KvEvents)
+            .unwrap_err(),
+        BusStreamError::NoSession
+    );
+}
