@@ -140,10 +140,15 @@ pub(crate) async fn connection(
             crate::service::handle(req, state.clone(), info.clone())
         })
     };
+    let windows = crate::budget::Windows::of(&state.lock().bus);
     let conn = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
         .timer(TokioTimer::new())
         .keep_alive_interval(Some(PING_INTERVAL))
         .keep_alive_timeout(PING_INTERVAL)
+        .adaptive_window(false)
+        .initial_stream_window_size(windows.stream)
+        .initial_connection_window_size(windows.connection)
+        .max_send_buf_size(windows.send_buf)
         .serve_connection(TokioIo::new(tls), svc);
     let mut conn = std::pin::pin!(conn);
     tokio::select! {

@@ -20,6 +20,7 @@
 //! listener (feature `dynamo-event-bus`).
 
 mod accept;
+mod budget;
 mod link;
 mod listener;
 mod reply;

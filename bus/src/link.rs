@@ -111,6 +111,8 @@ impl Link {
 pub struct BusStream {
     pub(crate) inbound: mpsc::Receiver<Bytes>,
     pub(crate) outbound: mpsc::Sender<Bytes>,
+    /// The largest piece one pipe slot carries (the budget's quarter, `crate::budget`).
+    pub(crate) chunk: usize,
     /// Sends `unsubscribe` when dropped (the command API's guard).
     pub(crate) guard: Option<Box<dyn Send + Sync>>,
 }
@@ -128,10 +130,15 @@ impl BusStream {
     }
 
     /// Send bytes to the publisher; `Err` once the stream has ended.
-    pub async fn send(&self, bytes: Bytes) -> Result<(), BusStreamError> {
-        self.outbound
-            .send(bytes)
-            .await
-            .map_err(|_| BusStreamError::SessionClosed)
+    pub async fn send(&self, mut bytes: Bytes) -> Result<(), BusStreamError> {
+        // In pieces of at most a quarter of the stream's budget, so the pipe stays within it.
+        while !bytes.is_empty() {
+            let piece = bytes.split_to(bytes.len().min(self.chunk));
+            self.outbound
+                .send(piece)
+                .await
+                .map_err(|_| BusStreamError::SessionClosed)?;
+        }
+        Ok(())
     }
 }

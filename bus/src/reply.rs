@@ -30,6 +30,11 @@ pub(crate) struct ConnInfo {
 pub(crate) enum Body {
     Whole(Full<Bytes>),
     Stream(mpsc::Receiver<Bytes>),
+    /// A data stream's bytes to the broker, counted as they leave.
+    Relay(
+        mpsc::Receiver<Bytes>,
+        std::sync::Arc<continuum_core::bus::metrics::BusMetrics>,
+    ),
 }
 
 impl hyper::body::Body for Body {
@@ -43,6 +48,12 @@ impl hyper::body::Body for Body {
         match self.get_mut() {
             Body::Whole(b) => Pin::new(b).poll_frame(cx),
             Body::Stream(rx) => rx.poll_recv(cx).map(|o| o.map(|b| Ok(Frame::data(b)))),
+            Body::Relay(rx, metrics) => rx.poll_recv(cx).map(|o| {
+                o.map(|b| {
+                    metrics.relayed_out(b.len());
+                    Ok(Frame::data(b))
+                })
+            }),
         }
     }
 }

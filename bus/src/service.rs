@@ -45,8 +45,13 @@ pub(crate) async fn handle(
         match who.and_then(|entry| crate::streams::accept(&state, &id, &entry, version)) {
             Err(code) => drain_refuse(body, &state, code, "this stream cannot be opened"),
             Ok((into_stream, from_stream, close)) => {
-                tokio::spawn(crate::streams::pump(body, into_stream, close));
-                Response::new(Body::Stream(from_stream))
+                tokio::spawn(crate::streams::pump(
+                    body,
+                    into_stream,
+                    close,
+                    state.metrics.clone(),
+                ));
+                Response::new(Body::Relay(from_stream, state.metrics.clone()))
             }
         }
     } else {

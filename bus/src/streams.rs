@@ -30,9 +30,6 @@ use tokio::sync::{mpsc, oneshot};
 use crate::link::{BusStream, BusStreamError, Slot};
 use crate::state::State;
 
-/// Frames buffered in each direction of a stream (each at most the HTTP/2 frame size).
-pub(crate) const PIPE_FRAMES: usize = 4;
-
 /// A publisher to relay: a worker's ZMQ endpoint in its Dynamo namespace.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ZmqTarget {
@@ -286,6 +283,7 @@ pub(crate) fn accept(
 ) -> Result<Accepted, Code> {
     let id = StreamId::parse(path_id).map_err(|_| Code::UnknownStream)?;
     let mut d = state.lock();
+    let chunk = crate::budget::Windows::of(&d.bus).chunk.max(1);
     let Some(link) = d.links.values_mut().find(|l| l.streams.contains_key(&id)) else {
         return Err(Code::UnknownStream);
     };
@@ -302,11 +300,12 @@ pub(crate) fn accept(
         return Err(Code::UnknownStream);
     };
     let (close_tx, close_rx) = oneshot::channel();
-    let (in_tx, in_rx) = mpsc::channel(PIPE_FRAMES);
-    let (out_tx, out_rx) = mpsc::channel(PIPE_FRAMES);
+    let (in_tx, in_rx) = mpsc::channel(crate::budget::PIPE_FRAMES);
+    let (out_tx, out_rx) = mpsc::channel(crate::budget::PIPE_FRAMES);
     let stream = BusStream {
         inbound: in_rx,
         outbound: out_tx,
+        chunk,
         guard: None,
     };
     if tx.send(Ok(stream)).is_err() {
@@ -324,6 +323,7 @@ pub(crate) async fn pump(
     mut body: hyper::body::Incoming,
     tx: mpsc::Sender<Bytes>,
     mut close: oneshot::Receiver<()>,
+    metrics: Arc<continuum_core::bus::metrics::BusMetrics>,
 ) {
     use http_body_util::BodyExt as _;
     loop {
@@ -332,9 +332,11 @@ pub(crate) async fn pump(
                 Some(Ok(f)) => {
                     if let Ok(data) = f.into_data()
                         && !data.is_empty()
-                        && tx.send(data).await.is_err()
                     {
-                        return;
+                        metrics.relayed_in(data.len());
+                        if tx.send(data).await.is_err() {
+                            return;
+                        }
                     }
                 }
                 _ => return,

@@ -11,6 +11,10 @@ use continuum_event_bus::code::Code;
 pub struct BusMetrics {
     refused: [AtomicU64; Code::ALL.len()],
     sessions: AtomicI64,
+    /// Data-stream bytes the listener took from brokers (`direction="in"`).
+    bytes_in: AtomicU64,
+    /// Data-stream bytes handed to brokers (`direction="out"`).
+    bytes_out: AtomicU64,
 }
 
 impl BusMetrics {
@@ -35,6 +39,26 @@ impl BusMetrics {
             .iter()
             .zip(&self.refused)
             .map(|(c, n)| (c.as_str(), n.load(Ordering::Relaxed)))
+    }
+
+    /// Data-stream bytes taken from brokers.
+    pub fn stream_bytes_in(&self) -> u64 {
+        self.bytes_in.load(Ordering::Relaxed)
+    }
+
+    /// Data-stream bytes handed to brokers.
+    pub fn stream_bytes_out(&self) -> u64 {
+        self.bytes_out.load(Ordering::Relaxed)
+    }
+
+    /// `n` bytes taken from a broker's stream.
+    pub fn relayed_in(&self, n: usize) {
+        self.bytes_in.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
+    /// `n` bytes handed to a broker's stream.
+    pub fn relayed_out(&self, n: usize) {
+        self.bytes_out.fetch_add(n as u64, Ordering::Relaxed);
     }
 
     /// Active sessions.

@@ -1,4 +1,5 @@
-//! The event bus listener's families on `/metrics`: `continuum_dynamo_event_bus_sessions` and
+//! The event bus listener's families on `/metrics`: `continuum_dynamo_event_bus_sessions`,
+//! `continuum_dynamo_event_bus_stream_bytes_total{direction}` and
 //! `continuum_dynamo_event_bus_refusals_total{code}`, whose `code` is the contract's closed set
 //! of refusal and close codes (no stream, session, broker or client string, BUS-37). Rendered in
 //! every build: zeros where no listener runs.
@@ -26,6 +27,15 @@ pub(super) fn render(out: &mut String, bus: &BusMetrics) {
             "continuum_dynamo_event_bus_refusals_total{{code=\"{code}\"}} {n}"
         );
     }
+    let _ = writeln!(
+        out,
+        "# HELP continuum_dynamo_event_bus_stream_bytes_total Data-stream bytes relayed, by direction (in: from brokers).\n\
+         # TYPE continuum_dynamo_event_bus_stream_bytes_total counter\n\
+         continuum_dynamo_event_bus_stream_bytes_total{{direction=\"in\"}} {}\n\
+         continuum_dynamo_event_bus_stream_bytes_total{{direction=\"out\"}} {}",
+        bus.stream_bytes_in(),
+        bus.stream_bytes_out()
+    );
 }
 
 #[cfg(test)]
