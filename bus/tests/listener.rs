@@ -134,8 +134,8 @@ async fn one_handshake_per_credential_and_supersession() {
             tx,
         )
     };
-    eventually(|| true).await;
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Let the pending request reach the listener (its handshake slot is what is tested).
+    tokio::time::sleep(Duration::from_millis(300)).await;
     let (resp, _tx) = session(
         &mut send,
         Some(TOKEN_A),
@@ -370,11 +370,105 @@ async fn hello_and_auth_deadlines() {
         let _ = tokio::time::timeout(Duration::from_secs(15), conn).await;
         assert!(started.elapsed() < Duration::from_secs(15), "never closed");
     };
-    tokio::join!(silent, idle_conn);
+    // BUS-10: a client that connects and never completes its TLS handshake is closed at 10 s.
+    let slow_handshake = async {
+        let mut tcp = tokio::net::TcpStream::connect(bus.addr()).await.unwrap();
+        // A TLS record header, then nothing.
+        tokio::io::AsyncWriteExt::write_all(&mut tcp, &[0x16, 0x03, 0x01])
+            .await
+            .unwrap();
+        let started = tokio::time::Instant::now();
+        let mut buf = [0u8; 16];
+        let n = tokio::time::timeout(
+            Duration::from_secs(15),
+            tokio::io::AsyncReadExt::read(&mut tcp, &mut buf),
+        )
+        .await
+        .expect("closed within 15 s")
+        .unwrap_or(0);
+        assert_eq!(n, 0);
+        assert!(started.elapsed() >= Duration::from_secs(9), "closed early");
+    };
+    tokio::join!(silent, idle_conn, slow_handshake);
     // Both connections passed their auth deadline without a 2xx: the silent session's one is
     // shut down too, after its 408.
     eventually(|| bus.metrics.refused_total(Code::AuthTimeout) == 2).await;
     assert_eq!(bus.metrics.refused_total(Code::HelloTimeout), 1);
+    assert_eq!(bus.metrics.refused_total(Code::HandshakeTimeout), 1);
+}
+
+/// BUS-23: `max_sessions` router-wide (429), and the connection limit (`4 × max_sessions`, at
+/// least 16) closing the connection beyond it.
+#[tokio::test]
+async fn session_and_connection_limits() {
+    let mut cfg = bus();
+    cfg.max_sessions = 1;
+    cfg.brokers
+        .push(broker("broker-b.dynamo", "token-b", &["dynamo"]));
+    let bus = start(cfg);
+    let (_lines, _tx, mut send) = broker_session(&bus).await;
+    let (resp, _tx2) = session(
+        &mut send,
+        Some("token-b"),
+        Some("1"),
+        &hello("broker-b.dynamo", &["dynamo"]),
+    )
+    .await;
+    assert_eq!(resp.status(), 429);
+    assert_eq!(json(resp).await["error"]["code"], "too_many_sessions");
+    // 1 connection is held by the session; 15 more fill the limit of 16 (each completes its
+    // handshake, so the listener has accepted it before the next).
+    let mut held = Vec::new();
+    for _ in 0..15 {
+        held.push(
+            tls_connect(&bus, client_tls(&bus.pki, &[b"h2"], false))
+                .await
+                .unwrap(),
+        );
+    }
+    let mut over = tokio::net::TcpStream::connect(bus.addr()).await.unwrap();
+    let mut buf = [0u8; 1];
+    let n = tokio::time::timeout(
+        Duration::from_secs(5),
+        tokio::io::AsyncReadExt::read(&mut over, &mut buf),
+    )
+    .await
+    .expect("the connection over the limit is closed")
+    .unwrap_or(0);
+    assert_eq!(n, 0);
+    eventually(|| bus.metrics.refused_total(Code::ConnectionLimit) == 1).await;
+    drop(held);
+}
+
+/// BUS-22: a kv_listener hello must announce a source.
+#[tokio::test]
+async fn a_kv_listener_hello_without_sources_is_refused() {
+    use continuum_core::config::dynamo::BrokerRole;
+    let mut cfg = bus();
+    let mut kvl = broker("kvl-1", "token-kvl", &[]);
+    kvl.role = BrokerRole::KvListener;
+    kvl.backends = vec!["vllm-a".into()];
+    cfg.brokers.push(kvl);
+    let bus = start(cfg);
+    let mut send = h2(&bus).await;
+    let empty = serde_json::json!({
+        "type": "hello", "role": "kv_listener", "client_id": "kvl-1", "versions": [1], "sources": [],
+    });
+    let (resp, _tx) = session(&mut send, Some("token-kvl"), Some("1"), &empty.to_string()).await;
+    assert_eq!(resp.status(), 400);
+    assert_eq!(json(resp).await["error"]["code"], "bad_request");
+    let outside = serde_json::json!({
+        "type": "hello", "role": "kv_listener", "client_id": "kvl-1", "versions": [1],
+        "sources": [{"backend": "vllm-z"}],
+    });
+    let (resp, _tx) = session(
+        &mut send,
+        Some("token-kvl"),
+        Some("1"),
+        &outside.to_string(),
+    )
+    .await;
+    assert_eq!(resp.status(), 403);
 }
 
 /// BUS-16, BUS-31, BUS-42: a live reload ends the sessions it no longer allows (`forbidden`),
