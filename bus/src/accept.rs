@@ -1,10 +1,12 @@
 //! One connection from accept to close: the first-byte check (BUS-09), the TLS handshake within
 //! 10 s with ALPN `h2` (BUS-08, BUS-10), then HTTP/2 with a PING every 20 s (BUS-11), shut down when
-//! no authenticated 2xx request came within 10 s of accept, PINGs or not (BUS-24): a GOAWAY, after
-//! which a request still in flight gets its answer and nothing new is taken.
+//! no authenticated 2xx request came within 10 s of accept, PINGs or not (BUS-24), or when it has
+//! been idle (no answer in progress) for 30 s or `idle_timeout`, whichever is shorter (BUS-25,
+//! a GOAWAY, after which a request still in flight gets its answer and nothing new is
+//! taken.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use continuum_event_bus::code::{Code, error_body};
@@ -19,6 +21,9 @@ use crate::state::{ConnectionSlot, State};
 pub(crate) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// The allowance for a connection's first authenticated 2xx request (BUS-24).
 pub(crate) const AUTH_TIMEOUT: Duration = Duration::from_secs(10);
+/// A connection closes this long after its last answer ended (BUS-25), or after `idle_timeout`
+/// when that is shorter.
+pub(crate) const IDLE_CLOSE: Duration = Duration::from_secs(30);
 /// The HTTP/2 keep-alive PING period (BUS-11).
 pub(crate) const PING_INTERVAL: Duration = Duration::from_secs(20);
 
@@ -130,10 +135,7 @@ pub(crate) async fn connection(
                 state.lock().credentials.ca_generation(),
             )
         });
-    let info = Arc::new(ConnInfo {
-        authed: AtomicBool::new(false),
-        cert,
-    });
+    let info = Arc::new(ConnInfo::new(cert));
     let svc = {
         let (state, info) = (state.clone(), info.clone());
         hyper::service::service_fn(move |req| {
@@ -151,19 +153,36 @@ pub(crate) async fn connection(
         .max_send_buf_size(windows.send_buf)
         .serve_connection(TokioIo::new(tls), svc);
     let mut conn = std::pin::pin!(conn);
-    tokio::select! {
-        _ = conn.as_mut() => return,
-        () = tokio::time::sleep_until(accepted + AUTH_TIMEOUT) => {}
-    }
-    if !info.authed.load(Ordering::Acquire) {
-        // GOAWAY: no new request; one in flight still gets its answer (a session waiting for
-        // its hello gets its own 408), then the connection closes.
-        state.metrics.refused(Code::AuthTimeout);
-        conn.as_mut().graceful_shutdown();
-        let _ = tokio::time::timeout(crate::session::HELLO_TIMEOUT, conn).await;
-        return;
-    }
-    let _ = conn.await;
+    // BUS-24 and BUS-25: until a 2xx, the auth deadline; after it, the idle close (30 s after the
+    // last answer ended, or `idle_timeout` if shorter; Q-31: whichever comes first).
+    let idle_limit = state.lock().bus.idle_timeout.min(IDLE_CLOSE);
+    let tick = (idle_limit / 4).max(Duration::from_millis(25));
+    let closing = loop {
+        let now = tokio::time::Instant::now();
+        let authed = info.authed.load(Ordering::Acquire);
+        let wake = if authed {
+            now + tick
+        } else {
+            (accepted + AUTH_TIMEOUT).min(now + tick)
+        };
+        tokio::select! {
+            _ = conn.as_mut() => return,
+            () = tokio::time::sleep_until(wake) => {}
+        }
+        let now = tokio::time::Instant::now();
+        if !info.authed.load(Ordering::Acquire) {
+            if now >= accepted + AUTH_TIMEOUT {
+                break Code::AuthTimeout;
+            }
+        } else if info.idle_since().is_some_and(|t| now >= t + idle_limit) {
+            break Code::IdleTimeout;
+        }
+    };
+    // GOAWAY: no new request; one in flight still gets its answer (a session waiting for its
+    // hello gets its own 408), then the connection closes.
+    state.metrics.refused(closing);
+    conn.as_mut().graceful_shutdown();
+    let _ = tokio::time::timeout(crate::session::HELLO_TIMEOUT, conn).await;
 }
 
 #[cfg(test)]

@@ -4,7 +4,8 @@
 
 use std::convert::Infallible;
 use std::pin::Pin;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
@@ -24,6 +25,72 @@ pub(crate) struct ConnInfo {
     pub(crate) authed: AtomicBool,
     /// The verified client certificate's DNS SANs and the CA generation that verified it.
     pub(crate) cert: Option<(Vec<String>, u64)>,
+    /// Requests whose answer has not ended (a session's or a stream's lasts as long as it).
+    pub(crate) active: AtomicUsize,
+    /// When the last request's answer ended (accept time before any).
+    pub(crate) last_end: Mutex<tokio::time::Instant>,
+}
+
+impl ConnInfo {
+    pub(crate) fn new(cert: Option<(Vec<String>, u64)>) -> Self {
+        Self {
+            authed: AtomicBool::new(false),
+            cert,
+            active: AtomicUsize::new(0),
+            last_end: Mutex::new(tokio::time::Instant::now()),
+        }
+    }
+
+    /// When the connection went idle, if no request is active.
+    pub(crate) fn idle_since(&self) -> Option<tokio::time::Instant> {
+        (self.active.load(Ordering::Acquire) == 0).then(|| {
+            *self
+                .last_end
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+        })
+    }
+}
+
+/// One request of a connection, from its arrival until its answer's body is dropped (sent or
+/// reset): the connection is not idle meanwhile (BUS-25).
+#[derive(Debug)]
+pub(crate) struct Active(Arc<ConnInfo>);
+
+impl Active {
+    pub(crate) fn new(conn: Arc<ConnInfo>) -> Self {
+        conn.active.fetch_add(1, Ordering::AcqRel);
+        Self(conn)
+    }
+}
+
+impl Drop for Active {
+    fn drop(&mut self) {
+        *self
+            .0
+            .last_end
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = tokio::time::Instant::now();
+        self.0.active.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A response body that keeps its request [`Active`] until it is dropped.
+pub(crate) struct Tracked {
+    pub(crate) body: Body,
+    pub(crate) _active: Active,
+}
+
+impl hyper::body::Body for Tracked {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        Pin::new(&mut self.get_mut().body).poll_frame(cx)
+    }
 }
 
 /// A response body: a whole refusal, or a session's lines or a data stream's bytes.

@@ -11,7 +11,7 @@ use continuum_event_bus::code::Code;
 use http::{Method, Request, Response};
 use hyper::body::Incoming;
 
-use crate::reply::{Body, ConnInfo, drain_refuse, presented};
+use crate::reply::{Active, Body, ConnInfo, Tracked, drain_refuse, presented};
 use crate::state::State;
 
 /// Route one request; an authenticated 2xx marks the connection authenticated (BUS-24).
@@ -19,7 +19,8 @@ pub(crate) async fn handle(
     req: Request<Incoming>,
     state: Arc<State>,
     conn: Arc<ConnInfo>,
-) -> Result<Response<Body>, Infallible> {
+) -> Result<Response<Tracked>, Infallible> {
+    let active = Active::new(conn.clone());
     let path = req.uri().path();
     let resp = if req.method() == Method::POST && path == "/bus/v1/session" {
         crate::session::open(req, &state, &conn).await
@@ -65,5 +66,8 @@ pub(crate) async fn handle(
     if resp.status().is_success() {
         conn.authed.store(true, Ordering::Release);
     }
-    Ok(resp)
+    Ok(resp.map(|body| Tracked {
+        body,
+        _active: active,
+    }))
 }

@@ -203,6 +203,7 @@ pub(crate) async fn open(
     };
     handshake.done = true;
     state.metrics.session_opened();
+    state.sessions_changed();
     tokio::spawn(run(
         state.clone(),
         entry.id,
@@ -272,6 +273,7 @@ async fn run(
                             link.draining = true;
                             link.close_all(crate::link::BusStreamError::SessionClosed);
                         }
+                        state.sessions_changed();
                     }
                     Ok(ClientMessage::Hello(_)) | Err(_) => break Some(Code::BadRequest),
                 },
@@ -299,4 +301,5 @@ async fn run(
     }
     drop(d);
     state.metrics.session_closed();
+    state.sessions_changed();
 }

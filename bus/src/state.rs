@@ -40,6 +40,8 @@ pub(crate) struct State {
     pub(crate) open_timeout: std::time::Duration,
     /// The listener's runtime, for timers the command API starts from other threads.
     runtime: std::sync::OnceLock<tokio::runtime::Handle>,
+    /// Bumped whenever the set of sessions or their coverage changes (BUS-36's watch).
+    pub(crate) sessions_changed: tokio::sync::watch::Sender<u64>,
 }
 
 impl State {
@@ -64,7 +66,14 @@ impl State {
             connection_limit: AtomicUsize::new(limit),
             open_timeout,
             runtime: std::sync::OnceLock::new(),
+            sessions_changed: tokio::sync::watch::Sender::new(0),
         }
+    }
+
+    /// Tell the sessions watch that sessions or their coverage changed.
+    pub(crate) fn sessions_changed(&self) {
+        self.sessions_changed
+            .send_modify(|n| *n = n.wrapping_add(1));
     }
 
     /// Record the listener's runtime (once, when it starts).

@@ -215,6 +215,23 @@ impl EventBus {
     pub fn covers(&self, namespace: &str) -> bool {
         self.state.lock().sessions.covers(namespace)
     }
+
+    /// Every namespace an active broker session declared, sorted (BUS-36).
+    pub fn covered_namespaces(&self) -> Vec<String> {
+        self.state
+            .lock()
+            .sessions
+            .covered_namespaces()
+            .into_iter()
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// A watch that changes whenever a session opens, drains or ends (BUS-36: what pending
+    /// subscriptions wait on instead of polling, BROKER-06). Awaitable from any runtime.
+    pub fn subscribe_sessions(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.state.sessions_changed.subscribe()
+    }
 }
 
 /// Sends `unsubscribe` for its stream when dropped.

@@ -330,3 +330,29 @@ async fn announced_streams_go_to_the_least_loaded_kv_listener() {
         BusStreamError::NoSession
     );
 }
+
+/// BUS-36: the sessions watch wakes a waiter when a session opens and when it ends (no polling),
+/// and coverage follows.
+#[tokio::test]
+async fn the_sessions_watch_wakes_on_open_and_end() {
+    let bus = start(bus());
+    let api = bus.listener.bus();
+    let mut watch = api.subscribe_sessions();
+    watch.borrow_and_update();
+    assert!(api.covered_namespaces().is_empty());
+    let (lines, tx, send) = broker_session(&bus).await;
+    tokio::time::timeout(Duration::from_secs(5), watch.changed())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(api.covered_namespaces(), vec!["dynamo".to_owned()]);
+    assert_eq!(api.session_count(), 1);
+    watch.borrow_and_update();
+    drop((lines, tx, send));
+    tokio::time::timeout(Duration::from_secs(5), watch.changed())
+        .await
+        .unwrap()
+        .unwrap();
+    eventually(|| api.session_count() == 0).await;
+    assert!(!api.covers("dynamo"));
+}
