@@ -10,8 +10,8 @@ use std::process::ExitStatus;
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum BenchError {
     /// The command line could not be understood.
-    #[error("{0}\n\n{usage}", usage = crate::cli::USAGE)]
-    Usage(#[from] UsageError),
+    #[error("{0}\n\n{usage}", usage = crate::usage::USAGE)]
+    Usage(#[from] crate::usage::UsageError),
     /// An I/O operation of the driver itself failed.
     #[error("{context}: {source}")]
     Io {
@@ -79,24 +79,16 @@ pub(crate) enum BenchError {
     /// SIGINT or SIGTERM arrived; the run was abandoned and cleaned up.
     #[error("interrupted")]
     Interrupted,
-    /// `zmtp-ingest` could not measure its baseline.
-    #[error("zmtp-ingest: {0}")]
-    Ingest(#[from] crate::zmtp_ingest::IngestError),
-    /// `pick` could not measure.
-    #[error("pick: {0}")]
-    Pick(#[from] crate::pick::PickError),
-    /// `fleet-hop`'s fleet could not be started or described.
-    #[error("fleet: {0}")]
-    Fleet(#[from] crate::fleet_hop::FleetError),
-    /// `sim-hop`'s simulated fleet could not be started or checked.
-    #[error("sim-hop: {0}")]
-    SimHop(#[from] crate::sim_hop::SimHopError),
-    /// `kv-route` could not measure its baseline.
-    #[error("kv-route: {0}")]
-    KvRoute(#[from] crate::kv_route::KvRouteError),
-    /// `aiperf` failed.
-    #[error(transparent)]
-    Aiperf(#[from] crate::aiperf::AiperfError),
+    /// A benchmark's own failure (its error type converts itself: `error` names no benchmark, so
+    /// no benchmark module depends on another through it).
+    #[error("{stage}{source}")]
+    Stage {
+        /// Which benchmark.
+        stage: Stage,
+        /// Its error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     /// `prompt` could not set up its pipeline or workload.
     #[error("prompt: {0}")]
     Setup(String),
@@ -105,34 +97,48 @@ pub(crate) enum BenchError {
     Backend(io::Error),
 }
 
-/// A malformed command line.
-#[derive(Debug, thiserror::Error)]
-pub(crate) enum UsageError {
-    /// No subcommand was given.
-    #[error("missing subcommand")]
-    MissingCommand,
-    /// The subcommand is unknown.
-    #[error("unknown subcommand `{0}`")]
-    UnknownCommand(String),
-    /// A flag is unknown for this subcommand.
-    #[error("unknown flag `{0}`")]
-    UnknownFlag(String),
-    /// A flag that needs a value was last on the line.
-    #[error("flag `{0}` needs a value")]
-    MissingValue(String),
-    /// A flag's value did not parse or is out of range.
-    #[error("bad value `{value}` for `{flag}`: {reason}")]
-    BadValue {
-        /// The flag.
-        flag: String,
-        /// The value given.
-        value: String,
-        /// Why it was rejected.
-        reason: &'static str,
-    },
+/// The benchmark a [`BenchError::Stage`] comes from; displayed as its message's prefix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Stage {
+    /// `zmtp-ingest` could not measure its baseline.
+    ZmtpIngest,
+    /// `pick` could not measure.
+    Pick,
+    /// `fleet-hop`'s fleet could not be started or described.
+    Fleet,
+    /// `sim-hop`'s simulated fleet could not be started or checked.
+    SimHop,
+    /// `kv-route` could not measure its baseline.
+    KvRoute,
+    /// `aiperf` failed (its errors say so themselves).
+    Aiperf,
+}
+
+impl std::fmt::Display for Stage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Stage::ZmtpIngest => "zmtp-ingest: ",
+            Stage::Pick => "pick: ",
+            Stage::Fleet => "fleet: ",
+            Stage::SimHop => "sim-hop: ",
+            Stage::KvRoute => "kv-route: ",
+            Stage::Aiperf => "",
+        })
+    }
 }
 
 impl BenchError {
+    /// A benchmark's own error, under its stage.
+    pub(crate) fn stage(
+        stage: Stage,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        Self::Stage {
+            stage,
+            source: Box::new(source),
+        }
+    }
+
     /// Wraps an I/O error with what the driver was doing.
     pub(crate) fn io(context: impl Into<String>) -> impl FnOnce(io::Error) -> Self {
         let context = context.into();

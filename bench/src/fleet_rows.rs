@@ -7,13 +7,29 @@
 //! binary only removes the router rows (the reason is printed and reported); an interrupt stops
 //! the rounds at once.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use crate::child;
-use crate::error::{BenchError, UsageError};
+use crate::error::BenchError;
 use crate::fleet_hop::FleetError;
 use crate::fleet_hop::default_python;
-use crate::kv_route::router as kv_router;
+use crate::usage::UsageError;
+
+/// The artifacts the router must load before it picks by KV.
+const PINNED_FILES: [&str; 2] = ["tokenizer.json", "tokenizer_config.json"];
+
+/// `blake3:<hex>` of each pinned artifact of the model in `model_dir`.
+pub(crate) fn digests(model_dir: &Path) -> Result<Vec<String>, BenchError> {
+    PINNED_FILES
+        .iter()
+        .map(|f| {
+            let p = model_dir.join(f);
+            let bytes =
+                std::fs::read(&p).map_err(BenchError::io(format!("reading {}", p.display())))?;
+            Ok(format!("blake3:{}", blake3::hash(&bytes).to_hex()))
+        })
+        .collect()
+}
 
 /// Where a fleet bench's fleet and KV router come from.
 #[derive(Debug, Clone)]
@@ -89,7 +105,7 @@ impl KvFleet {
         }
         let bin = child::sibling_or(self.router_bin.as_deref(), "continuum-router")?;
         let router = if bin.is_file() {
-            kv_router::digests(&self.model_dir)
+            digests(&self.model_dir)
                 .map(|d| (bin, d))
                 .map_err(|e| e.to_string())
         } else {

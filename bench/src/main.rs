@@ -43,6 +43,7 @@ mod shim_load;
 mod signals;
 mod sim_hop;
 mod tempdir;
+mod usage;
 mod wrk;
 mod zmtp_ingest;
 
@@ -75,7 +76,7 @@ fn main() -> ExitCode {
 fn run() -> Result<(), BenchError> {
     match cli::parse(std::env::args().skip(1))? {
         cli::Command::Help => {
-            writeln!(std::io::stdout(), "{}", cli::USAGE).map_err(BenchError::io("writing usage"))
+            writeln!(std::io::stdout(), "{}", usage::USAGE).map_err(BenchError::io("writing usage"))
         }
         cli::Command::Backend { port } => backend::run(port),
         cli::Command::Resync(opts) => write!(std::io::stdout(), "{}", resync::run(opts))

@@ -43,12 +43,13 @@ impl ConnInfo {
 
     /// When the connection went idle, if no request is active.
     pub(crate) fn idle_since(&self) -> Option<tokio::time::Instant> {
-        (self.active.load(Ordering::Acquire) == 0).then(|| {
-            *self
-                .last_end
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-        })
+        (self.active.load(Ordering::Acquire) == 0).then(|| *self.last_end())
+    }
+
+    fn last_end(&self) -> std::sync::MutexGuard<'_, tokio::time::Instant> {
+        self.last_end
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 
@@ -66,11 +67,7 @@ impl Active {
 
 impl Drop for Active {
     fn drop(&mut self) {
-        *self
-            .0
-            .last_end
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = tokio::time::Instant::now();
+        *self.0.last_end() = tokio::time::Instant::now();
         self.0.active.fetch_sub(1, Ordering::AcqRel);
     }
 }

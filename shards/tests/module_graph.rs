@@ -572,6 +572,11 @@ fn core_has_no_module_cycles() {
 }
 
 #[test]
+fn bench_has_no_module_cycles() {
+    assert_acyclic("bench", "../bench/src/main.rs");
+}
+
+#[test]
 fn event_bus_crates_have_no_module_cycles() {
     assert_acyclic("bus", "../bus/src/lib.rs");
     assert_acyclic(

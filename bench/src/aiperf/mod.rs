@@ -69,6 +69,12 @@ pub(crate) enum AiperfError {
     NoBaseline(String),
 }
 
+impl From<AiperfError> for crate::error::BenchError {
+    fn from(e: AiperfError) -> Self {
+        Self::stage(crate::error::Stage::Aiperf, e)
+    }
+}
+
 /// Options of `aiperf`.
 #[derive(Debug, Clone)]
 pub(crate) struct AiperfOptions {

@@ -72,6 +72,12 @@ pub(crate) enum FleetError {
     },
 }
 
+impl From<FleetError> for crate::error::BenchError {
+    fn from(e: FleetError) -> Self {
+        Self::stage(crate::error::Stage::Fleet, e)
+    }
+}
+
 /// One aggregated worker of the fleet.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Worker {

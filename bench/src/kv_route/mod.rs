@@ -64,6 +64,12 @@ pub(crate) enum KvRouteError {
     NoBaseline(String),
 }
 
+impl From<KvRouteError> for crate::error::BenchError {
+    fn from(e: KvRouteError) -> Self {
+        Self::stage(crate::error::Stage::KvRoute, e)
+    }
+}
+
 /// Options of `kv-route`.
 #[derive(Debug, Clone)]
 pub(crate) struct KvRouteOptions {

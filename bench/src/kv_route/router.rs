@@ -8,7 +8,6 @@
 //! operator pins them after `b3sum`; every wait is bounded by the ready timeout; counters are
 //! read as whole numbers, absent ones as 0.
 
-use std::path::Path;
 use std::time::Instant;
 
 use serde_json::Value;
@@ -17,22 +16,6 @@ use crate::child::Supervised;
 use crate::error::BenchError;
 use crate::fleet_hop::router::{self as fleet_router, Launch};
 use crate::router_probe::{get, labelled_counters, selections_text, wait_for};
-
-/// The artifacts the router must load before it picks by KV.
-const PINNED_FILES: [&str; 2] = ["tokenizer.json", "tokenizer_config.json"];
-
-/// `blake3:<hex>` of each pinned artifact of the model in `model_dir`.
-pub(crate) fn digests(model_dir: &Path) -> Result<Vec<String>, BenchError> {
-    PINNED_FILES
-        .iter()
-        .map(|f| {
-            let p = model_dir.join(f);
-            let bytes =
-                std::fs::read(&p).map_err(BenchError::io(format!("reading {}", p.display())))?;
-            Ok(format!("blake3:{}", blake3::hash(&bytes).to_hex()))
-        })
-        .collect()
-}
 
 /// The `kv:` block of the router's `dynamo:` section.
 pub(crate) fn kv_yaml(pinned: &[String]) -> String {
@@ -141,6 +124,8 @@ pub(crate) fn metrics(port: u16) -> String {
 
 #[cfg(test)]
 mod tests {
+    use std::path::Path;
+
     use super::*;
 
     #[test]
@@ -185,7 +170,7 @@ mod tests {
         }
         // The checksums the fleet's cards carry for these files (`sim/src/records.rs`).
         assert_eq!(
-            digests(dir).unwrap(),
+            crate::fleet_rows::digests(dir).unwrap(),
             [
                 "blake3:a7bb92ed896079ec4872a416916bf7910d50feb8ca39ddeaaf54ae107843c6bb",
                 "blake3:52ee138fd0408ba7ae1c04fe5cc7442814568aea496215cdf68dd24176201cee",

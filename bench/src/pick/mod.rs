@@ -90,6 +90,12 @@ pub(crate) enum PickError {
     Histogram(#[from] hdrhistogram::CreationError),
 }
 
+impl From<PickError> for crate::error::BenchError {
+    fn from(e: PickError) -> Self {
+        Self::stage(crate::error::Stage::Pick, e)
+    }
+}
+
 /// The figures of one fleet size.
 #[derive(Debug, Clone)]
 pub(crate) struct SizeReport {

@@ -70,6 +70,12 @@ pub(crate) enum SimHopError {
     },
 }
 
+impl From<SimHopError> for crate::error::BenchError {
+    fn from(e: SimHopError) -> Self {
+        Self::stage(crate::error::Stage::SimHop, e)
+    }
+}
+
 /// The spec of a fleet of `workers` aggregated workers answering at once
 /// with `tokens` completion tokens; `publish` is the periodic `kv_metrics`
 /// interval (`None`: on load changes only).

@@ -38,7 +38,6 @@ use crate::router_probe;
 use crate::shim_load::{self, Path};
 use crate::tempdir::TempDir;
 use crate::wrk::WrkRun;
-pub(crate) use fleet::SimHopError;
 use fleet::{MODEL, Sim};
 use report::{Block, Sample};
 

@@ -106,6 +106,12 @@ pub(crate) enum IngestError {
     Panicked(&'static str),
 }
 
+impl From<IngestError> for crate::error::BenchError {
+    fn from(e: IngestError) -> Self {
+        Self::stage(crate::error::Stage::ZmtpIngest, e)
+    }
+}
+
 /// Pins the calling thread to `cpu` (best effort: a failure only makes figures noisier).
 pub(super) fn pin_to_cpu(cpu: usize) {
     // SAFETY: cpu_set_t is plain data; CPU_ZERO/CPU_SET write within it; sched_setaffinity(0)

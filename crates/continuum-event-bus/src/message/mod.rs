@@ -336,4 +336,4 @@ pub enum RouterMessage {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -112,6 +112,9 @@ pub fn encode(msg: &impl Serialize, out: &mut Vec<u8>) {
 }
 
 #[cfg(test)]
+mod messages;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
