@@ -142,7 +142,13 @@ pub(crate) async fn connection(
             crate::service::handle(req, state.clone(), info.clone())
         })
     };
-    let windows = crate::budget::Windows::of(&state.lock().bus);
+    let (windows, max_streams) = {
+        let d = state.lock();
+        (
+            crate::budget::Windows::of(&d.bus),
+            d.bus.max_streams_per_session,
+        )
+    };
     let conn = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
         .timer(TokioTimer::new())
         .keep_alive_interval(Some(PING_INTERVAL))
@@ -151,6 +157,9 @@ pub(crate) async fn connection(
         .initial_stream_window_size(windows.stream)
         .initial_connection_window_size(windows.connection)
         .max_send_buf_size(windows.send_buf)
+        // Every stream a session may hold, and its control stream: hyper's default (200) would
+        // make a broker's streams past it wait forever for a slot.
+        .max_concurrent_streams(max_streams.saturating_add(1))
         .serve_connection(TokioIo::new(tls), svc);
     let mut conn = std::pin::pin!(conn);
     // BUS-24 and BUS-25: until a 2xx, the auth deadline; after it, the idle close (30 s after the

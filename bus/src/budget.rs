@@ -4,10 +4,16 @@
 //! (4 × max_streams_per_session)`, clamped to 16 KiB..=1 MiB). It covers four areas, a quarter
 //! each:
 //! - **inbound** (broker to router): the HTTP/2 receive window (B/4: what the broker may send
-//!   before the router reads), the frame being moved (a DATA frame never exceeds the window), and
-//!   the pipe to the stream's holder ([`PIPE_FRAMES`] = 2 frames of at most B/4);
-//! - **outbound** (router to broker): the pipe (2 chunks of at most B/4, [`crate::BusStream::send`]
-//!   splits larger writes), the chunk hyper is sending, and hyper's per-stream send buffer (B/4).
+//!   before the router reads), the frame being moved into the pipe (a DATA frame never exceeds the
+//!   window), the pipe to the stream's holder ([`PIPE_FRAMES`] = 1 frame of at most B/4), and the
+//!   frame the holder took (a socket holder: the frame the pump is writing, `crate::socket`);
+//! - **outbound** (router to broker): the pipe (1 chunk of at most B/4, [`crate::BusStream::send`]
+//!   and the socket pump split larger writes), the chunk hyper is sending, hyper's per-stream send
+//!   buffer (B/4), and the chunk a socket holder's pump has read.
+//!
+//! A socket holder's pair adds its kernel send buffers (B/4 each way, rounded up to the kernel's
+//! minimum): kernel memory, not the process's. One pipe slot rather than two cost no measurable
+//! throughput (`bench/run.sh bus-relay`).
 //!
 //! So a broker that sends faster than the router reads is held back by flow control once B is
 //! in flight, and a session's streams together stay within `max_streams_per_session × 2B <=
@@ -17,7 +23,7 @@
 use continuum_core::config::dynamo::EventBusConfig;
 
 /// Frames (or chunks) each pipe holds.
-pub(crate) const PIPE_FRAMES: usize = 2;
+pub(crate) const PIPE_FRAMES: usize = 1;
 
 /// HTTP/2's largest window.
 const MAX_WINDOW: u64 = (1 << 31) - 1;
@@ -48,10 +54,10 @@ impl Windows {
         }
     }
 
-    /// Bytes one direction of a stream may hold at most: window, frame, pipe.
+    /// Bytes one direction of a stream may hold at most: window, frame, pipe, the holder's frame.
     #[cfg(test)]
     pub(crate) fn per_direction(&self) -> u64 {
-        u64::from(self.stream) * (2 + PIPE_FRAMES as u64)
+        u64::from(self.stream) * (3 + PIPE_FRAMES as u64)
     }
 }
 

@@ -15,9 +15,10 @@
 //! - a connection holds a slot of the connection limit from accept to close, and a session a slot
 //!   of `max_sessions` from its request to its end.
 //!
-//! Part 1 of the bus (issue 34) is still being built: data streams, the command API and the
-//! byte budgets come next; the control thread's supervisor starts, reconfigures and retries this
-//! listener (feature `dynamo-event-bus`).
+//! Data streams reach their holder as a [`BusStream`] through bounded pipes (`budget`), or as a
+//! Unix socket ([`BusStream::into_socket`], `socket`) a shard's ZMTP driver reads like a TCP
+//! connection; the command API is [`EventBus`]. The control thread's supervisor starts,
+//! reconfigures and retries this listener (feature `dynamo-event-bus`).
 
 mod accept;
 mod budget;
@@ -26,12 +27,14 @@ mod listener;
 mod reply;
 mod service;
 mod session;
+mod socket;
 mod state;
 mod streams;
 pub mod tls;
 
 pub use continuum_core::bus::metrics::BusMetrics;
-pub use link::{BusStream, BusStreamError};
+pub use link::{BusStream, BusStreamError, StreamPeer};
 pub use listener::{Listener, Settings, spawn};
+pub use socket::open_status;
 pub use state::IdSource;
 pub use streams::{EventBus, OpenStream, ZmqTarget};

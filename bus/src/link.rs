@@ -115,6 +115,9 @@ pub struct BusStream {
     pub(crate) chunk: usize,
     /// Sends `unsubscribe` when dropped (the command API's guard).
     pub(crate) guard: Option<Box<dyn Send + Sync>>,
+    /// The listener's runtime, where [`BusStream::into_socket`] pumps (none for an in-memory
+    /// stream).
+    pub(crate) pump: Option<tokio::runtime::Handle>,
 }
 
 impl std::fmt::Debug for BusStream {
@@ -123,7 +126,40 @@ impl std::fmt::Debug for BusStream {
     }
 }
 
+/// The broker's end of a [`BusStream::in_memory`] stream: what a broker double writes to the
+/// stream's holder and reads from it.
+#[derive(Debug)]
+pub struct StreamPeer {
+    /// Bytes to the holder (the publisher's side); dropping it ends the stream for the holder.
+    pub to_holder: mpsc::Sender<Bytes>,
+    /// Bytes the holder sent (towards the publisher); `None` once the holder dropped the stream.
+    pub from_holder: mpsc::Receiver<Bytes>,
+}
+
 impl BusStream {
+    /// A stream with no listener behind it, for broker doubles and tests of what reads a stream
+    /// (TEST-05): the same pipes as a listener's stream ([`crate::budget::PIPE_FRAMES`] slots
+    /// each way, writes split into pieces of at most `chunk` bytes, at least one).
+    #[must_use]
+    pub fn in_memory(chunk: usize) -> (Self, StreamPeer) {
+        let (to_holder, inbound) = mpsc::channel(crate::budget::PIPE_FRAMES);
+        let (outbound, from_holder) = mpsc::channel(crate::budget::PIPE_FRAMES);
+        let stream = Self {
+            inbound,
+            outbound,
+            chunk: chunk.max(1),
+            guard: None,
+            pump: None,
+        };
+        (
+            stream,
+            StreamPeer {
+                to_holder,
+                from_holder,
+            },
+        )
+    }
+
     /// The next bytes from the publisher; `None` at the end of the stream.
     pub async fn recv(&mut self) -> Option<Bytes> {
         self.inbound.recv().await

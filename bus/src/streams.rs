@@ -262,6 +262,18 @@ impl std::fmt::Debug for OpenStream {
 }
 
 impl OpenStream {
+    /// The listener's runtime, once it runs.
+    pub(crate) fn runtime(&self) -> Option<tokio::runtime::Handle> {
+        self.guard.state.runtime().cloned()
+    }
+
+    /// The largest piece the stream's pipes carry under the config in force.
+    pub(crate) fn chunk(&self) -> usize {
+        crate::budget::Windows::of(&self.guard.state.lock().bus)
+            .chunk
+            .max(1)
+    }
+
     /// The stream's id (what the broker opens).
     pub fn id(&self) -> StreamId {
         self.guard.id
@@ -324,6 +336,7 @@ pub(crate) fn accept(
         outbound: out_tx,
         chunk,
         guard: None,
+        pump: state.runtime().cloned(),
     };
     if tx.send(Ok(stream)).is_err() {
         // The caller gave up: the stream is not wanted.

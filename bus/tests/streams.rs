@@ -10,54 +10,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use common::*;
-use continuum_bus::{BusStreamError, ZmqTarget};
+use continuum_bus::BusStreamError;
 use continuum_event_bus::message::{CloseReason, Topic};
-use http_body_util::BodyExt as _;
-use tokio::sync::mpsc;
-
-fn target(host: &str) -> ZmqTarget {
-    ZmqTarget {
-        namespace: "dynamo".into(),
-        host: host.into(),
-        port: 5557,
-    }
-}
-
-/// The broker opens stream `id`: the response, and the sender of its body.
-async fn open_data(
-    send: &mut hyper::client::conn::http2::SendRequest<ChanBody>,
-    id: &str,
-    token: &str,
-    version: &str,
-) -> (http::Response<hyper::body::Incoming>, mpsc::Sender<Bytes>) {
-    let (tx, rx) = mpsc::channel(4);
-    let req = http::Request::post(format!("https://localhost/bus/v1/streams/{id}"))
-        .header("authorization", format!("Bearer {token}"))
-        .header("continuum-bus-version", version)
-        .body(ChanBody(rx))
-        .unwrap();
-    (send.send_request(req).await.unwrap(), tx)
-}
-
-async fn next_data(body: &mut hyper::body::Incoming) -> Option<Bytes> {
-    tokio::time::timeout(Duration::from_secs(5), async {
-        loop {
-            match body.frame().await {
-                Some(Ok(f)) => {
-                    // An empty DATA frame may carry the end of the stream.
-                    if let Ok(d) = f.into_data()
-                        && !d.is_empty()
-                    {
-                        return Some(d);
-                    }
-                }
-                _ => return None,
-            }
-        }
-    })
-    .await
-    .expect("data or the end within 5 s")
-}
 
 #[tokio::test]
 async fn a_commanded_stream_relays_both_ways_and_unsubscribes_when_dropped() {

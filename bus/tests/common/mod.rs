@@ -16,7 +16,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use continuum_bus::{BusMetrics, Listener, Settings};
+use continuum_bus::{BusMetrics, Listener, Settings, ZmqTarget};
 use continuum_core::config::TokenHash;
 use continuum_core::config::dynamo::{BrokerConfig, BrokerRole, EventBusConfig};
 use http_body_util::BodyExt as _;
@@ -204,6 +204,8 @@ pub async fn tls_connect(
     config: Arc<rustls::ClientConfig>,
 ) -> std::io::Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
     let tcp = tokio::net::TcpStream::connect(bus.addr()).await?;
+    // As a broker would: small control lines must not wait for delayed ACKs.
+    tcp.set_nodelay(true)?;
     tokio_rustls::TlsConnector::from(config)
         .connect(ServerName::try_from("localhost").unwrap(), tcp)
         .await
@@ -355,4 +357,49 @@ pub async fn broker_session(
     let mut lines = Lines::new(resp.into_body());
     assert_eq!(lines.next().await.unwrap()["type"], "welcome");
     (lines, tx, send)
+}
+
+/// A publisher target in namespace `dynamo`.
+pub fn target(host: &str) -> ZmqTarget {
+    ZmqTarget {
+        namespace: "dynamo".into(),
+        host: host.into(),
+        port: 5557,
+    }
+}
+
+/// The broker opens stream `id`: the response, and the sender of its body.
+pub async fn open_data(
+    send: &mut hyper::client::conn::http2::SendRequest<ChanBody>,
+    id: &str,
+    token: &str,
+    version: &str,
+) -> (http::Response<hyper::body::Incoming>, mpsc::Sender<Bytes>) {
+    let (tx, rx) = mpsc::channel(4);
+    let req = http::Request::post(format!("https://localhost/bus/v1/streams/{id}"))
+        .header("authorization", format!("Bearer {token}"))
+        .header("continuum-bus-version", version)
+        .body(ChanBody(rx))
+        .unwrap();
+    (send.send_request(req).await.unwrap(), tx)
+}
+
+pub async fn next_data(body: &mut hyper::body::Incoming) -> Option<Bytes> {
+    tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            match body.frame().await {
+                Some(Ok(f)) => {
+                    // An empty DATA frame may carry the end of the stream.
+                    if let Ok(d) = f.into_data()
+                        && !d.is_empty()
+                    {
+                        return Some(d);
+                    }
+                }
+                _ => return None,
+            }
+        }
+    })
+    .await
+    .expect("data or the end within 5 s")
 }
