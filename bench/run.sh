@@ -7,6 +7,11 @@
 # router with `--features dynamo` (needs protoc) and makes sure the fleet venv
 # exists (tests/fleet/install.sh, idempotent), e.g.:
 #   bench/run.sh --fleet --duration 10 --rounds 3
+# Opt-in: `bench/run.sh --bus-relay [bus-relay options]` runs `bus-relay` (one
+# stream relayed through the event bus listener into a shard's ZMTP driver vs
+# the same driver on direct TCP; the listener's memory per idle session and
+# stream), e.g.
+#   bench/run.sh --bus-relay --messages 200000 --sessions 4 --streams 8   # CI smoke
 # Opt-in: `bench/run.sh --sim [sim-hop options]` runs `sim-hop` instead (router
 # vs direct-to-shim on the in-process simulated fleet at 10, 100 and 1,000
 # workers): it builds the router with `--features dynamo` (needs protoc) but
@@ -74,6 +79,11 @@ elif [ "${1:-}" = "--aiperf" ]; then
     features=(--features continuum-router/dynamo-kv)
     tests/fleet/install.sh
     bench/aiperf/install.sh
+elif [ "${1:-}" = "--bus-relay" ]; then
+    # One stream through the event bus listener vs direct TCP, and the listener's memory per
+    # idle session and stream (bench/README.md, "bus-relay").
+    shift
+    bench=bus-relay
 elif [ "${1:-}" = "--sim" ]; then
     shift
     bench=sim-hop

@@ -32,6 +32,8 @@ pub(crate) enum Command {
     Resync(crate::resync::ResyncOptions),
     /// Compare the router's kv_metrics SUB path with the zeromq crate's.
     ZmtpIngest(crate::zmtp_ingest::IngestOptions),
+    /// `bus-relay`.
+    BusRelay(crate::bus_relay::RelayOptions),
     /// Time one pick at several fleet sizes against round-robin.
     Pick(crate::pick::PickOptions),
     /// Time the prompt pipeline per request against `tokenizers` on the whole prompt.
@@ -103,6 +105,7 @@ pub(crate) fn parse(args: impl IntoIterator<Item = String>) -> Result<Command, U
         "aiperf" => parse_aiperf(args).map(Command::Aiperf),
         "resync" => parse_resync(args),
         "zmtp-ingest" => parse_ingest(args).map(Command::ZmtpIngest),
+        "bus-relay" => parse_bus_relay(args).map(Command::BusRelay),
         "pick" => parse_pick(args).map(Command::Pick),
         "prompt" => parse_prompt(args).map(Command::Prompt),
         _ => Err(UsageError::UnknownCommand(command)),
@@ -138,6 +141,25 @@ fn parse_ingest(
                 opts.messages = number(&flag, v?, 1000, crate::zmtp_ingest::MAX_MESSAGES)?;
             }
             "--batch" => opts.batch = small(&flag, v?, 1, 65_536)? as usize,
+            "--timeout" => opts.timeout_secs = number(&flag, v?, 1, 600)?,
+            _ => return Err(UsageError::UnknownFlag(flag)),
+        }
+    }
+    Ok(opts)
+}
+
+fn parse_bus_relay(
+    mut args: impl Iterator<Item = String>,
+) -> Result<crate::bus_relay::RelayOptions, UsageError> {
+    let mut opts = crate::bus_relay::RelayOptions::default();
+    while let Some(flag) = args.next() {
+        let v = value(&flag, &mut args);
+        match flag.as_str() {
+            "--messages" => {
+                opts.messages = number(&flag, v?, 1000, crate::bus_relay::MAX_MESSAGES)?;
+            }
+            "--sessions" => opts.sessions = small(&flag, v?, 1, 4096)? as usize,
+            "--streams" => opts.streams = small(&flag, v?, 1, 1024)? as usize,
             "--timeout" => opts.timeout_secs = number(&flag, v?, 1, 600)?,
             _ => return Err(UsageError::UnknownFlag(flag)),
         }
@@ -500,6 +522,17 @@ mod tests {
         assert!(parse(args("http-hop --duration")).is_err());
         assert!(parse(args("backend")).is_err());
         assert!(parse(args("nope")).is_err());
+    }
+
+    #[test]
+    fn bus_relay_options() {
+        let Ok(Command::BusRelay(o)) = parse(args("bus-relay --messages 5000 --streams 8")) else {
+            panic!("expected bus-relay");
+        };
+        assert_eq!((o.messages, o.streams, o.sessions), (5000, 8, 64));
+        assert!(parse(args("bus-relay --streams 0")).is_err());
+        assert!(parse(args("bus-relay --streams 1025")).is_err());
+        assert!(parse(args("bus-relay --sessions 4097")).is_err());
     }
 
     #[test]

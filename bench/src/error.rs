@@ -112,6 +112,8 @@ pub(crate) enum Stage {
     KvRoute,
     /// `aiperf` failed (its errors say so themselves).
     Aiperf,
+    /// `bus-relay` could not measure.
+    BusRelay,
 }
 
 impl std::fmt::Display for Stage {
@@ -123,6 +125,7 @@ impl std::fmt::Display for Stage {
             Stage::SimHop => "sim-hop: ",
             Stage::KvRoute => "kv-route: ",
             Stage::Aiperf => "",
+            Stage::BusRelay => "bus-relay: ",
         })
     }
 }

@@ -9,7 +9,9 @@
 //! `kv_route`), `aiperf` (NVIDIA's AIPerf through the router vs Dynamo's KV-routing frontend
 //! on a real fleet: TTFT, ITL, request latency; see `aiperf`), `resync`
 //! (discovery resync time and registry memory, see `resync`), `zmtp-ingest`
-//! (the router's kv_metrics SUB path vs the zeromq crate, see `zmtp_ingest`),
+//! (the router's kv_metrics SUB path vs the zeromq crate, see `zmtp_ingest`), `bus-relay` (one
+//! stream through the event bus listener vs direct TCP, and the listener's memory per idle
+//! session and stream, see `bus_relay`),
 //! `pick` (one worker pick at 10, 100 and 1,000 workers vs round-robin, see
 //! `pick`), `prompt` (the prompt pipeline per request vs `tokenizers` on the
 //! whole prompt, see `prompt`) and `backend` (the fast canned OpenAI-ish backend the hop benchmark
@@ -22,6 +24,7 @@
 mod aiperf;
 mod alloc;
 mod backend;
+mod bus_relay;
 mod child;
 mod cli;
 mod cpu;
@@ -83,6 +86,10 @@ fn run() -> Result<(), BenchError> {
             .map_err(BenchError::io("writing report")),
         cli::Command::ZmtpIngest(opts) => {
             let report = zmtp_ingest::run(opts)?;
+            write!(std::io::stdout(), "{report}").map_err(BenchError::io("writing report"))
+        }
+        cli::Command::BusRelay(opts) => {
+            let report = bus_relay::run(opts)?;
             write!(std::io::stdout(), "{report}").map_err(BenchError::io("writing report"))
         }
         cli::Command::Pick(opts) => {

@@ -16,6 +16,10 @@ usage:
                                        discovery resync time and registry memory (default 16384 workers)
   continuum-bench zmtp-ingest [--messages N] [--batch N] [--timeout SECS]
                                        router kv_metrics SUB path vs the zeromq crate's SubSocket
+  continuum-bench bus-relay [--messages N] [--sessions N] [--streams N] [--timeout SECS]
+                                       one stream through the event bus listener into a shard's ZMTP
+                                       driver vs the same driver on direct TCP; memory per idle session
+                                       and stream
   continuum-bench pick [--iterations N] [--warmup N] [--seconds SECS]
                                        one pick alone (p50/p99) at 10, 100, 1000 workers vs round-robin
   continuum-bench prompt [--conversations N] [--turns N] [--rounds N] [--model-dir DIR]
@@ -100,6 +104,12 @@ zmtp-ingest options:
   --messages N         messages per subscriber (default 2000000, min 1000)
   --batch N            messages per publisher write (default 1024)
   --timeout SECS       how long each subscriber may take (default 60, max 600)
+
+bus-relay options:
+  --messages N         messages per side (default 2000000, min 1000)
+  --sessions N         idle sessions in the memory figure (default 64, max 4096)
+  --streams N          idle streams in the memory figure (default 512, max 1024)
+  --timeout SECS       how long each side may take (default 60, max 600)
 
 aiperf options (every row on a fresh fleet; completions then chat, streaming):
   --requests N         AIPerf --request-count per endpoint and row (default 64, max 10000)

@@ -16,8 +16,8 @@
 //! receivers and the publisher are pinned to different CPUs when there are at least two.
 
 mod baseline;
-mod publisher;
-mod router;
+pub(crate) mod publisher;
+pub(crate) mod router;
 
 use std::fmt::Write as _;
 use std::net::{SocketAddr, TcpListener};
@@ -113,7 +113,7 @@ impl From<IngestError> for crate::error::BenchError {
 }
 
 /// Pins the calling thread to `cpu` (best effort: a failure only makes figures noisier).
-pub(super) fn pin_to_cpu(cpu: usize) {
+pub(crate) fn pin_to_cpu(cpu: usize) {
     // SAFETY: cpu_set_t is plain data; CPU_ZERO/CPU_SET write within it; sched_setaffinity(0)
     // targets the calling thread and only reads the set.
     unsafe {
@@ -147,16 +147,16 @@ fn thread_user_sys_us() -> (u64, u64) {
 
 /// A stopwatch of the calling thread's CPU time.
 #[derive(Debug, Clone, Copy)]
-pub(super) struct ThreadClock(u64);
+pub(crate) struct ThreadClock(u64);
 
 impl ThreadClock {
     /// Starts now.
-    pub(super) fn now() -> Self {
+    pub(crate) fn now() -> Self {
         Self(thread_cpu_ns())
     }
 
     /// CPU nanoseconds of this thread since [`ThreadClock::now`].
-    pub(super) fn elapsed_ns(self) -> u64 {
+    pub(crate) fn elapsed_ns(self) -> u64 {
         thread_cpu_ns().saturating_sub(self.0)
     }
 }
@@ -187,7 +187,7 @@ impl Snapshot {
 
 /// What a subscriber received, and its counters from the first message to the last.
 #[derive(Debug, Clone)]
-pub(super) struct Tally {
+pub(crate) struct Tally {
     total: u64,
     received: u64,
     rejected: u64,
@@ -217,6 +217,11 @@ impl Tally {
             start: None,
             end: None,
         }
+    }
+
+    /// Messages rejected, dropped, or out of sequence: 0 for a clean stream.
+    pub(crate) fn anomalies(&self) -> u64 {
+        self.rejected + self.gaps + self.dropped
     }
 
     /// Whether every message arrived.
@@ -281,7 +286,7 @@ impl Tally {
     }
 
     /// The measured interval (messages 2..=M).
-    fn measured(&self) -> Option<Measured> {
+    pub(crate) fn measured(&self) -> Option<Measured> {
         let (a, b) = (self.start?, self.end?);
         Some(Measured {
             messages: self.received.saturating_sub(1).max(1),
@@ -296,41 +301,41 @@ impl Tally {
 
 /// Figures of one subscriber over the measured interval.
 #[derive(Debug, Clone, Copy)]
-struct Measured {
-    messages: u64,
-    wall: Duration,
-    cpu_ns: u64,
+pub(crate) struct Measured {
+    pub(crate) messages: u64,
+    pub(crate) wall: Duration,
+    pub(crate) cpu_ns: u64,
     user_us: u64,
     sys_us: u64,
     allocs: u64,
 }
 
 impl Measured {
-    fn rate(&self) -> f64 {
+    pub(crate) fn rate(&self) -> f64 {
         self.messages as f64 / self.wall.as_secs_f64().max(1e-9)
     }
 
-    fn cpu_per_msg_ns(&self) -> f64 {
+    pub(crate) fn cpu_per_msg_ns(&self) -> f64 {
         self.cpu_ns as f64 / self.messages as f64
     }
 
     /// Messages per second of receiver CPU: what one core would sustain.
-    fn per_core(&self) -> f64 {
+    pub(crate) fn per_core(&self) -> f64 {
         1e9 / self.cpu_per_msg_ns().max(1e-9)
     }
 
-    fn allocs_per_msg(&self) -> f64 {
+    pub(crate) fn allocs_per_msg(&self) -> f64 {
         self.allocs as f64 / self.messages as f64
     }
 
     /// The part of [`Measured::cpu_per_msg_ns`] spent in the kernel (split as `RUSAGE_THREAD`
     /// splits it).
-    fn sys_per_msg_ns(&self) -> f64 {
+    pub(crate) fn sys_per_msg_ns(&self) -> f64 {
         self.cpu_per_msg_ns() * self.sys_us as f64 / (self.user_us + self.sys_us).max(1) as f64
     }
 
     /// The part of [`Measured::cpu_per_msg_ns`] spent in user space.
-    fn user_per_msg_ns(&self) -> f64 {
+    pub(crate) fn user_per_msg_ns(&self) -> f64 {
         self.cpu_per_msg_ns() - self.sys_per_msg_ns()
     }
 }

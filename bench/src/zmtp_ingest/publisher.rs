@@ -27,11 +27,11 @@ use continuum_core::zmtp::wire;
 use super::{IngestError, ThreadClock, pin_to_cpu};
 
 /// Sequence of the first message. 2^16 puts every sequence of a run in msgpack's u32 form.
-pub(super) const SEQ_BASE: u64 = 1 << 16;
+pub(crate) const SEQ_BASE: u64 = 1 << 16;
 /// The publisher incarnation every message carries.
 pub(super) const PUBLISHER: PublisherId = PublisherId::new(0x6a6c_a22d_14e1_5583);
 /// Most messages one run may send (keeps every sequence in the u32 form).
-pub(super) const MAX_MESSAGES: u64 = u32::MAX as u64 - SEQ_BASE;
+pub(crate) const MAX_MESSAGES: u64 = u32::MAX as u64 - SEQ_BASE;
 
 /// The load sample every message carries (a busy decode worker, values as Dynamo reports them).
 const LOAD: ActiveLoad = ActiveLoad {
@@ -44,9 +44,9 @@ const LOAD: ActiveLoad = ActiveLoad {
 
 /// One encoded message on the wire and where its two sequence fields are.
 #[derive(Debug, Clone)]
-pub(super) struct Template {
+pub(crate) struct Template {
     /// The ZMTP frames of one message (flags, length, body, four times).
-    pub(super) wire: Vec<u8>,
+    pub(crate) wire: Vec<u8>,
     /// The four frame bodies of that message.
     pub(super) frames: [Vec<u8>; 4],
     /// Offset of frame 2's 8-byte big-endian sequence.
@@ -57,7 +57,7 @@ pub(super) struct Template {
 
 impl Template {
     /// Encodes one message and finds its sequence fields.
-    pub(super) fn new() -> Result<Self, IngestError> {
+    pub(crate) fn new() -> Result<Self, IngestError> {
         // A sequence whose bytes occur nowhere else in the message, so the search is unambiguous.
         let probe = 0x9e37_79b9u64;
         let mut payload = Vec::with_capacity(64);
@@ -114,17 +114,17 @@ fn find_once(hay: &[u8], needle: &[u8]) -> Result<usize, IngestError> {
 
 /// What the publisher did.
 #[derive(Debug, Clone, Copy, Default)]
-pub(super) struct Published {
+pub(crate) struct Published {
     /// Messages written.
-    pub(super) messages: u64,
+    pub(crate) messages: u64,
     /// CPU time of the publisher thread while it wrote them, in nanoseconds.
-    pub(super) cpu_ns: u64,
+    pub(crate) cpu_ns: u64,
 }
 
 /// Accepts one subscriber on `listener`, handshakes as a PUB and writes `total` messages in
 /// batches of `batch`, then half-closes and waits for the subscriber to close (draining what it
 /// sent, so the close is orderly). Pins itself to `cpu` if given.
-pub(super) fn run(
+pub(crate) fn run(
     listener: &TcpListener,
     template: &Template,
     total: u64,

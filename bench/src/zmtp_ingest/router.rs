@@ -21,6 +21,7 @@ use std::ops::ControlFlow;
 use continuum_core::zmtp::limits::READ_BUFFER_BYTES;
 use continuum_core::zmtp::{DropReason, ZmtpLimits, ZmtpSub};
 use continuum_shards::ingest::driver::{HANDSHAKE_TIMEOUT, SessionEnd, Sink, feed, run_session};
+use monoio::io::{AsyncReadRent, AsyncWriteRent};
 
 use super::{IngestError, Tally, pin_to_cpu};
 
@@ -62,7 +63,7 @@ impl Sink for Tally {
 
 /// Receives `total` messages from `addr` on a monoio runtime built on this thread (pinned to
 /// `cpu` if given). Returns the tally and the driver name.
-pub(super) fn run_monoio(
+pub(crate) fn run_monoio(
     addr: SocketAddr,
     total: u64,
     deadline: Instant,
@@ -71,9 +72,23 @@ pub(super) fn run_monoio(
     if let Some(cpu) = cpu {
         pin_to_cpu(cpu);
     }
-    // The shards' own runtime (io_uring with DEFER_TASKRUN when the kernel allows it, with the
-    // timer the session driver's handshake bound needs).
-    let (mut rt, kind) = continuum_shards::runtime::build(
+    let (mut rt, driver) = shard_runtime()?;
+    let tally = rt.block_on(async move {
+        let io = |what: &'static str| move |source| IngestError::Io { what, source };
+        let mut stream = monoio::net::TcpStream::connect(addr)
+            .await
+            .map_err(io("connecting to the publisher"))?;
+        stream.set_nodelay(true).map_err(io("nodelay"))?;
+        drive(&mut stream, total, deadline, "router (monoio)").await
+    })?;
+    Ok((tally, driver))
+}
+
+/// The shards' own runtime (io_uring with DEFER_TASKRUN when the kernel allows it, with the
+/// timer the session driver's handshake bound needs) and its driver's name.
+pub(crate) fn shard_runtime()
+-> Result<(continuum_shards::runtime::ShardRuntime, &'static str), IngestError> {
+    let (rt, kind) = continuum_shards::runtime::build(
         continuum_shards::runtime::DriverChoice::Best,
     )
     .map_err(|source| IngestError::Io {
@@ -84,34 +99,37 @@ pub(super) fn run_monoio(
         continuum_shards::runtime::DriverKind::Epoll => "epoll",
         _ => "io_uring",
     };
-    let tally = rt.block_on(async move {
-        let io = |what: &'static str| move |source| IngestError::Io { what, source };
-        let mut stream = monoio::net::TcpStream::connect(addr)
-            .await
-            .map_err(io("connecting to the publisher"))?;
-        stream.set_nodelay(true).map_err(io("nodelay"))?;
-        let mut tally = Tally::new(total);
-        let left = deadline.saturating_duration_since(Instant::now());
-        // The shards' session driver (`continuum_shards::ingest::driver`): 2 KiB reads when
-        // quiet, growing under a backlog, exactly as a shard runs a subscription.
-        let session = run_session(&mut stream, &mut tally, HANDSHAKE_TIMEOUT);
-        let idle = match monoio::time::timeout(left, session).await {
-            Err(_) => return Err(tally.timeout("router (monoio)")),
-            Ok(Ok(idle)) => idle,
-            Ok(Err(SessionEnd::Closed)) => return Err(tally.eof("router (monoio)")),
-            Ok(Err(SessionEnd::Refused(why))) => return Err(IngestError::Setup(why)),
-            Ok(Err(SessionEnd::Io(source) | SessionEnd::Connect(source))) => {
-                return Err(IngestError::Io {
-                    what: "reading (monoio)",
-                    source,
-                });
-            }
-            Ok(Err(SessionEnd::ConnectTimeout)) => return Err(tally.timeout("router (monoio)")),
-        };
-        tally.finish(idle);
-        Ok(tally)
-    })?;
-    Ok((tally, driver))
+    Ok((rt, driver))
+}
+
+/// Receives `total` messages over `stream` with the shards' session driver
+/// (`continuum_shards::ingest::driver`: 2 KiB reads when quiet, growing under a backlog, exactly
+/// as a shard runs a subscription) on the current monoio runtime, by `deadline`. `side` names
+/// the subscriber in errors.
+pub(crate) async fn drive<S: AsyncReadRent + AsyncWriteRent>(
+    stream: &mut S,
+    total: u64,
+    deadline: Instant,
+    side: &'static str,
+) -> Result<Tally, IngestError> {
+    let mut tally = Tally::new(total);
+    let left = deadline.saturating_duration_since(Instant::now());
+    let session = run_session(stream, &mut tally, HANDSHAKE_TIMEOUT);
+    let idle = match monoio::time::timeout(left, session).await {
+        Err(_) => return Err(tally.timeout(side)),
+        Ok(Ok(idle)) => idle,
+        Ok(Err(SessionEnd::Closed)) => return Err(tally.eof(side)),
+        Ok(Err(SessionEnd::Refused(why))) => return Err(IngestError::Setup(why)),
+        Ok(Err(SessionEnd::Io(source) | SessionEnd::Connect(source))) => {
+            return Err(IngestError::Io {
+                what: "reading",
+                source,
+            });
+        }
+        Ok(Err(SessionEnd::ConnectTimeout)) => return Err(tally.timeout(side)),
+    };
+    tally.finish(idle);
+    Ok(tally)
 }
 
 /// Read buffer of the diagnostic run: 8x the spec's, to show what the 2 KiB reads cost in

@@ -1,0 +1,420 @@
+//! `bus-relay`: the event bus's data path against a direct connection (issue 34's goals: one
+//! data stream relayed through the listener into a shard's ZMTP driver at ≥ 0.8x the bytes per
+//! second of the same driver on a direct loopback TCP connection; the listener's memory per idle
+//! session and per idle stream within the BUS-28 budget).
+//!
+//! One run, on loopback, in one process. The publisher is `zmtp-ingest`'s raw ZMTP PUB peer
+//! (`kv_metrics` messages of the real Dynamo shape, large batched writes). Sides, each a fresh
+//! publisher and M messages:
+//! - **direct**: the shards' session driver (`continuum_shards::ingest::driver::run_session`) on
+//!   the shards' runtime, connected to the publisher over TCP, as `transport: direct` runs it;
+//! - **bus**: a broker ([`broker`], TLS 1.3 + HTTP/2 over loopback, a stand-in for issue 35's)
+//!   relays the publisher on a data stream through the router's listener (`continuum_bus`, its own
+//!   thread), which hands the stream over as a Unix socket (`BusStream::into_socket`), and the same
+//!   driver reads that socket on the same runtime; once with the default per-stream budget and
+//!   once with the largest.
+//!
+//! Figures cover messages 2..=M at the receiver: wall time (bytes per second), the receiving
+//! (shard) thread's CPU, the listener thread's CPU (`/proc/self/task/*/stat`), the broker's and
+//! the publisher's. Then [`memory`]: bytes held per idle session and per idle stream.
+//!
+//! On a machine where the router, the broker and the publisher share two cores, the wall-clock
+//! ratio is bounded by everyone's CPU, not the router's; the report therefore also gives the
+//! router-side capacity: messages per CPU-second of the busier router thread (listener or
+//! shard) against the direct shard's.
+//!
+//! Invariants: every thread ends by the run's deadline; the router's threads (the receiving
+//! shard and the listener) are pinned to CPU 0 and the cluster's (publisher, broker) to CPU 1
+//! when there are at least two.
+
+mod broker;
+mod memory;
+mod setup;
+
+use std::fmt::Write as _;
+use std::net::TcpListener;
+use std::time::{Duration, Instant};
+
+use continuum_bus::ZmqTarget;
+use continuum_event_bus::message::Topic;
+use monoio::io::AsyncReadRentExt as _;
+
+use crate::zmtp_ingest::publisher::{self, Published, Template};
+use crate::zmtp_ingest::router::{drive, run_monoio, shard_runtime};
+use crate::zmtp_ingest::{IngestError, Tally, ThreadClock, pin_to_cpu};
+use setup::Budget;
+
+/// Options of `bus-relay`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RelayOptions {
+    /// Messages per side (M).
+    pub(crate) messages: u64,
+    /// Seconds each side may take.
+    pub(crate) timeout_secs: u64,
+    /// Idle sessions in the memory figure.
+    pub(crate) sessions: usize,
+    /// Idle streams in the memory figure.
+    pub(crate) streams: usize,
+}
+
+impl Default for RelayOptions {
+    fn default() -> Self {
+        Self {
+            messages: 2_000_000,
+            timeout_secs: 60,
+            sessions: 64,
+            streams: 512,
+        }
+    }
+}
+
+/// Most messages `--messages` accepts.
+pub(crate) const MAX_MESSAGES: u64 = publisher::MAX_MESSAGES;
+/// Messages per publisher write.
+const BATCH: usize = 1024;
+
+/// Why a part of the run failed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum RelayError {
+    /// Certificates, configs or the bench's own plumbing.
+    #[error("setup: {0}")]
+    Setup(String),
+    /// A socket or runtime operation failed.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: &'static str,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The publisher or the receiving driver failed.
+    #[error(transparent)]
+    Ingest(#[from] IngestError),
+    /// The broker stand-in failed.
+    #[error("broker: {0}")]
+    Broker(#[from] broker::BrokerError),
+    /// The router could not open the stream.
+    #[error("open_stream: {0}")]
+    Open(#[from] continuum_bus::BusStreamError),
+    /// The deadline passed first.
+    #[error("{0}: the deadline passed")]
+    Timeout(&'static str),
+    /// A thread of the run panicked.
+    #[error("the {0} thread panicked")]
+    Panicked(&'static str),
+}
+
+impl From<RelayError> for crate::error::BenchError {
+    fn from(e: RelayError) -> Self {
+        Self::stage(crate::error::Stage::BusRelay, e)
+    }
+}
+
+/// The two CPUs of a run: the receiver's, and everyone else's.
+type Cpus = Option<(usize, usize)>;
+
+/// One side's figures.
+struct Side {
+    name: String,
+    tally: Tally,
+    published: Published,
+    /// CPU of the listener thread and of the broker thread (bus sides only).
+    relay_cpu_ns: Option<(u64, u64)>,
+}
+
+fn direct(opts: RelayOptions, template: &Template, cpus: Cpus) -> Result<Side, RelayError> {
+    let deadline = Instant::now() + Duration::from_secs(opts.timeout_secs);
+    let (recv_cpu, pub_cpu) = split(cpus);
+    let listener = bind()?;
+    let addr = local(&listener)?;
+    let (tally, published) = std::thread::scope(|s| {
+        let publisher = s
+            .spawn(|| publisher::run(&listener, template, opts.messages, BATCH, deadline, pub_cpu));
+        let receiver = s.spawn(|| run_monoio(addr, opts.messages, deadline, recv_cpu));
+        (
+            join(receiver, "receiver").and_then(|r| Ok(r?)),
+            join(publisher, "publisher").and_then(|r| Ok(r?)),
+        )
+    });
+    let (tally, driver) = tally?;
+    Ok(Side {
+        name: format!("direct TCP ({driver})"),
+        tally,
+        published: published?,
+        relay_cpu_ns: None,
+    })
+}
+
+fn bus(
+    opts: RelayOptions,
+    template: &Template,
+    cpus: Cpus,
+    budget: Budget,
+) -> Result<Side, RelayError> {
+    let deadline = Instant::now() + Duration::from_secs(opts.timeout_secs);
+    let (recv_cpu, pub_cpu) = split(cpus);
+    let setup = setup::start(1, budget)?;
+    // The thread names itself once it runs.
+    let bus_tid = (0..200)
+        .find_map(|_| {
+            setup::thread_id("event-bus").or_else(|| {
+                std::thread::sleep(Duration::from_millis(5));
+                None
+            })
+        })
+        .ok_or_else(|| RelayError::Setup("no event-bus thread".into()))?;
+    // The router's threads (listener and shard) on one CPU, the cluster's (publisher and broker)
+    // on the other, as a router node and the cluster it relays from.
+    if let Some(cpu) = recv_cpu {
+        setup::pin_thread(bus_tid, cpu);
+    }
+    let listener = bind()?;
+    let addr = local(&listener)?;
+    let api = setup.listener.bus();
+    let dial = setup.dial(0);
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let bus_cpu_before = setup::thread_cpu_ns(bus_tid).unwrap_or(0);
+    let (tally, published, broker_cpu) = std::thread::scope(|s| {
+        let publisher = s
+            .spawn(|| publisher::run(&listener, template, opts.messages, BATCH, deadline, pub_cpu));
+        let broker = s.spawn(move || {
+            if let Some(cpu) = pub_cpu {
+                pin_to_cpu(cpu);
+            }
+            let clock = ThreadClock::now();
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|source| RelayError::Io {
+                    what: "the broker's runtime",
+                    source,
+                })?;
+            rt.block_on(broker::session(
+                dial,
+                async {
+                    let _ = stop_rx.await;
+                },
+                || {},
+            ))?;
+            Ok::<u64, RelayError>(clock.elapsed_ns())
+        });
+        let receiver = s.spawn(move || {
+            if let Some(cpu) = recv_cpu {
+                pin_to_cpu(cpu);
+            }
+            let result = receive(&api, addr.port(), opts.messages, deadline);
+            let _ = stop_tx.send(());
+            result
+        });
+        (
+            join(receiver, "receiver").and_then(|r| r),
+            join(publisher, "publisher").and_then(|r| Ok(r?)),
+            join(broker, "broker").and_then(|r| r),
+        )
+    });
+    let bus_cpu = setup::thread_cpu_ns(bus_tid)
+        .unwrap_or(0)
+        .saturating_sub(bus_cpu_before);
+    setup.listener.stop();
+    let (tally, driver) = tally?;
+    let windows = setup.bus.per_stream_buffer_bytes() / 4;
+    Ok(Side {
+        name: format!(
+            "bus, {} ({} KiB windows; {driver})",
+            budget.label(),
+            windows >> 10
+        ),
+        tally,
+        published: published?,
+        relay_cpu_ns: Some((bus_cpu, broker_cpu?)),
+    })
+}
+
+/// The shard's side of a bus run: once a broker covers the namespace, opens a `kv_metrics`
+/// stream to the publisher on `port` and runs the driver over it.
+fn receive(
+    api: &continuum_bus::EventBus,
+    port: u16,
+    total: u64,
+    deadline: Instant,
+) -> Result<(Tally, &'static str), RelayError> {
+    while !api.covers(setup::NAMESPACE) {
+        if Instant::now() >= deadline {
+            return Err(RelayError::Timeout("the broker's session"));
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let (mut rt, driver) = shard_runtime()?;
+    let target = ZmqTarget {
+        namespace: setup::NAMESPACE.to_owned(),
+        host: "127.0.0.1".to_owned(),
+        port,
+    };
+    let tally = rt.block_on(async move {
+        // HTTP/2 ends on the listener's thread; the shard reads the stream from a socket whose
+        // first byte says whether it opened.
+        let io = |what: &'static str| move |source| RelayError::Io { what, source };
+        let sock = api
+            .open_stream(&target, Topic::KvMetrics)?
+            .into_socket()
+            .map_err(io("the stream's socket"))?;
+        sock.set_nonblocking(true)
+            .map_err(io("the stream's socket"))?;
+        let mut sock =
+            monoio::net::UnixStream::from_std(sock).map_err(io("the stream's socket"))?;
+        let (res, status) = sock.read_exact(vec![0u8; 1]).await;
+        res.map_err(io("the stream's status"))?;
+        continuum_bus::open_status(status.first().copied().unwrap_or(u8::MAX))?;
+        Ok::<Tally, RelayError>(drive(&mut sock, total, deadline, "router over the bus").await?)
+    })?;
+    Ok((tally, driver))
+}
+
+fn split(cpus: Cpus) -> (Option<usize>, Option<usize>) {
+    cpus.map_or((None, None), |(r, p)| (Some(r), Some(p)))
+}
+
+fn bind() -> Result<TcpListener, RelayError> {
+    TcpListener::bind("127.0.0.1:0").map_err(|source| RelayError::Io {
+        what: "binding the publisher",
+        source,
+    })
+}
+
+fn local(l: &TcpListener) -> Result<std::net::SocketAddr, RelayError> {
+    l.local_addr().map_err(|source| RelayError::Io {
+        what: "the publisher's address",
+        source,
+    })
+}
+
+fn join<T>(h: std::thread::ScopedJoinHandle<'_, T>, what: &'static str) -> Result<T, RelayError> {
+    h.join().map_err(|_| RelayError::Panicked(what))
+}
+
+/// Runs every side and the memory figures, and renders the report.
+pub(crate) fn run(opts: RelayOptions) -> Result<String, RelayError> {
+    let template = Template::new()?;
+    let ncpu = std::thread::available_parallelism().map_or(1, usize::from);
+    let cpus = (ncpu >= 2).then_some((0, 1));
+    let mut sides = Vec::new();
+    eprintln!("bus-relay: direct: {} messages ...", opts.messages);
+    sides.push(direct(opts, &template, cpus)?);
+    for budget in [Budget::Default, Budget::Largest] {
+        eprintln!(
+            "bus-relay: bus, {}: {} messages ...",
+            budget.label(),
+            opts.messages
+        );
+        sides.push(bus(opts, &template, cpus, budget)?);
+    }
+    eprintln!(
+        "bus-relay: memory of {} idle sessions and {} idle streams ...",
+        opts.sessions, opts.streams
+    );
+    let deadline = Instant::now() + Duration::from_secs(opts.timeout_secs);
+    let mem = memory::measure(opts.sessions, opts.streams, deadline)?;
+    Ok(render(opts, &template, cpus, &sides, &mem))
+}
+
+fn render(
+    opts: RelayOptions,
+    template: &Template,
+    cpus: Cpus,
+    sides: &[Side],
+    mem: &memory::Figures,
+) -> String {
+    let mut r = String::new();
+    let len = template.wire.len();
+    let _ = writeln!(
+        r,
+        "bus-relay: {m} kv_metrics messages per side, {len} B each on the wire ({mb:.0} MB), from \
+         zmtp-ingest's raw ZMTP PUB peer ({BATCH} messages per write) into the shards' ZMTP \
+         driver on the shards' runtime",
+        m = opts.messages,
+        mb = (opts.messages * len as u64) as f64 / 1e6,
+    );
+    let _ = match cpus {
+        Some((rc, pc)) => writeln!(
+            r,
+            "pinning: the router's threads (shard, listener) on CPU {rc}; the cluster's \
+             (publisher, broker) on CPU {pc}"
+        ),
+        None => writeln!(r, "pinning: none (fewer than 2 CPUs)"),
+    };
+    let _ = writeln!(
+        r,
+        "figures over messages 2..=M; cpu ns/msg per thread (shard = the receiving driver)\n"
+    );
+    let _ = writeln!(
+        r,
+        "{:<52} {:>9} {:>9} {:>10} {:>11} {:>10} {:>10}",
+        "side", "MB/s", "msgs/s", "shard ns", "listener ns", "broker ns", "pub ns"
+    );
+    let per = |ns: u64, msgs: u64| ns as f64 / msgs.max(1) as f64;
+    // (MB/s, shard ns/msg, the busier router thread's ns/msg)
+    let mut rates = Vec::new();
+    for side in sides {
+        let Some(m) = side.tally.measured() else {
+            let _ = writeln!(r, "{:<52} not measured (no complete interval)", side.name);
+            rates.push(None);
+            continue;
+        };
+        let mbps = m.rate() * len as f64 / 1e6;
+        let listener_ns = side
+            .relay_cpu_ns
+            .map_or(0.0, |(l, _)| per(l, side.published.messages));
+        rates.push(Some((
+            mbps,
+            m.cpu_per_msg_ns(),
+            m.cpu_per_msg_ns().max(listener_ns),
+        )));
+        let (listener, broker) =
+            side.relay_cpu_ns
+                .map_or(("-".to_owned(), "-".to_owned()), |(l, b)| {
+                    let msgs = side.published.messages;
+                    (
+                        format!("{:.1}", per(l, msgs)),
+                        format!("{:.1}", per(b, msgs)),
+                    )
+                });
+        let _ = writeln!(
+            r,
+            "{:<52} {:>9.1} {:>9.0} {:>10.1} {:>11} {:>10} {:>10.1}",
+            side.name,
+            mbps,
+            m.rate(),
+            m.cpu_per_msg_ns(),
+            listener,
+            broker,
+            per(side.published.cpu_ns, side.published.messages),
+        );
+        if side.tally.anomalies() > 0 {
+            let _ = writeln!(
+                r,
+                "  WARNING: {} messages rejected, dropped or out of sequence: not a clean stream",
+                side.tally.anomalies()
+            );
+        }
+    }
+    let _ = writeln!(r);
+    if let Some(Some((base, base_cpu, _))) = rates.first() {
+        for (side, rate) in sides.iter().zip(&rates).skip(1) {
+            if let Some((mbps, cpu, busier)) = rate {
+                let _ = writeln!(
+                    r,
+                    "{}/direct: throughput {:.2}x (goal >= 0.8x), shard CPU per message {:.2}x, \
+                     router-side capacity {:.2}x (messages per CPU-second of the busier router \
+                     thread)",
+                    side.name,
+                    mbps / base.max(1e-9),
+                    cpu / base_cpu.max(1e-9),
+                    base_cpu / busier.max(1e-9),
+                );
+            }
+        }
+    }
+    memory::render(mem, &mut r);
+    r
+}
