@@ -3,6 +3,7 @@
 //! request presents. A leaf: the routes and the session both use it.
 
 use std::convert::Infallible;
+use std::future::Future as _;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -94,10 +95,13 @@ impl hyper::body::Body for Tracked {
 pub(crate) enum Body {
     Whole(Full<Bytes>),
     Stream(mpsc::Receiver<Bytes>),
-    /// A data stream's bytes to the broker, counted as they leave.
+    /// A data stream's bytes to the broker, counted as they leave; it ends when the stream's
+    /// inbound pump ends (the stream was closed, the broker's request ended, or the holder is
+    /// gone: the third part resolves), so a stream the router closes ends both ways.
     Relay(
         mpsc::Receiver<Bytes>,
         std::sync::Arc<continuum_core::bus::metrics::BusMetrics>,
+        tokio::sync::oneshot::Receiver<()>,
     ),
 }
 
@@ -112,12 +116,17 @@ impl hyper::body::Body for Body {
         match self.get_mut() {
             Body::Whole(b) => Pin::new(b).poll_frame(cx),
             Body::Stream(rx) => rx.poll_recv(cx).map(|o| o.map(|b| Ok(Frame::data(b)))),
-            Body::Relay(rx, metrics) => rx.poll_recv(cx).map(|o| {
-                o.map(|b| {
-                    metrics.relayed_out(b.len());
-                    Ok(Frame::data(b))
+            Body::Relay(rx, metrics, ended) => {
+                if Pin::new(ended).poll(cx).is_ready() {
+                    return Poll::Ready(None);
+                }
+                rx.poll_recv(cx).map(|o| {
+                    o.map(|b| {
+                        metrics.relayed_out(b.len());
+                        Ok(Frame::data(b))
+                    })
                 })
-            }),
+            }
         }
     }
 }

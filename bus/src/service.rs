@@ -46,13 +46,15 @@ pub(crate) async fn handle(
         match who.and_then(|entry| crate::streams::accept(&state, &id, &entry, version)) {
             Err(code) => drain_refuse(body, &state, code, "this stream cannot be opened"),
             Ok((into_stream, from_stream, close)) => {
+                let (ended_tx, ended_rx) = tokio::sync::oneshot::channel();
                 tokio::spawn(crate::streams::pump(
                     body,
                     into_stream,
                     close,
                     state.metrics.clone(),
+                    ended_tx,
                 ));
-                Response::new(Body::Relay(from_stream, state.metrics.clone()))
+                Response::new(Body::Relay(from_stream, state.metrics.clone(), ended_rx))
             }
         }
     } else {

@@ -348,12 +348,14 @@ pub(crate) fn accept(
 
 /// Relay the broker's request body into the stream's inbound pipe, a frame at a time (the pipe's
 /// room is what lets HTTP/2 flow control push back on the broker), until the body ends, the
-/// stream is closed, or its reader is gone.
+/// stream is closed, or its reader is gone. `_ended` drops with it: the response to the broker
+/// ends then too.
 pub(crate) async fn pump(
     mut body: hyper::body::Incoming,
     tx: mpsc::Sender<Bytes>,
     mut close: oneshot::Receiver<()>,
     metrics: Arc<continuum_core::bus::metrics::BusMetrics>,
+    _ended: oneshot::Sender<()>,
 ) {
     use http_body_util::BodyExt as _;
     loop {

@@ -193,7 +193,8 @@ async fn draining_and_ended_sessions_close_their_streams() {
         .as_str()
         .unwrap()
         .to_owned();
-    let (_resp, _data_tx) = open_data(&mut send, &id, TOKEN_A, "1").await;
+    let (resp, _data_tx) = open_data(&mut send, &id, TOKEN_A, "1").await;
+    let mut to_broker = resp.into_body();
     let mut stream = open.wait().await.unwrap();
     let pending = api
         .open_stream(&target("10.0.0.8"), Topic::KvEvents)
@@ -207,6 +208,8 @@ async fn draining_and_ended_sessions_close_their_streams() {
             .unwrap(),
         None
     );
+    // Both ways: the broker's answer ends too, although the holder still has the stream.
+    assert_eq!(next_data(&mut to_broker).await, None);
     assert_eq!(
         pending.wait().await.unwrap_err(),
         BusStreamError::SessionClosed

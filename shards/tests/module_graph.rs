@@ -1,6 +1,6 @@
 //! Module-graph check: the modules of `continuum-shards`, `continuum-core`, the event bus
-//! listener (`continuum-bus`) and its wire contract (`continuum-event-bus`) must not depend on each
-//! other in a cycle.
+//! listener (`continuum-bus`), its wire contract (`continuum-event-bus`) and the broker
+//! (`continuum-event-broker`) must not depend on each other in a cycle.
 //!
 //! The rule, checked at every level of each crate's module tree (the crate root `lib.rs` is the
 //! parent of the top-level modules): the sibling modules under one parent form an acyclic graph,
@@ -582,6 +582,10 @@ fn event_bus_crates_have_no_module_cycles() {
     assert_acyclic(
         "continuum-event-bus",
         "../crates/continuum-event-bus/src/lib.rs",
+    );
+    assert_acyclic(
+        "continuum-event-broker",
+        "../crates/continuum-event-broker/src/lib.rs",
     );
 }
 

@@ -12,14 +12,17 @@
 //! Invariants: every wait is bounded by the deadline; the brokers' thread ends when this returns.
 
 use std::fmt::Write as _;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use continuum_bus::{BusStream, ZmqTarget};
 use continuum_event_bus::message::Topic;
 use tokio::sync::{mpsc, oneshot, watch};
 
+use continuum_event_broker::{Advertised, Dial};
+
+use super::RelayError;
 use super::setup::{self, Budget};
-use super::{RelayError, broker};
 use crate::alloc::{live_bytes, thread_net_bytes};
 
 /// What the figures found.
@@ -42,8 +45,8 @@ pub(super) struct Figures {
 
 /// A request to the brokers' thread.
 enum Ask {
-    /// Open every session; answer once all are welcomed.
-    Open(oneshot::Sender<()>),
+    /// Open every session, each relaying only the idle target.
+    Open,
     /// Answer with the thread's net allocated bytes.
     Net(oneshot::Sender<i64>),
 }
@@ -51,7 +54,7 @@ enum Ask {
 /// The brokers' thread: an idle TCP target (accepts and holds every connection), and on
 /// [`Ask::Open`] every session; ends when `asks` closes.
 fn brokers(
-    dials: Vec<broker::Dial>,
+    dials: Vec<Dial>,
     mut asks: mpsc::Receiver<Ask>,
     target_port: oneshot::Sender<u16>,
 ) -> Result<(), RelayError> {
@@ -83,37 +86,30 @@ fn brokers(
                 held.push(s);
             }
         });
-        let (stop_tx, stop_rx) = watch::channel(());
+        let (stop_tx, stop_rx) = watch::channel(false);
         while let Some(ask) = asks.recv().await {
             match ask {
                 Ask::Net(tx) => {
                     let _ = tx.send(thread_net_bytes());
                 }
-                Ask::Open(done) => {
-                    let n = dials.len();
-                    let (up_tx, mut up_rx) = mpsc::channel(n.max(1));
+                Ask::Open => {
+                    let advertised = Arc::new(Advertised::from_entries([(
+                        setup::NAMESPACE.to_owned(),
+                        "127.0.0.1".to_owned(),
+                        port,
+                        Topic::KvEvents,
+                    )]));
+                    // Read at each subscribe; nothing updates it here.
+                    let (_, advertised) = watch::channel(advertised);
                     for dial in dials.clone() {
-                        let mut stop = stop_rx.clone();
-                        let up = up_tx.clone();
-                        tokio::spawn(async move {
-                            let _ = broker::session(
-                                dial,
-                                async move {
-                                    let _ = stop.changed().await;
-                                },
-                                move || {
-                                    let _ = up.try_send(());
-                                },
-                            )
-                            .await;
-                        });
+                        let (advertised, drain) = (advertised.clone(), stop_rx.clone());
+                        tokio::spawn(continuum_event_broker::run(
+                            dial,
+                            advertised,
+                            drain,
+                            Arc::default(),
+                        ));
                     }
-                    tokio::spawn(async move {
-                        for _ in 0..n {
-                            let _ = up_rx.recv().await;
-                        }
-                        let _ = done.send(());
-                    });
                 }
             }
         }
@@ -168,14 +164,13 @@ pub(super) fn measure(
                 .map_err(|_| RelayError::Setup("the brokers' thread ended".into()))?;
             let mut held: Vec<BusStream> = Vec::with_capacity(streams);
             let before = reading(&asks_tx).await?;
-            let (done_tx, done_rx) = oneshot::channel();
             asks_tx
-                .send(Ask::Open(done_tx))
+                .send(Ask::Open)
                 .await
                 .map_err(|_| RelayError::Setup("the brokers' thread ended".into()))?;
-            done_rx
-                .await
-                .map_err(|_| RelayError::Setup("the sessions did not open".into()))?;
+            while api.session_count() < sessions {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
             let with_sessions = reading(&asks_tx).await?;
             for _ in 0..streams {
                 // Distinct targets (host names differ), one idle TCP target behind them all.

@@ -8,7 +8,7 @@
 //! publisher and M messages:
 //! - **direct**: the shards' session driver (`continuum_shards::ingest::driver::run_session`) on
 //!   the shards' runtime, connected to the publisher over TCP, as `transport: direct` runs it;
-//! - **bus**: a broker ([`broker`], TLS 1.3 + HTTP/2 over loopback, a stand-in for issue 35's)
+//! - **bus**: the broker (`continuum-event-broker`'s library, TLS 1.3 + HTTP/2 over loopback)
 //!   relays the publisher on a data stream through the router's listener (`continuum_bus`, its own
 //!   thread), which hands the stream over as a Unix socket (`BusStream::into_socket`), and the same
 //!   driver reads that socket on the same runtime; once with the default per-stream budget and
@@ -27,7 +27,6 @@
 //! shard and the listener) are pinned to CPU 0 and the cluster's (publisher, broker) to CPU 1
 //! when there are at least two.
 
-mod broker;
 mod memory;
 mod setup;
 
@@ -91,9 +90,6 @@ pub(crate) enum RelayError {
     /// The publisher or the receiving driver failed.
     #[error(transparent)]
     Ingest(#[from] IngestError),
-    /// The broker stand-in failed.
-    #[error("broker: {0}")]
-    Broker(#[from] broker::BrokerError),
     /// The router could not open the stream.
     #[error("open_stream: {0}")]
     Open(#[from] continuum_bus::BusStreamError),
@@ -190,13 +186,24 @@ fn bus(
                     what: "the broker's runtime",
                     source,
                 })?;
-            rt.block_on(broker::session(
-                dial,
-                async {
-                    let _ = stop_rx.await;
-                },
-                || {},
-            ))?;
+            let advertised = continuum_event_broker::Advertised::from_entries([(
+                setup::NAMESPACE.to_owned(),
+                "127.0.0.1".to_owned(),
+                addr.port(),
+                Topic::KvMetrics,
+            )]);
+            let (_drain_tx, drain) = tokio::sync::watch::channel(false);
+            rt.block_on(async {
+                tokio::select! {
+                    () = continuum_event_broker::run(
+                        dial,
+                        tokio::sync::watch::channel(std::sync::Arc::new(advertised)).1,
+                        drain,
+                        std::sync::Arc::default(),
+                    ) => {}
+                    _ = stop_rx => {}
+                }
+            });
             Ok::<u64, RelayError>(clock.elapsed_ns())
         });
         let receiver = s.spawn(move || {

@@ -14,7 +14,8 @@ use continuum_core::config::dynamo::{BrokerConfig, BrokerRole, EventBusConfig};
 use sha2::Digest as _;
 
 use super::RelayError;
-use super::broker::Dial;
+use continuum_event_broker::Dial;
+use rustls::pki_types::ServerName;
 
 /// The namespace every broker declares and every target is in.
 pub(super) const NAMESPACE: &str = "bench";
@@ -75,17 +76,19 @@ pub(super) struct Setup {
     pub(super) listener: Listener,
     pub(super) bus: EventBusConfig,
     client_tls: Arc<rustls::ClientConfig>,
+    server_name: ServerName<'static>,
 }
 
 impl Setup {
-    /// Broker `i`'s dial details.
+    /// Broker `i`'s dial details (the `continuum-event-broker` library's).
     pub(super) fn dial(&self, i: usize) -> Dial {
         Dial {
             addr: self.listener.local_addr(),
+            server_name: self.server_name.clone(),
             tls: self.client_tls.clone(),
-            token: token(i),
+            token: Some(token(i)),
             client_id: id(i),
-            namespace: NAMESPACE.to_owned(),
+            namespaces: vec![NAMESPACE.to_owned()],
         }
     }
 }
@@ -138,6 +141,7 @@ pub(super) fn start(brokers: usize, budget: Budget) -> Result<Setup, RelayError>
         listener,
         bus,
         client_tls: Arc::new(client),
+        server_name: ServerName::try_from("localhost").map_err(|e| setup(&e))?,
     })
 }
 
