@@ -40,6 +40,7 @@ use tokio::task::JoinHandle;
 
 pub use plan::{
     DiscoveryPlan, FilePlan, NotRunnable, Registry, RestartReason, Transition, classify, plan_for,
+    plan_for_discovery,
 };
 
 /// Grace a stopping watcher gets before it is aborted (RELOAD-10).

@@ -5,7 +5,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use continuum_core::config::Config;
-use continuum_core::config::dynamo::{DiscoverySource, EtcdConfig, KubernetesConfig};
+use continuum_core::config::dynamo::{
+    DiscoveryConfig, DiscoverySource, EtcdConfig, KubernetesConfig,
+};
 
 /// The discovery a config asks for.
 #[derive(Debug, Clone, PartialEq)]
@@ -46,39 +48,40 @@ pub fn plan_for(config: &Config) -> Result<Option<DiscoveryPlan>, NotRunnable> {
     if !d.enabled {
         return Ok(None);
     }
+    plan_for_discovery(&d.discovery).map(Some)
+}
+
+/// The plan for an enabled discovery section (the router's, or one another program embeds: the
+/// event broker).
+pub fn plan_for_discovery(d: &DiscoveryConfig) -> Result<DiscoveryPlan, NotRunnable> {
     if !cfg!(feature = "dynamo") {
         return Err(NotRunnable::FeatureMissing);
     }
-    match d.discovery.source {
-        DiscoverySource::Etcd => Ok(Some(DiscoveryPlan::Etcd(d.discovery.etcd.clone()))),
+    match d.source {
+        DiscoverySource::Etcd => Ok(DiscoveryPlan::Etcd(d.etcd.clone())),
         DiscoverySource::File => {
-            let f = &d.discovery.file;
+            let f = &d.file;
             let Some(root) = &f.root else {
                 return Err(NotRunnable::MissingSetting("dynamo.discovery.file.root"));
             };
-            Ok(Some(DiscoveryPlan::File(FilePlan {
+            Ok(DiscoveryPlan::File(FilePlan {
                 root: PathBuf::from(root),
                 ttl: f.ttl,
                 namespaces: f.namespaces.clone(),
-            })))
+            }))
         }
-        DiscoverySource::KubernetesPods => {
-            let k = &d.discovery.kubernetes;
+        DiscoverySource::KubernetesPods | DiscoverySource::Kubernetes => {
+            let k = &d.kubernetes;
             if k.namespace.is_none() {
                 return Err(NotRunnable::MissingSetting(
                     "dynamo.discovery.kubernetes.namespace",
                 ));
             }
-            Ok(Some(DiscoveryPlan::KubernetesPods(k.clone())))
-        }
-        DiscoverySource::Kubernetes => {
-            let k = &d.discovery.kubernetes;
-            if k.namespace.is_none() {
-                return Err(NotRunnable::MissingSetting(
-                    "dynamo.discovery.kubernetes.namespace",
-                ));
-            }
-            Ok(Some(DiscoveryPlan::KubernetesMetadata(k.clone())))
+            Ok(if d.source == DiscoverySource::Kubernetes {
+                DiscoveryPlan::KubernetesMetadata(k.clone())
+            } else {
+                DiscoveryPlan::KubernetesPods(k.clone())
+            })
         }
     }
 }

@@ -50,7 +50,11 @@ pub(crate) fn dynamo(ctx: &mut Ctx<'_>, u: Option<&UserDynamo>) -> DynamoConfig 
 }
 
 /// `dynamo.discovery`.
-fn discovery(ctx: &mut Ctx<'_>, u: Option<&UserDiscovery>, enabled: bool) -> DiscoveryConfig {
+pub(crate) fn discovery(
+    ctx: &mut Ctx<'_>,
+    u: Option<&UserDiscovery>,
+    enabled: bool,
+) -> DiscoveryConfig {
     let Some(u) = u else {
         let d = DiscoveryConfig::default();
         if enabled {

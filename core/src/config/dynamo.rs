@@ -43,13 +43,7 @@ pub struct DynamoConfig {
 impl DynamoConfig {
     /// The Dynamo namespaces followed by the active discovery source, in config order.
     pub fn namespaces(&self) -> &[String] {
-        match self.discovery.source {
-            DiscoverySource::Etcd => &self.discovery.etcd.namespaces,
-            DiscoverySource::File => &self.discovery.file.namespaces,
-            DiscoverySource::Kubernetes | DiscoverySource::KubernetesPods => {
-                &self.discovery.kubernetes.dynamo_namespaces
-            }
-        }
+        self.discovery.namespaces()
     }
 }
 
@@ -91,6 +85,19 @@ pub struct DiscoveryConfig {
     pub kubernetes: KubernetesConfig,
     /// `discovery.file`.
     pub file: FileConfig,
+}
+
+impl DiscoveryConfig {
+    /// The Dynamo namespaces the active source follows, in config order.
+    pub fn namespaces(&self) -> &[String] {
+        match self.source {
+            DiscoverySource::Etcd => &self.etcd.namespaces,
+            DiscoverySource::File => &self.file.namespaces,
+            DiscoverySource::Kubernetes | DiscoverySource::KubernetesPods => {
+                &self.kubernetes.dynamo_namespaces
+            }
+        }
+    }
 }
 
 /// Default liveness window of a file-store record (Dynamo's FileStore default, = the etcd lease).

@@ -142,6 +142,17 @@ pub struct KeyRate {
     pub burst: u32,
 }
 
+impl dynamo::DiscoveryConfig {
+    /// Parse and validate a `dynamo.discovery` section alone (the event broker embeds it): the
+    /// router's rules, as if `dynamo.enabled` were true, paths relative to the section.
+    pub fn from_yaml(
+        text: &str,
+        env: &dyn EnvLookup,
+    ) -> Result<(dynamo::DiscoveryConfig, Vec<Warning>), ConfigErrors> {
+        parse::discovery_from_yaml(text, env)
+    }
+}
+
 impl Config {
     /// Parse and validate a YAML document. On success returns the config and its warnings; on
     /// failure every error found (never only the first).

@@ -47,6 +47,50 @@ pub(super) fn from_yaml(
     }
 }
 
+/// `dynamo.discovery` on its own, for a program that embeds the router's discovery (the event
+/// broker): the router's parser and rules for that section as if `dynamo.enabled` were true.
+/// Paths are relative to the section (`source`, `file.root`, ...).
+pub(super) fn discovery_from_yaml(
+    text: &str,
+    env: &dyn EnvLookup,
+) -> Result<(super::dynamo::DiscoveryConfig, Vec<Warning>), ConfigErrors> {
+    const PREFIX: &str = "dynamo.discovery.";
+    let mut unknown = Vec::new();
+    let de = serde_yaml_ng::Deserializer::from_str(text);
+    let mut cb = |path: serde_ignored::Path<'_>| unknown.push(dotted(&path));
+    let user = match super::user_dynamo::UserDiscovery::deserialize(
+        serde_ignored::Deserializer::new(de, &mut cb),
+    ) {
+        Ok(u) => u,
+        Err(e) => {
+            return Err(ConfigErrors {
+                errors: vec![yaml_error(&e)],
+                warnings: Vec::new(),
+            });
+        }
+    };
+    let mut ctx = Ctx::new(env);
+    for path in unknown {
+        let key = path.rsplit(['.', '[']).next().unwrap_or(&path).to_owned();
+        ctx.error(&format!("{PREFIX}{path}"), key, "unknown key");
+    }
+    let discovery = super::convert_dynamo::discovery(&mut ctx, Some(&user), true);
+    let strip = |f: &mut String| {
+        if let Some(rest) = f.strip_prefix(PREFIX) {
+            *f = rest.to_owned();
+        }
+    };
+    let mut warnings = ctx.warnings;
+    warnings.iter_mut().for_each(|w| strip(&mut w.field));
+    if ctx.errors.is_empty() {
+        Ok((discovery, warnings))
+    } else {
+        let mut errors = ctx.errors;
+        errors.iter_mut().for_each(|e| strip(&mut e.field));
+        Err(ConfigErrors { errors, warnings })
+    }
+}
+
 /// Deserialize the user model, collecting unknown-key paths.
 fn parse_user(text: &str, unknown: &mut Vec<String>) -> Result<UserConfig, FieldError> {
     // An empty document (or only comments) is the all-defaults config.

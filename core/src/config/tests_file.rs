@@ -199,3 +199,27 @@ fn file_config_show_renders_and_parses_back() {
     };
     assert_eq!(back.dynamo.discovery.file, d.dynamo.discovery.file);
 }
+
+/// The section alone (the event broker embeds it): the router's rules, paths relative to it.
+#[test]
+fn a_discovery_section_alone_follows_the_routers_rules() {
+    use super::dynamo::DiscoveryConfig;
+    let (d, warnings) = DiscoveryConfig::from_yaml(
+        "source: file\nfile: { root: /var/dynamo, namespaces: [a, b] }\n",
+        &NoEnv,
+    )
+    .unwrap();
+    assert!(warnings.is_empty(), "{warnings:?}");
+    assert_eq!(d.source, DiscoverySource::File);
+    assert_eq!(d.namespaces(), ["a", "b"]);
+    let e =
+        DiscoveryConfig::from_yaml("source: file\nfile: { root: relative }\nbogus: 1\n", &NoEnv)
+            .unwrap_err();
+    let fields: Vec<&str> = e.errors.iter().map(|e| e.field.as_str()).collect();
+    assert!(
+        fields.contains(&"file.root") && fields.contains(&"bogus"),
+        "{fields:?}"
+    );
+    // Checked as for an enabled router: etcd needs its endpoints.
+    assert!(DiscoveryConfig::from_yaml("source: etcd\n", &NoEnv).is_err());
+}

@@ -16,6 +16,7 @@ pub const REFUSALS: [CloseReason; 3] = [
 /// The counters.
 #[derive(Debug, Default)]
 pub struct BrokerStats {
+    advertised: AtomicU64,
     sessions: AtomicI64,
     established: AtomicU64,
     streams: AtomicI64,
@@ -23,6 +24,11 @@ pub struct BrokerStats {
 }
 
 impl BrokerStats {
+    pub(crate) fn advertised(&self, n: usize) {
+        self.advertised
+            .store(u64::try_from(n).unwrap_or(u64::MAX), Relaxed);
+    }
+
     pub(crate) fn session_up(&self) {
         self.sessions.fetch_add(1, Relaxed);
         self.established.fetch_add(1, Relaxed);
@@ -71,4 +77,78 @@ impl BrokerStats {
             .and_then(|i| self.refused.get(i))
             .map_or(0, |c| c.load(Relaxed))
     }
+}
+
+/// The Prometheus text of `stats`.
+pub fn render(stats: &BrokerStats) -> String {
+    use std::fmt::Write as _;
+    let mut r = String::new();
+    let mut metric = |name: &str, kind: &str, help: &str, value: String| {
+        let _ = writeln!(
+            r,
+            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
+        );
+    };
+    metric(
+        "continuum_event_broker_sessions",
+        "gauge",
+        "Sessions with the router's event bus that are up (0 or 1).",
+        stats.sessions().to_string(),
+    );
+    metric(
+        "continuum_event_broker_sessions_established_total",
+        "counter",
+        "Sessions the router welcomed.",
+        stats.established().to_string(),
+    );
+    metric(
+        "continuum_event_broker_streams",
+        "gauge",
+        "Publishers being relayed.",
+        stats.streams().to_string(),
+    );
+    metric(
+        "continuum_event_broker_advertised_publishers",
+        "gauge",
+        "Publishers discovery advertises (what may be relayed).",
+        stats.advertised.load(Relaxed).to_string(),
+    );
+    let _ = writeln!(
+        r,
+        "# HELP continuum_event_broker_refusals_total Subscribes refused, by reason.\n\
+         # TYPE continuum_event_broker_refusals_total counter"
+    );
+    for reason in REFUSALS {
+        let word = match reason {
+            CloseReason::TargetNotAdvertised => "target_not_advertised",
+            CloseReason::Draining => "draining",
+            _ => "refused",
+        };
+        let _ = writeln!(
+            r,
+            "continuum_event_broker_refusals_total{{reason=\"{word}\"}} {}",
+            stats.refusals(reason)
+        );
+    }
+    r
+}
+
+/// The answer to a request on the metrics port: `/metrics`, or `/healthz` (200 while a session
+/// with the router is up, 503 otherwise: a readiness probe).
+pub fn answer<B>(
+    req: &http::Request<B>,
+    stats: &BrokerStats,
+) -> http::Response<http_body_util::Full<bytes::Bytes>> {
+    let (status, body) = match req.uri().path() {
+        "/metrics" => (http::StatusCode::OK, render(stats)),
+        "/healthz" if stats.sessions() > 0 => (http::StatusCode::OK, "ok\n".to_owned()),
+        "/healthz" => (
+            http::StatusCode::SERVICE_UNAVAILABLE,
+            "no session with the router\n".to_owned(),
+        ),
+        _ => (http::StatusCode::NOT_FOUND, "not found\n".to_owned()),
+    };
+    let mut resp = http::Response::new(http_body_util::Full::new(bytes::Bytes::from(body)));
+    *resp.status_mut() = status;
+    resp
 }

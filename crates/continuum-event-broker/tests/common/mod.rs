@@ -19,6 +19,7 @@ pub const ID: &str = "broker-a.dynamo";
 pub struct Router {
     pub listener: Listener,
     pub ca: rustls::pki_types::CertificateDer<'static>,
+    pub ca_pem: String,
     pub tls: Arc<rustls::ServerConfig>,
 }
 
@@ -57,6 +58,7 @@ pub fn router() -> Router {
     Router {
         listener,
         ca: ca.der().clone(),
+        ca_pem: ca.pem(),
         tls,
     }
 }
