@@ -6,15 +6,17 @@
 //! Layers: [`advertised`] (what may be relayed), [`session`] (one control session: hello,
 //! commands, heartbeats, draining), `relay` (one data stream), [`stats`] (counters and the
 //! metrics port's answers), and [`run`], which keeps a session up with doubling backoff until
-//! drained; [`config`] (the `--config` file) and [`daemon`] (discovery, TLS, signals, the metrics
-//! port) make the process the binary runs.
+//! drained; `config` (the `--config` file) and `daemon` (discovery, TLS, signals, the metrics
+//! port; feature `daemon`, on by default) make the process the binary runs.
 //!
 //! Invariants: the broker opens no listening port towards the router; every buffer is bounded
 //! (a relay holds one read and one body chunk per direction); the token is never logged.
 
 pub mod advertised;
 mod body;
+#[cfg(feature = "daemon")]
 pub mod config;
+#[cfg(feature = "daemon")]
 pub mod daemon;
 mod relay;
 pub mod session;

@@ -24,6 +24,7 @@ pub struct BrokerStats {
 }
 
 impl BrokerStats {
+    #[cfg(feature = "daemon")]
     pub(crate) fn advertised(&self, n: usize) {
         self.advertised
             .store(u64::try_from(n).unwrap_or(u64::MAX), Relaxed);
@@ -133,6 +134,7 @@ pub fn render(stats: &BrokerStats) -> String {
     r
 }
 
+#[cfg(feature = "daemon")]
 /// The answer to a request on the metrics port: `/metrics`, or `/healthz` (200 while a session
 /// with the router is up, 503 otherwise: a readiness probe).
 pub fn answer<B>(
