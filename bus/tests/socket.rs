@@ -20,6 +20,27 @@ fn holder(sock: std::os::unix::net::UnixStream) -> UnixStream {
     UnixStream::from_std(sock).unwrap()
 }
 
+/// The router commands a stream to `host` and takes it as a socket: the holder's end and the id
+/// the broker was told.
+async fn commanded(
+    api: &continuum_bus::EventBus,
+    lines: &mut Lines,
+    host: &str,
+    topic: Topic,
+) -> (UnixStream, String) {
+    let sock = holder(
+        api.open_stream(&target(host), topic)
+            .unwrap()
+            .into_socket()
+            .unwrap(),
+    );
+    let id = lines.next().await.unwrap()["stream_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    (sock, id)
+}
+
 async fn status(sock: &mut UnixStream) -> Result<(), BusStreamError> {
     let mut byte = [0u8; 1];
     tokio::time::timeout(Duration::from_secs(5), sock.read_exact(&mut byte))
@@ -34,16 +55,7 @@ async fn a_socket_relays_both_ways_and_ends_when_either_side_does() {
     let bus = start(bus());
     let (mut lines, _session_tx, mut send) = broker_session(&bus).await;
     let api = bus.listener.bus();
-    let mut sock = holder(
-        api.open_stream(&target("10.0.0.7"), Topic::KvMetrics)
-            .unwrap()
-            .into_socket()
-            .unwrap(),
-    );
-    let id = lines.next().await.unwrap()["stream_id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let (mut sock, id) = commanded(&api, &mut lines, "10.0.0.7", Topic::KvMetrics).await;
     let (resp, data_tx) = open_data(&mut send, &id, TOKEN_A, "1").await;
     assert_eq!(resp.status(), 200);
     let mut from_router = resp.into_body();
@@ -91,16 +103,7 @@ async fn a_refused_stream_says_why_and_a_holder_that_leaves_first_unsubscribes()
     let bus = start(bus());
     let (mut lines, tx, _send) = broker_session(&bus).await;
     let api = bus.listener.bus();
-    let mut refused = holder(
-        api.open_stream(&target("10.0.0.7"), Topic::KvEvents)
-            .unwrap()
-            .into_socket()
-            .unwrap(),
-    );
-    let id = lines.next().await.unwrap()["stream_id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let (mut refused, id) = commanded(&api, &mut lines, "10.0.0.7", Topic::KvEvents).await;
     let closed = serde_json::json!({"type": "stream_closed", "stream_id": id, "reason": "target_not_advertised"});
     tx.send(Bytes::from(format!("{closed}\n"))).await.unwrap();
     assert_eq!(
@@ -112,15 +115,7 @@ async fn a_refused_stream_says_why_and_a_holder_that_leaves_first_unsubscribes()
     assert!(rest.is_empty(), "nothing after a refusal");
 
     // Dropped before the broker opened it: cancelled at once, not after the open timeout.
-    let gone = api
-        .open_stream(&target("10.0.0.8"), Topic::KvEvents)
-        .unwrap()
-        .into_socket()
-        .unwrap();
-    let id = lines.next().await.unwrap()["stream_id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let (gone, id) = commanded(&api, &mut lines, "10.0.0.8", Topic::KvEvents).await;
     drop(gone);
     assert_eq!(
         lines.next().await.unwrap(),

@@ -80,27 +80,54 @@ async fn recv_exactly(stream: &mut continuum_bus::BusStream, n: usize) -> Vec<u8
     got
 }
 
-#[tokio::test]
-async fn relays_an_advertised_publisher_both_ways_and_refuses_the_rest() {
+/// A broker relaying `port` (topic `topic`) to a fresh router listener, welcomed.
+struct Running {
+    router: common::Router,
+    stats: Arc<BrokerStats>,
+    drain: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+async fn running(port: u16, topic: Topic) -> Running {
     let router = router();
-    let (port, published, _close) = publisher(b"\xff\x00greeting").await;
-    let (_drain_tx, drain) = watch::channel(false);
+    let (drain, drain_rx) = watch::channel(false);
     let stats = Arc::new(BrokerStats::default());
-    let broker = tokio::spawn(continuum_event_broker::run(
+    let task = tokio::spawn(continuum_event_broker::run(
         router.dial(TOKEN),
-        advertising(&[(port, Topic::KvEvents)]),
-        drain,
+        advertising(&[(port, topic)]),
+        drain_rx,
         stats.clone(),
     ));
     let api = router.listener.bus();
     eventually(|| api.covers("dynamo") && stats.sessions() == 1).await;
+    Running {
+        router,
+        stats,
+        drain,
+        task,
+    }
+}
 
-    let mut stream = api
-        .open_stream(&target(port), Topic::KvEvents)
-        .unwrap()
-        .wait()
-        .await
-        .unwrap();
+impl Running {
+    /// The router opens a stream to `port` and the broker relays it.
+    async fn open(&self, port: u16, topic: Topic) -> continuum_bus::BusStream {
+        self.router
+            .listener
+            .bus()
+            .open_stream(&target(port), topic)
+            .unwrap()
+            .wait()
+            .await
+            .unwrap()
+    }
+}
+
+#[tokio::test]
+async fn relays_an_advertised_publisher_both_ways_and_refuses_the_rest() {
+    let (port, published, _close) = publisher(b"\xff\x00greeting").await;
+    let broker = running(port, Topic::KvEvents).await;
+    let (api, stats) = (broker.router.listener.bus(), broker.stats.clone());
+    let mut stream = broker.open(port, Topic::KvEvents).await;
     assert_eq!(recv_exactly(&mut stream, 10).await, b"\xff\x00greeting");
     stream.send(Bytes::from_static(b"subscribe")).await.unwrap();
     assert_eq!(recv_exactly(&mut stream, 9).await, b"SUBSCRIBE");
@@ -126,32 +153,17 @@ async fn relays_an_advertised_publisher_both_ways_and_refuses_the_rest() {
         .unwrap();
     assert_eq!(got, b"subscribe");
     eventually(|| stats.streams() == 0).await;
-    broker.abort();
+    broker.task.abort();
 }
 
 #[tokio::test]
 async fn a_publisher_that_ends_ends_the_stream_after_its_last_byte() {
-    let router = router();
     // 1 MB written at once, then the publisher goes: every byte must still arrive (the end
     // travels in band; a `stream_closed` that overtook it would cut the tail off).
     let payload: Vec<u8> = (0..1_000_000u32).map(|i| (i % 251) as u8).collect();
     let (port, _published, close) = publisher(payload.clone()).await;
-    let (_drain_tx, drain) = watch::channel(false);
-    let stats = Arc::new(BrokerStats::default());
-    let broker = tokio::spawn(continuum_event_broker::run(
-        router.dial(TOKEN),
-        advertising(&[(port, Topic::KvMetrics)]),
-        drain,
-        stats.clone(),
-    ));
-    let api = router.listener.bus();
-    eventually(|| api.covers("dynamo")).await;
-    let mut stream = api
-        .open_stream(&target(port), Topic::KvMetrics)
-        .unwrap()
-        .wait()
-        .await
-        .unwrap();
+    let broker = running(port, Topic::KvMetrics).await;
+    let mut stream = broker.open(port, Topic::KvMetrics).await;
     close.send(()).unwrap();
     let mut got = Vec::new();
     while let Some(chunk) = tokio::time::timeout(Duration::from_secs(5), stream.recv())
@@ -162,39 +174,25 @@ async fn a_publisher_that_ends_ends_the_stream_after_its_last_byte() {
     }
     assert_eq!(got.len(), payload.len(), "every byte before the end");
     assert_eq!(got, payload);
-    eventually(|| stats.streams() == 0).await;
-    broker.abort();
+    eventually(|| broker.stats.streams() == 0).await;
+    broker.task.abort();
 }
 
 #[tokio::test]
 async fn draining_hands_the_streams_back_then_ends() {
-    let router = router();
     let (port, _published, _close) = publisher(b"x").await;
-    let (drain_tx, drain) = watch::channel(false);
-    let stats = Arc::new(BrokerStats::default());
-    let broker = tokio::spawn(continuum_event_broker::run(
-        router.dial(TOKEN),
-        advertising(&[(port, Topic::KvMetrics)]),
-        drain,
-        stats.clone(),
-    ));
-    let api = router.listener.bus();
-    eventually(|| api.covers("dynamo")).await;
-    let mut stream = api
-        .open_stream(&target(port), Topic::KvMetrics)
-        .unwrap()
-        .wait()
-        .await
-        .unwrap();
+    let broker = running(port, Topic::KvMetrics).await;
+    let (api, stats) = (broker.router.listener.bus(), broker.stats.clone());
+    let mut stream = broker.open(port, Topic::KvMetrics).await;
     assert_eq!(recv_exactly(&mut stream, 1).await, b"x");
-    drain_tx.send(true).unwrap();
+    broker.drain.send(true).unwrap();
     // The router closes a draining session's streams and places nothing new on it (BUS-44);
     // with no stream left, the broker ends the session and returns.
     let end = tokio::time::timeout(Duration::from_secs(5), stream.recv())
         .await
         .expect("the stream ends within 5 s");
     assert_eq!(end, None);
-    tokio::time::timeout(Duration::from_secs(5), broker)
+    tokio::time::timeout(Duration::from_secs(5), broker.task)
         .await
         .expect("the broker returns once drained")
         .unwrap();
