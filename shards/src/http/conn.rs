@@ -150,8 +150,10 @@ async fn serve_one<H: Handler>(
             (c.sink.local_error(&c.req.head, ErrorShape::of(route), e), 0)
         }
     };
-    // Counted before the last bytes leave, so a client that scrapes `/metrics` right after its
-    // answer sees its own stripped pins (a scrape on another shard could otherwise race it).
+    // Counted before the buffered answer's last bytes leave, so a client that scrapes
+    // `/metrics` right after it sees its own stripped pins. A streamed answer has sent its last
+    // chunk inside `serve`: a scrape on another shard right after it can miss this count
+    // until this line runs.
     metrics.pins_stripped(c.req.pins_stripped);
     let flushed = c.sink.flush().await.is_ok();
     metrics.inflight_dec();
