@@ -5,8 +5,8 @@
 //! request sends `draining` and ends the session once the router has moved every stream.
 //!
 //! Invariants:
-//! - nothing is dialled that the advertised set does not hold (BROKER-14), and nothing at all once
-//!   draining;
+//! - nothing is dialled that the advertised set does not hold (BROKER-14), nothing at all once
+//!   draining, and never more relays at once than the welcome's `max_streams_per_session`;
 //! - a session the router stopped answering ends after the welcome's `idle_timeout_ms` without a
 //!   line from it (heartbeats keep a healthy one busy);
 //! - every relay ends with its session (the tasks are aborted), so a reconnect starts clean.
@@ -198,6 +198,7 @@ pub async fn run(
         ended_tx,
         ended_rx,
         draining: false,
+        max_streams: usize::try_from(welcome.limits.max_streams_per_session).unwrap_or(usize::MAX),
     };
     let out = serving
         .serve(
@@ -251,6 +252,9 @@ struct Serving {
     ended_tx: mpsc::Sender<Ended>,
     ended_rx: mpsc::Receiver<Ended>,
     draining: bool,
+    /// The welcome's `max_streams_per_session`: a router that commands more (it never should)
+    /// is refused past it, so the broker's sockets and tasks stay bounded whatever it sends.
+    max_streams: usize,
 }
 
 impl Serving {
@@ -338,6 +342,11 @@ impl Serving {
             RouterMessage::Subscribe { stream_id, target } => {
                 let refusal = match &target {
                     _ if self.draining => Some(CloseReason::Draining),
+                    _ if self.relays.len() >= self.max_streams
+                        && !self.relays.contains_key(&stream_id) =>
+                    {
+                        Some(CloseReason::Refused)
+                    }
                     Target::Zmq {
                         namespace,
                         host,
