@@ -37,6 +37,8 @@ pub(super) struct Figures {
     listener_per_stream: f64,
     /// The holder's bytes per idle stream (a shard's side).
     holder_per_stream: f64,
+    /// The brokers' bytes per idle stream (their side, for scale).
+    broker_per_stream: f64,
     /// BUS-28's per-stream, per-direction budget.
     stream_budget: u64,
     /// The per-session budget.
@@ -201,6 +203,7 @@ pub(super) fn measure(
         broker_per_session: per(with_sessions.1 - before.1, sessions),
         listener_per_stream: per(listener_share(with_sessions, with_streams), streams),
         holder_per_stream: per(with_streams.2 - with_sessions.2, streams),
+        broker_per_stream: per(with_streams.1 - with_sessions.1, streams),
         stream_budget: setup.bus.per_stream_buffer_bytes(),
         session_budget: setup.bus.max_session_buffer_bytes,
     };
@@ -228,10 +231,11 @@ pub(super) fn render(f: &Figures, r: &mut String) {
     let _ = writeln!(
         r,
         "  per idle stream ({n} streams): listener {l:.0} B, the holder (a shard) {h:.0} B; \
-         BUS-28 budget {both} B per stream (2 x {b} B): {verdict}",
+         BUS-28 budget {both} B per stream (2 x {b} B): {verdict}; the broker's side {k:.0} B",
         n = f.streams,
         l = f.listener_per_stream,
         h = f.holder_per_stream,
+        k = f.broker_per_stream,
         b = f.stream_budget,
         verdict = if f.listener_per_stream + f.holder_per_stream <= both as f64 {
             "within"

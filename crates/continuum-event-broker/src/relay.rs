@@ -2,8 +2,9 @@
 //! on `POST /bus/v1/streams/{id}` (the publisher's bytes in the request body, the router's in the
 //! response body) until either end closes.
 //!
-//! Invariants: bounded: one read of at most [`READ_BYTES`] is in flight from the publisher and
-//! the request body's channel holds one chunk, so a router that reads slowly holds the publisher
+//! Invariants: bounded: one read of at most [`READ_BYTES`] is in flight from the publisher (sized
+//! to the traffic from 4 KiB, allocated only when the socket is readable, so an idle relay holds
+//! no buffer) and the request body's channel holds one chunk, so a router that reads slowly holds the publisher
 //! back through TCP; the connect is bounded by [`CONNECT_TIMEOUT`]; a relay that ends on its own
 //! says why (`stream_closed`), one the router ended says nothing; a publisher's end reaches the
 //! router in band (the request's end, after its last byte) before `stream_closed eof` is sent, so
@@ -18,13 +19,28 @@ use continuum_event_bus::version;
 use http::HeaderValue;
 use http_body_util::BodyExt as _;
 use hyper::client::conn::http2::SendRequest;
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::io::AsyncWriteExt as _;
 use tokio::sync::mpsc;
 
 use crate::body::ChanBody;
 
 /// The most one read from the publisher takes.
 pub(crate) const READ_BYTES: usize = 64 << 10;
+/// The smallest read from the publisher (a quiet stream's).
+const MIN_READ_BYTES: usize = 4 << 10;
+
+/// The next read's size after one of `got` bytes into `want`: doubled when the read filled it,
+/// halved when it used less than a quarter, within [`MIN_READ_BYTES`]..=[`READ_BYTES`].
+fn next_read_size(want: usize, got: usize) -> usize {
+    if got >= want {
+        (want * 2).min(READ_BYTES)
+    } else if got < want / 4 {
+        (want / 2).max(MIN_READ_BYTES)
+    } else {
+        want
+    }
+}
+
 /// How long a relay whose publisher ended waits for the router to take the last bytes.
 pub(crate) const CLOSE_GRACE: Duration = Duration::from_secs(5);
 /// How long connecting to a publisher may take.
@@ -49,7 +65,7 @@ pub(crate) async fn relay(
         Ok(Err(_)) | Err(_) => return Some(CloseReason::ConnectFailed),
     };
     let _ = tcp.set_nodelay(true);
-    let (mut rd, mut wr) = tcp.into_split();
+    let (rd, mut wr) = tcp.into_split();
     let (body_tx, body_rx) = mpsc::channel(1);
     let mut req = http::Request::post(format!("https://router/bus/v1/streams/{id}"))
         .header(version::HEADER, version::CURRENT.to_string());
@@ -67,16 +83,23 @@ pub(crate) async fn relay(
     };
     let mut from_router = resp.into_body();
     let upstream = async move {
-        let mut buf = BytesMut::new();
+        // Sized to the traffic, allocated only once there is something to read: an idle relay
+        // holds no buffer, a quiet one 4 KiB reads, a busy one up to READ_BYTES.
+        let mut want = MIN_READ_BYTES;
         loop {
-            buf.reserve(READ_BYTES);
-            match rd.read_buf(&mut buf).await {
+            if rd.readable().await.is_err() {
+                return Some(CloseReason::Error);
+            }
+            let mut buf = BytesMut::with_capacity(want);
+            match rd.try_read_buf(&mut buf) {
                 Ok(0) => return Some(CloseReason::Eof),
-                Ok(_) => {
-                    if body_tx.send(buf.split().freeze()).await.is_err() {
+                Ok(n) => {
+                    want = next_read_size(want, n);
+                    if body_tx.send(buf.freeze()).await.is_err() {
                         return None;
                     }
                 }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
                 Err(_) => return Some(CloseReason::Error),
             }
         }
@@ -107,5 +130,28 @@ pub(crate) async fn relay(
             r
         }
         r = &mut downstream => r,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_grow_under_traffic_and_shrink_when_quiet() {
+        let mut want = MIN_READ_BYTES;
+        for _ in 0..10 {
+            want = next_read_size(want, want);
+        }
+        assert_eq!(want, READ_BYTES, "a full read doubles, up to the cap");
+        want = next_read_size(want, READ_BYTES / 2);
+        assert_eq!(want, READ_BYTES, "half full keeps the size");
+        for _ in 0..10 {
+            want = next_read_size(want, 100);
+        }
+        assert_eq!(
+            want, MIN_READ_BYTES,
+            "quiet reads shrink it, down to the floor"
+        );
     }
 }
