@@ -10,6 +10,9 @@ use continuum_event_bus::ids::StreamId;
 use continuum_event_bus::message::CloseReason;
 use tokio::sync::{mpsc, oneshot};
 
+/// How long an open stream a client reported closed may still deliver what it sent before.
+pub(crate) const CLOSE_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Why a stream could not be opened (BUS-33).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum BusStreamError {
@@ -92,15 +95,26 @@ impl Link {
         }
     }
 
-    /// The client reported `stream_closed` for `id`.
+    /// The client reported `stream_closed` for `id`. An open stream is closed after
+    /// [`CLOSE_GRACE`] at the latest, not at once: the control line travels on another HTTP/2
+    /// stream than the data and can overtake what the client sent before it; the data stream's
+    /// own end (in band) usually comes first and ends it sooner.
     pub(crate) fn closed_by_client(&mut self, id: StreamId, reason: CloseReason) {
         match self.streams.remove(&id) {
             Some(Slot::Pending(tx)) => {
                 let _ = tx.send(Err(BusStreamError::Refused(reason)));
             }
-            Some(Slot::Open(close)) => {
-                let _ = close.send(());
-            }
+            Some(Slot::Open(close)) => match tokio::runtime::Handle::try_current() {
+                Ok(rt) => {
+                    rt.spawn(async move {
+                        tokio::time::sleep(CLOSE_GRACE).await;
+                        let _ = close.send(());
+                    });
+                }
+                Err(_) => {
+                    let _ = close.send(());
+                }
+            },
             None => {}
         }
     }

@@ -313,3 +313,43 @@ async fn the_sessions_watch_wakes_on_open_and_end() {
     eventually(|| api.session_count() == 0).await;
     assert!(!api.covers("dynamo"));
 }
+
+/// A `stream_closed` line that overtakes data on its own HTTP/2 stream does not cut the data
+/// off: what the broker sends on the stream still arrives (within `CLOSE_GRACE`), then the end.
+#[tokio::test]
+async fn a_stream_closed_line_does_not_cut_off_the_data_it_overtook() {
+    let bus = start(bus());
+    let (mut lines, tx, mut send) = broker_session(&bus).await;
+    let api = bus.listener.bus();
+    let open = api
+        .open_stream(&target("10.0.0.7"), Topic::KvMetrics)
+        .unwrap();
+    let id = lines.next().await.unwrap()["stream_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (resp, data_tx) = open_data(&mut send, &id, TOKEN_A, "1").await;
+    assert_eq!(resp.status(), 200);
+    let mut stream = open.wait().await.unwrap();
+    data_tx.send(Bytes::from_static(b"first")).await.unwrap();
+    assert_eq!(stream.recv().await.unwrap(), Bytes::from_static(b"first"));
+    // The control line first, the rest of the data after it: the race a broker can lose. The
+    // pause lets the listener act on the line before the data arrives.
+    let closed = serde_json::json!({"type": "stream_closed", "stream_id": id, "reason": "eof"});
+    tx.send(Bytes::from(format!("{closed}\n"))).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    data_tx.send(Bytes::from_static(b"last")).await.unwrap();
+    drop(data_tx);
+    let next = tokio::time::timeout(Duration::from_secs(5), stream.recv())
+        .await
+        .unwrap();
+    assert_eq!(
+        next,
+        Some(Bytes::from_static(b"last")),
+        "the data the line overtook"
+    );
+    let end = tokio::time::timeout(Duration::from_secs(5), stream.recv())
+        .await
+        .unwrap();
+    assert_eq!(end, None);
+}
