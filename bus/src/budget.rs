@@ -6,7 +6,7 @@
 //! - **inbound** (broker to router): the HTTP/2 receive window (B/4: what the broker may send
 //!   before the router reads), the frame being moved into the pipe (a DATA frame never exceeds the
 //!   window), the pipe to the stream's holder ([`PIPE_FRAMES`] = 1 frame of at most B/4), and the
-//!   frame the holder took (a socket holder: the frame the pump is writing, `crate::socket`);
+//!   frame the holder took (a socket holder: the frame its pump is writing);
 //! - **outbound** (router to broker): the pipe (1 chunk of at most B/4, [`crate::BusStream::send`]
 //!   and the socket pump split larger writes), the chunk hyper is sending, hyper's per-stream send
 //!   buffer (B/4), and the chunk a socket holder's pump has read.

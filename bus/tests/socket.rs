@@ -28,16 +28,8 @@ async fn commanded(
     host: &str,
     topic: Topic,
 ) -> (UnixStream, String) {
-    let sock = holder(
-        api.open_stream(&target(host), topic)
-            .unwrap()
-            .into_socket()
-            .unwrap(),
-    );
-    let id = lines.next().await.unwrap()["stream_id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let (open, id) = command(api, lines, host, topic).await;
+    let sock = holder(open.into_socket().unwrap());
     (sock, id)
 }
 

@@ -151,26 +151,14 @@ async fn refused_and_timed_out_streams() {
     let bus = start_opts(bus(), false, Some(Duration::from_millis(300)));
     let (mut lines, tx, _send) = broker_session(&bus).await;
     let api = bus.listener.bus();
-    let refused = api
-        .open_stream(&target("10.0.0.7"), Topic::KvEvents)
-        .unwrap();
-    let id = lines.next().await.unwrap()["stream_id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let (refused, id) = command(&api, &mut lines, "10.0.0.7", Topic::KvEvents).await;
     let closed = serde_json::json!({"type": "stream_closed", "stream_id": id, "reason": "target_not_advertised"});
     tx.send(Bytes::from(format!("{closed}\n"))).await.unwrap();
     assert_eq!(
         refused.wait().await.unwrap_err(),
         BusStreamError::Refused(CloseReason::TargetNotAdvertised)
     );
-    let late = api
-        .open_stream(&target("10.0.0.8"), Topic::KvEvents)
-        .unwrap();
-    let id = lines.next().await.unwrap()["stream_id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let (late, id) = command(&api, &mut lines, "10.0.0.8", Topic::KvEvents).await;
     assert_eq!(late.wait().await.unwrap_err(), BusStreamError::OpenTimeout);
     let unsub = lines.next().await.unwrap();
     assert_eq!(
@@ -186,13 +174,7 @@ async fn draining_and_ended_sessions_close_their_streams() {
     let bus = start(bus());
     let (mut lines, tx, mut send) = broker_session(&bus).await;
     let api = bus.listener.bus();
-    let open = api
-        .open_stream(&target("10.0.0.7"), Topic::KvEvents)
-        .unwrap();
-    let id = lines.next().await.unwrap()["stream_id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let (open, id) = command(&api, &mut lines, "10.0.0.7", Topic::KvEvents).await;
     let (resp, _data_tx) = open_data(&mut send, &id, TOKEN_A, "1").await;
     let mut to_broker = resp.into_body();
     let mut stream = open.wait().await.unwrap();
@@ -321,13 +303,7 @@ async fn a_stream_closed_line_does_not_cut_off_the_data_it_overtook() {
     let bus = start(bus());
     let (mut lines, tx, mut send) = broker_session(&bus).await;
     let api = bus.listener.bus();
-    let open = api
-        .open_stream(&target("10.0.0.7"), Topic::KvMetrics)
-        .unwrap();
-    let id = lines.next().await.unwrap()["stream_id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let (open, id) = command(&api, &mut lines, "10.0.0.7", Topic::KvMetrics).await;
     let (resp, data_tx) = open_data(&mut send, &id, TOKEN_A, "1").await;
     assert_eq!(resp.status(), 200);
     let mut stream = open.wait().await.unwrap();

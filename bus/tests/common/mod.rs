@@ -359,6 +359,21 @@ pub async fn broker_session(
     (lines, tx, send)
 }
 
+/// The router commands a stream to `host`: the pending stream and the id its `subscribe` names.
+pub async fn command(
+    api: &continuum_bus::EventBus,
+    lines: &mut Lines,
+    host: &str,
+    topic: continuum_event_bus::message::Topic,
+) -> (continuum_bus::OpenStream, String) {
+    let open = api.open_stream(&target(host), topic).unwrap();
+    let id = lines.next().await.unwrap()["stream_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    (open, id)
+}
+
 /// A publisher target in namespace `dynamo`.
 pub fn target(host: &str) -> ZmqTarget {
     ZmqTarget {

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use common::{TOKEN, eventually};
-use continuum_event_broker::{Advertised, BrokerStats, Dial};
+use continuum_event_broker::{Advertised, BrokerStats};
 use continuum_event_bus::codec::{LineReader, MAX_LINE_BYTES, decode_client, encode};
 use continuum_event_bus::ids::{SessionId, StreamId};
 use continuum_event_bus::message::{
@@ -24,7 +24,6 @@ use continuum_event_bus::message::{
 };
 use http_body_util::BodyExt as _;
 use hyper::body::{Frame, Incoming};
-use rustls::pki_types::ServerName;
 use tokio::sync::{mpsc, watch};
 
 /// A response body fed through a channel (kept open while the sender lives).
@@ -128,21 +127,8 @@ async fn commands_past_the_welcomed_stream_limit_are_refused() {
     });
 
     // The fake router: TLS 1.3 with ALPN h2, a certificate for router.test.
-    let ca_key = rcgen::KeyPair::generate().unwrap();
-    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    let ca = ca_params.self_signed(&ca_key).unwrap();
-    let key = rcgen::KeyPair::generate().unwrap();
-    let cert = rcgen::CertificateParams::new(vec!["router.test".to_owned()])
-        .unwrap()
-        .signed_by(&key, &ca, &ca_key)
-        .unwrap();
-    let server_tls = continuum_bus::tls::server_config(
-        cert.pem().as_bytes(),
-        key.serialize_pem().as_bytes(),
-        None,
-    )
-    .unwrap();
+    let pki = common::pki();
+    let server_tls = pki.tls.clone();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let seen = Arc::new(std::sync::Mutex::new(Seen::default()));
@@ -160,24 +146,7 @@ async fn commands_past_the_welcomed_stream_limit_are_refused() {
             .await;
     });
 
-    let mut roots = rustls::RootCertStore::empty();
-    roots.add(ca.der().clone()).unwrap();
-    let mut client = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_protocol_versions(&[&rustls::version::TLS13])
-    .unwrap()
-    .with_root_certificates(roots)
-    .with_no_client_auth();
-    client.alpn_protocols = vec![b"h2".to_vec()];
-    let dial = Dial {
-        addr,
-        server_name: ServerName::try_from("router.test").unwrap(),
-        tls: Arc::new(client),
-        token: Some(TOKEN.into()),
-        client_id: common::ID.into(),
-        namespaces: vec!["dynamo".into()],
-    };
+    let dial = common::dial(addr, &pki.ca, TOKEN);
     let advertised = Advertised::from_entries([(
         "dynamo".to_owned(),
         "127.0.0.1".to_owned(),

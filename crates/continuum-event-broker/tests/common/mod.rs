@@ -38,7 +38,14 @@ pub fn bus_config() -> EventBusConfig {
     }
 }
 
-pub fn router() -> Router {
+/// A CA and a server certificate for `router.test` signed by it.
+pub struct Pki {
+    pub ca: rustls::pki_types::CertificateDer<'static>,
+    pub ca_pem: String,
+    pub tls: Arc<rustls::ServerConfig>,
+}
+
+pub fn pki() -> Pki {
     let ca_key = rcgen::KeyPair::generate().unwrap();
     let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
     ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
@@ -54,12 +61,47 @@ pub fn router() -> Router {
         None,
     )
     .unwrap();
-    let listener = listen(tls.clone(), "127.0.0.1:0".parse().unwrap());
-    Router {
-        listener,
+    Pki {
         ca: ca.der().clone(),
         ca_pem: ca.pem(),
         tls,
+    }
+}
+
+pub fn router() -> Router {
+    let Pki { ca, ca_pem, tls } = pki();
+    let listener = listen(tls.clone(), "127.0.0.1:0".parse().unwrap());
+    Router {
+        listener,
+        ca,
+        ca_pem,
+        tls,
+    }
+}
+
+/// The broker's dial details for a router at `addr` whose certificate `ca` signed.
+pub fn dial(
+    addr: std::net::SocketAddr,
+    ca: &rustls::pki_types::CertificateDer<'static>,
+    token: &str,
+) -> Dial {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(ca.clone()).unwrap();
+    let mut tls = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_protocol_versions(&[&rustls::version::TLS13])
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    tls.alpn_protocols = vec![b"h2".to_vec()];
+    Dial {
+        addr,
+        server_name: ServerName::try_from("router.test").unwrap(),
+        tls: Arc::new(tls),
+        token: Some(token.to_owned()),
+        client_id: ID.into(),
+        namespaces: vec!["dynamo".into()],
     }
 }
 
@@ -79,24 +121,7 @@ pub fn listen(tls: Arc<rustls::ServerConfig>, at: std::net::SocketAddr) -> Liste
 
 impl Router {
     pub fn dial(&self, token: &str) -> Dial {
-        let mut roots = rustls::RootCertStore::empty();
-        roots.add(self.ca.clone()).unwrap();
-        let mut tls = rustls::ClientConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_protocol_versions(&[&rustls::version::TLS13])
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-        tls.alpn_protocols = vec![b"h2".to_vec()];
-        Dial {
-            addr: self.listener.local_addr(),
-            server_name: ServerName::try_from("router.test").unwrap(),
-            tls: Arc::new(tls),
-            token: Some(token.to_owned()),
-            client_id: ID.into(),
-            namespaces: vec!["dynamo".into()],
-        }
+        dial(self.listener.local_addr(), &self.ca, token)
     }
 }
 
