@@ -33,6 +33,8 @@ mod streams;
 pub mod tls;
 
 pub use continuum_core::bus::metrics::BusMetrics;
+pub use continuum_event_bus::ids::SessionId;
+pub use continuum_event_bus::message::{CloseReason, Topic};
 pub use link::{BusStream, BusStreamError, StreamPeer};
 pub use listener::{Listener, Settings, spawn};
 pub use socket::open_status;

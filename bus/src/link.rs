@@ -39,6 +39,22 @@ pub enum BusStreamError {
     InvalidTarget,
 }
 
+impl BusStreamError {
+    /// One sanitised word for logs and metrics (BROKER-05: never an address, token or peer's
+    /// text): the close reason of a refusal, else the error's kind.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            BusStreamError::NoSession => "no_session",
+            BusStreamError::TooManyStreams => "too_many_streams",
+            BusStreamError::Refused(r) => r.as_str(),
+            BusStreamError::OpenTimeout => "open_timeout",
+            BusStreamError::SessionClosed => "session_closed",
+            BusStreamError::Busy => "busy",
+            BusStreamError::InvalidTarget => "invalid_target",
+        }
+    }
+}
+
 /// Where a stream is.
 pub(crate) enum Slot {
     /// Commanded, waiting for the broker's request.

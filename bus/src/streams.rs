@@ -160,7 +160,7 @@ impl EventBus {
         ) -> Result<SessionId, BusStreamError>,
     ) -> Result<OpenStream, BusStreamError> {
         let (tx, rx) = oneshot::channel();
-        let (sid, id) = {
+        let (sid, id, broker) = {
             let mut d = self.state.lock();
             let max = d.bus.max_streams_per_session as usize;
             let sid = choose(&d.links, max)?;
@@ -176,7 +176,7 @@ impl EventBus {
                 return Err(BusStreamError::Busy);
             }
             link.streams.insert(id, Slot::Pending(tx));
-            (sid, id)
+            (sid, id, link.entry.clone())
         };
         // The open timeout runs on the listener's runtime.
         let timeout = self.state.open_timeout;
@@ -198,6 +198,7 @@ impl EventBus {
         }
         Ok(OpenStream {
             rx,
+            broker,
             guard: Unsubscribe {
                 state: self.state.clone(),
                 sid,
@@ -227,6 +228,28 @@ impl EventBus {
             .collect()
     }
 
+    /// How many active, non-draining broker sessions declared `namespace`: the sessions a new
+    /// stream in it can be placed on (`broker_coverage`, BROKER-11).
+    pub fn brokers_for(&self, namespace: &str) -> usize {
+        self.state
+            .lock()
+            .links
+            .values()
+            .filter(|l| !l.draining && l.namespaces.iter().any(|n| n == namespace))
+            .count()
+    }
+
+    /// Whether the session `carrier` still carries streams: it is active and not draining
+    /// (`carrier_lost`, BROKER-09). A stream whose carrier ended or drains was cut by its
+    /// broker, not by its publisher.
+    pub fn carries(&self, carrier: SessionId) -> bool {
+        self.state
+            .lock()
+            .links
+            .get(&carrier)
+            .is_some_and(|l| !l.draining)
+    }
+
     /// A watch that changes whenever a session opens, drains or ends (BUS-36: what pending
     /// subscriptions wait on instead of polling, BROKER-06). Awaitable from any runtime.
     pub fn subscribe_sessions(&self) -> tokio::sync::watch::Receiver<u64> {
@@ -250,6 +273,7 @@ impl Drop for Unsubscribe {
 /// A commanded stream, not opened yet. Dropping it sends `unsubscribe`.
 pub struct OpenStream {
     rx: oneshot::Receiver<Result<BusStream, BusStreamError>>,
+    broker: String,
     guard: Unsubscribe,
 }
 
@@ -279,9 +303,21 @@ impl OpenStream {
         self.guard.id
     }
 
+    /// The session the stream was placed on ([`EventBus::carries`] tells whether it still
+    /// carries streams).
+    pub fn carrier(&self) -> SessionId {
+        self.guard.sid
+    }
+
+    /// The configured id (`dynamo.event_bus.brokers[].id`) of the broker whose session carries
+    /// the stream.
+    pub fn broker(&self) -> &str {
+        &self.broker
+    }
+
     /// Wait for the broker to open it.
     pub async fn wait(self) -> Result<BusStream, BusStreamError> {
-        let OpenStream { rx, guard } = self;
+        let OpenStream { rx, guard, .. } = self;
         match rx.await {
             Ok(Ok(mut s)) => {
                 s.guard = Some(Box::new(guard));

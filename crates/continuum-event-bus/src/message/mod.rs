@@ -278,6 +278,20 @@ pub enum CloseReason {
     Error,
 }
 
+impl CloseReason {
+    /// The wire word (`stream_closed`'s `reason`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CloseReason::Eof => "eof",
+            CloseReason::ConnectFailed => "connect_failed",
+            CloseReason::TargetNotAdvertised => "target_not_advertised",
+            CloseReason::Refused => "refused",
+            CloseReason::Draining => "draining",
+            CloseReason::Error => "error",
+        }
+    }
+}
+
 /// A control message from a client.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]

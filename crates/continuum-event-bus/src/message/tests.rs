@@ -130,3 +130,18 @@ fn targets_check_their_names() {
     assert!(!zmq("a/b").is_valid());
     assert!(!zmq(&"a".repeat(254)).is_valid());
 }
+
+#[test]
+fn close_reasons_name_themselves_as_on_the_wire() {
+    for r in [
+        CloseReason::Eof,
+        CloseReason::ConnectFailed,
+        CloseReason::TargetNotAdvertised,
+        CloseReason::Refused,
+        CloseReason::Draining,
+        CloseReason::Error,
+    ] {
+        let wire = serde_json::to_string(&r).expect("serialises");
+        assert_eq!(wire, format!("\"{}\"", r.as_str()));
+    }
+}
