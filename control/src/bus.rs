@@ -26,6 +26,10 @@ pub(crate) const RETRY: std::time::Duration = std::time::Duration::from_secs(30)
 pub(crate) struct BusSupervisor {
     metrics: Arc<BusMetrics>,
     retry_at: Option<tokio::time::Instant>,
+    /// Moves whenever the listener starts, restarts or stops.
+    generation: u64,
+    /// The generation the shards were last handed.
+    handed: u64,
     #[cfg(feature = "dynamo-event-bus")]
     running: Option<running::Running>,
 }
@@ -36,8 +40,37 @@ impl BusSupervisor {
         Self {
             metrics,
             retry_at: None,
+            generation: 0,
+            handed: 0,
             #[cfg(feature = "dynamo-event-bus")]
             running: None,
+        }
+    }
+
+    /// Hand the shards the running listener's command API (or its absence) if the listener
+    /// changed since the last call (BROKER-06); returns the new listener's sessions watch then
+    /// (`Some(None)`: no listener runs), `None` when nothing changed.
+    pub(crate) fn hand_to(
+        &mut self,
+        shards: &continuum_shards::ShardSet,
+    ) -> Option<Option<tokio::sync::watch::Receiver<u64>>> {
+        if self.generation == self.handed {
+            return None;
+        }
+        self.handed = self.generation;
+        #[cfg(feature = "dynamo-event-bus")]
+        {
+            let bus = self.running.as_ref().map(|r| r.listener.bus());
+            let sessions = bus
+                .as_ref()
+                .map(continuum_bus::EventBus::subscribe_sessions);
+            shards.set_event_bus(bus);
+            Some(sessions)
+        }
+        #[cfg(not(feature = "dynamo-event-bus"))]
+        {
+            let _ = shards;
+            Some(None)
         }
     }
 
@@ -50,9 +83,18 @@ impl BusSupervisor {
     pub(crate) fn reconcile(&mut self, config: &Config) {
         self.retry_at = None;
         #[cfg(feature = "dynamo-event-bus")]
-        if let Err(e) = running::reconcile(&mut self.running, config, &self.metrics) {
-            tracing::warn!(error = %e, retry_in_s = RETRY.as_secs(), "event bus listener failed to start; retrying");
-            self.retry_at = Some(tokio::time::Instant::now() + RETRY);
+        match running::reconcile(&mut self.running, config, &self.metrics) {
+            Ok(changed) => {
+                if changed {
+                    self.generation += 1;
+                }
+            }
+            Err(e) => {
+                // A failed restart has stopped the old listener.
+                self.generation += 1;
+                tracing::warn!(error = %e, retry_in_s = RETRY.as_secs(), "event bus listener failed to start; retrying");
+                self.retry_at = Some(tokio::time::Instant::now() + RETRY);
+            }
         }
         #[cfg(not(feature = "dynamo-event-bus"))]
         let _ = (config, &self.metrics);
@@ -98,13 +140,14 @@ mod running {
         running: &mut Option<Running>,
         config: &Config,
         metrics: &Arc<BusMetrics>,
-    ) -> Result<(), String> {
+    ) -> Result<bool, String> {
         let bus = &config.dynamo.event_bus;
         let (true, Some(listen), Some(tls)) = (bus.enabled, bus.listen, bus.tls.as_ref()) else {
-            if running.take().is_some() {
+            let stopped = running.take().is_some();
+            if stopped {
                 tracing::info!("event bus listener stopped");
             }
-            return Ok(());
+            return Ok(stopped);
         };
         let key = Key {
             listen,
@@ -120,7 +163,7 @@ mod running {
             && r.key == key
         {
             r.listener.reconfigure(bus.clone());
-            return Ok(());
+            return Ok(false);
         }
         let server =
             continuum_bus::tls::server_config(&key.cert, &key.key, key.client_ca.as_deref())
@@ -142,6 +185,6 @@ mod running {
         .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
         tracing::info!(addr = %listener.local_addr(), "event bus listener started");
         *running = Some(Running { key, listener });
-        Ok(())
+        Ok(true)
     }
 }

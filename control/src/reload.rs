@@ -315,8 +315,15 @@ async fn run(params: ControlParams, signals: Signals) -> Result<ExitReason, Cont
     st.bus.reconcile(&st.params.config);
     let mut poll = tokio::time::interval(FILE_POLL);
     poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The running listener's broker sessions: every change wakes the shards' pending broker
+    // subscriptions (BROKER-06/07).
+    let mut bus_sessions: Option<tokio::sync::watch::Receiver<u64>> = None;
     loop {
+        if let Some(next) = st.bus.hand_to(&st.params.shards) {
+            bus_sessions = next;
+        }
         tokio::select! {
+            () = sessions_changed(&mut bus_sessions) => st.params.shards.broker_sessions_changed(),
             _ = hup.recv() => {
                 tracing::info!("SIGHUP: reloading config");
                 reload(&mut st, Trigger::Signal).await;
@@ -371,6 +378,17 @@ async fn run(params: ControlParams, signals: Signals) -> Result<ExitReason, Cont
             _ = int.recv() => return Ok(drain(st, "SIGINT").await),
         }
     }
+}
+
+/// Resolves when the watched sessions change; never without a listener (or once it is gone).
+async fn sessions_changed(sessions: &mut Option<tokio::sync::watch::Receiver<u64>>) {
+    if let Some(rx) = sessions {
+        if rx.changed().await.is_ok() {
+            return;
+        }
+        *sessions = None;
+    }
+    std::future::pending::<()>().await;
 }
 
 /// Sleep until `at`; never, when `None`.

@@ -18,6 +18,8 @@ pub enum ShardCommand {
     Reload,
     /// Replace the active worker picker with one built by this factory (API-06).
     SetPicker(crate::dispatch::PickerFactory),
+    /// The event bus or its broker sessions changed: wake the pending broker subscriptions.
+    BrokerSessionsChanged,
     /// Stop accepting, let in-flight requests finish until `deadline`, then exit.
     Drain {
         /// When to give up on in-flight requests.

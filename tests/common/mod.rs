@@ -6,6 +6,7 @@
 //!   waits for `/health`, captures stderr, sends signals, awaits exit; [`run_cli`] runs the
 //!   `config` subcommands;
 //! - [`backend`]: [`MockBackend`], a scripted loopback backend recording every request;
+//! - [`broker`]: [`broker::BrokerProcess`], the real `continuum-event-broker` binary;
 //! - [`client`]: a raw HTTP/1.1 client (exact bytes out, framed responses in, incremental
 //!   streaming reads);
 //! - [`filestore`]: a Dynamo file store written as Dynamo writes it;
@@ -31,6 +32,7 @@
 
 pub mod aiperf;
 pub mod backend;
+pub mod broker;
 pub mod client;
 pub mod config;
 pub mod discovery;

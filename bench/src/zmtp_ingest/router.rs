@@ -127,6 +127,10 @@ pub(crate) async fn drive<S: AsyncReadRent + AsyncWriteRent>(
             });
         }
         Ok(Err(SessionEnd::ConnectTimeout)) => return Err(tally.timeout(side)),
+        // Connectors' outcomes; the bench hands the driver a connected stream.
+        Ok(Err(e @ (SessionEnd::Uncovered | SessionEnd::Broker(_)))) => {
+            return Err(IngestError::Setup(e.to_string()));
+        }
     };
     tally.finish(idle);
     Ok(tally)

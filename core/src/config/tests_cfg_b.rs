@@ -183,14 +183,27 @@ fn cfg_22_external_looking_etcd_warns_in_direct_mode() {
     ] {
         clean(&etcd(&format!("endpoints: [\"{int}\"]")));
     }
-    // Broker transport (with the event bus) does not warn about the endpoint; it says that broker
-    // subscriptions stay pending in this release (BROKER-12).
+    // Broker transport with the event bus neither warns about the endpoint nor about the
+    // transport; without the bus it says that broker subscriptions stay pending (BROKER-12).
     let broker = etcd("endpoints: [\"http://etcd.example.com:2379\"]").replace(
         "load: { direct_allow_cidrs: [10.0.0.0/8] }",
         "load: { transport: broker }, event_bus: { enabled: true, listen: \"0.0.0.0:7443\", \
          tls: { cert: /c, key: /k }, brokers: [ { id: b1, token_hash: \"sha256:0000000000000000000000000000000000000000000000000000000000000000\", namespaces: [dynamo] } ] }",
     );
-    let w = warns(&broker, "dynamo.load.transport");
+    let (_, w) = ok(&broker);
+    assert!(
+        !super::tests_basic::has_warning(&w, "dynamo.load.transport"),
+        "{w:#?}"
+    );
+    assert!(
+        !super::tests_basic::has_warning(&w, "dynamo.discovery.etcd.endpoints[0]"),
+        "{w:#?}"
+    );
+    let no_bus = etcd("endpoints: [\"http://etcd.example.com:2379\"]").replace(
+        "load: { direct_allow_cidrs: [10.0.0.0/8] }",
+        "load: { transport: broker }",
+    );
+    let w = warns(&no_bus, "dynamo.load.transport");
     assert_eq!(w.len(), 1, "{w:#?}");
     assert!(w[0].to_string().contains("stay pending"), "{w:#?}");
 }

@@ -211,14 +211,6 @@ fn placement_advice(ctx: &mut Ctx<'_>, c: &Config) {
             "dynamo.load.transport",
             "broker transport needs dynamo.event_bus.enabled: subscriptions stay pending",
         );
-    } else {
-        // The listener runs, but nothing subscribes through it yet (BROKER-12: pending, never a
-        // silent direct fallback).
-        ctx.warn(
-            "dynamo.load.transport",
-            "this release runs the event bus listener but no subscription over it yet: \
-             broker subscriptions stay pending",
-        );
     }
 }
 

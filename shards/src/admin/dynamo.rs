@@ -9,7 +9,7 @@
 //! Invariant: nothing internal leaves here (ADMIN-06): no worker transport address, no
 //! publisher `tcp://` endpoint (only counts), no raw card, no bootstrap host.
 
-use continuum_core::config::dynamo::DiscoverySource;
+use continuum_core::config::dynamo::{DiscoverySource, LoadTransport};
 use continuum_core::discovery::fleet::DisaggregatedEndpoint;
 use continuum_core::discovery::{Family, Worker};
 use continuum_core::snapshot::RouterSnapshot;
@@ -100,7 +100,7 @@ pub(crate) fn workers_json(snap: &RouterSnapshot, control: &ControlStats, load: 
         .discovery_connected
         .load(std::sync::atomic::Ordering::Relaxed)
         == 1;
-    json!({
+    let mut out = json!({
         "enabled": enabled,
         "connected": enabled && connected,
         "source": source.as_str(),
@@ -112,7 +112,13 @@ pub(crate) fn workers_json(snap: &RouterSnapshot, control: &ControlStats, load: 
         "load_publishers": count(Family::KvMetrics),
         "kv_event_publishers": count(Family::KvEvents),
         "subscriptions": subscriptions(load),
-    })
+    });
+    if d.load.transport == LoadTransport::Broker
+        && let Some(o) = out.as_object_mut()
+    {
+        o.insert("broker_coverage".into(), broker_coverage(snap, load));
+    }
+    out
 }
 
 /// ADMIN-04 rows: every running subscription, never an address.
@@ -121,17 +127,39 @@ fn subscriptions(load: &Signals) -> Vec<Value> {
         .iter()
         .flat_map(|t| t.rows())
         .map(|r| {
-            json!({
+            let mut row = json!({
                 "family": r.family.topic(),
                 "publisher_id": r.publisher_id.get().to_string(),
                 "namespace": r.namespace,
                 "component": r.component,
                 "state": r.state.as_str(),
-                "transport": "direct",
+                "transport": r.transport.as_str(),
                 "shard": r.shard,
-            })
+            });
+            if let (Some(broker), Some(o)) = (r.broker, row.as_object_mut()) {
+                o.insert("broker".into(), Value::String(broker));
+            }
+            row
         })
         .collect()
+}
+
+/// ADMIN-05: per configured namespace, whether a broker covers it, how many do, and how many
+/// broker subscriptions wait pending in it.
+fn broker_coverage(snap: &RouterSnapshot, load: &Signals) -> Value {
+    let coverage = load.broker.coverage(&snap.config, &load.tables);
+    let mut out = serde_json::Map::new();
+    for c in coverage {
+        out.insert(
+            c.namespace,
+            json!({
+                "covered": c.brokers > 0,
+                "brokers": c.brokers,
+                "pending_subscriptions": c.pending.iter().sum::<u64>(),
+            }),
+        );
+    }
+    Value::Object(out)
 }
 
 /// The load samples of each of the worker's dp ranks: the last sample's fields (nil fields as

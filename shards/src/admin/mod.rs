@@ -86,6 +86,9 @@ pub(crate) fn serve(v: Views<'_>, req: &Request, sink: &mut ResponseSink) -> Out
                 metrics::render_keys(&mut text, auth);
             }
             v.signals.render_metrics(&mut text);
+            v.signals
+                .broker
+                .render_metrics(&mut text, &snap.config, &v.signals.tables);
             ok(req, sink, "text/plain; version=0.0.4", text.as_bytes())
         }
         Route::AdminConfig if read_only => match admin_allowed(snap, req) {

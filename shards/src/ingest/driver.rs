@@ -74,6 +74,14 @@ pub enum SessionEnd {
     /// The peer broke the protocol (or the topics were refused).
     #[error("protocol refused: {0}")]
     Refused(String),
+    /// `transport: broker` and no broker session covers the publisher's namespace: the
+    /// subscription waits pending (BROKER-06).
+    #[error("no broker session covers the namespace")]
+    Uncovered,
+    /// The event bus could not open or keep the relayed stream (BROKER-05): one sanitised word
+    /// (`target_not_advertised`, `open_timeout`, `session_closed`, ...), never an address.
+    #[error("broker: {0}")]
+    Broker(&'static str),
 }
 
 /// Feed one read's bytes to the state machine until they are consumed, handing every event to

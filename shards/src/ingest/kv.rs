@@ -32,7 +32,8 @@ use continuum_core::load::LoadKey;
 use crate::signals::Signals;
 use crate::signals::kv::{ROWS_EVERY, RankRow};
 
-/// A subscription down for longer than this loses its ranks' blocks.
+/// A subscription down (not connected, or pending for want of a broker) for longer than this
+/// loses its ranks' blocks, with a `warn` (`KV_EVENTS_STALE_AFTER` of BROKER-10).
 pub(crate) const DOWN_CLEARS_AFTER: Duration = Duration::from_secs(60);
 
 /// A shard's KV writer state, shared by its sinks.
@@ -176,13 +177,21 @@ impl ShardKv {
     /// republish the rows if due.
     pub(crate) fn tick(&mut self, now: Instant) {
         let mut cleared = false;
-        for e in self.subs.values_mut() {
+        for (publisher, e) in &mut self.subs {
             if let Some(since) = e.down_since
                 && now.saturating_since(since) > DOWN_CLEARS_AFTER
                 && e.sub.ranks().next().is_some()
             {
+                let ranks = e.sub.ranks().count();
                 e.sub.clear_all(&mut self.writer);
                 cleared = true;
+                tracing::warn!(
+                    shard = self.shard,
+                    %publisher,
+                    ranks,
+                    down_s = DOWN_CLEARS_AFTER.as_secs(),
+                    "kv-events subscription not connected (or pending) for too long: its ranks were cleared from the index"
+                );
             }
         }
         if cleared {

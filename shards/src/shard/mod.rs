@@ -131,6 +131,7 @@ impl Runner {
         match cmd {
             ShardCommand::Reload => self.reload(),
             ShardCommand::Drain { deadline } => self.start_drain(deadline),
+            ShardCommand::BrokerSessionsChanged => self.ingest.borrow().broker_sessions_changed(),
             ShardCommand::SetPicker(factory) => {
                 let env = PickerEnv {
                     shard: self.service.id,

@@ -107,6 +107,9 @@ pub struct ShardSet {
     pub local_addr: SocketAddr,
     /// The factory of the active picker.
     picker: PickerFactory,
+    /// What every shard reads (the broker slot is set here).
+    #[cfg_attr(not(feature = "dynamo-event-bus"), allow(dead_code))]
+    signals: Arc<Signals>,
 }
 
 impl ShardSet {
@@ -114,6 +117,23 @@ impl ShardSet {
     pub fn reload_all(&self) {
         for m in &self.mailboxes {
             let _ = m.send(ShardCommand::Reload);
+        }
+    }
+
+    /// The event bus listener started, restarted or stopped (`bus`: its command API, `None`
+    /// when none runs) or its broker sessions changed: every shard re-checks its pending
+    /// broker subscriptions (BROKER-06/07).
+    #[cfg(feature = "dynamo-event-bus")]
+    pub fn set_event_bus(&self, bus: Option<continuum_bus::EventBus>) {
+        self.signals.broker.set(bus);
+        self.broker_sessions_changed();
+    }
+
+    /// The broker sessions changed: every shard re-checks its pending broker subscriptions and
+    /// their carriers (BROKER-06/07, BROKER-09).
+    pub fn broker_sessions_changed(&self) {
+        for m in &self.mailboxes {
+            let _ = m.send(ShardCommand::BrokerSessionsChanged);
         }
     }
 
@@ -175,6 +195,7 @@ pub fn spawn_shards(
         drivers: Vec::with_capacity(count),
         local_addr: spec.bind,
         picker: spec.picker.clone(),
+        signals: signals.clone(),
     };
     for id in 0..count {
         let ledger = ledgers.next().unwrap_or_default();

@@ -3,17 +3,20 @@
 //! [`Signals`] holds the load store (one logical table of seqlock cells, written by the shard
 //! owning each publisher's subscription), every shard's unanswered-dispatch summaries (written by
 //! that shard's [`continuum_core::load::DispatchLedger`]), every shard's `kv_metrics` event
-//! counters, every shard's subscription table, every shard's KV index read side ([`kv`]) and the
-//! hash-parity watchdog's verdicts ([`parity`]). Pickers on any shard read the store and all
-//! ledgers' tables at pick time; a scrape or an admin request reads all of it.
+//! counters, every shard's subscription table, every shard's KV index read side ([`kv`]), the
+//! hash-parity watchdog's verdicts ([`parity`]) and the event bus of the broker transport
+//! ([`broker`]). Pickers on any shard read the store and all ledgers' tables at pick time; a
+//! scrape or an admin request reads all of it.
 //!
 //! Invariants:
 //! - each per-shard entry (`events[i]`, `tables[i]`, `inflight[i]`) has exactly one writer, shard
 //!   `i`; readers never block a writer for longer than a copy (the tables' mutex is taken only on
 //!   subscription state changes and by readers, never per message or per request);
 //! - nothing here is reachable from the control thread except the store, which it gates by the
-//!   live set (LOAD-STORE-15).
+//!   live set (LOAD-STORE-15), and the broker slot, where it swaps the running listener's
+//!   command API.
 
+pub mod broker;
 pub mod kv;
 pub mod parity;
 pub mod subs;
@@ -25,7 +28,7 @@ use continuum_core::load::metrics::LoadEventCounters;
 use continuum_core::load::{DispatchLedger, InflightTable, LoadStore};
 
 use kv::KvSignals;
-use subs::{SubState, SubTable};
+use subs::{SubState, SubTable, Transport};
 
 /// The signals every shard reads.
 #[derive(Debug)]
@@ -41,6 +44,8 @@ pub struct Signals {
     pub inflight: Box<[Arc<InflightTable>]>,
     /// Every shard's KV index read side, counters and rank rows.
     pub kv: KvSignals,
+    /// The event bus the broker transport runs over, and its coverage.
+    pub broker: broker::BrokerSignals,
 }
 
 impl Signals {
@@ -56,6 +61,7 @@ impl Signals {
             tables: (0..shards).map(|_| Arc::new(SubTable::default())).collect(),
             inflight: ledgers.iter().map(DispatchLedger::table).collect(),
             kv: KvSignals::new(shards),
+            broker: broker::BrokerSignals::default(),
         }
     }
 
@@ -93,12 +99,15 @@ impl Signals {
                 "# HELP {name} {} subscriptions by state.\n# TYPE {name} gauge",
                 family.topic()
             );
-            for (state, n) in SubState::ALL.iter().zip(counts) {
-                let _ = writeln!(
-                    out,
-                    "{name}{{state=\"{}\",transport=\"direct\"}} {n}",
-                    state.as_str()
-                );
+            for (transport, by_state) in Transport::ALL.iter().zip(counts) {
+                for (state, n) in SubState::ALL.iter().zip(by_state) {
+                    let _ = writeln!(
+                        out,
+                        "{name}{{state=\"{}\",transport=\"{}\"}} {n}",
+                        state.as_str(),
+                        transport.as_str()
+                    );
+                }
             }
         }
         self.store.render_gauges(out);

@@ -43,6 +43,28 @@ impl SubState {
     }
 }
 
+/// How a subscription reaches its publisher (`dynamo.load.transport`, OBS-06).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    /// A direct TCP connection to the publisher.
+    Direct,
+    /// A stream relayed by an in-cluster broker over the event bus.
+    Broker,
+}
+
+impl Transport {
+    /// Every transport, in label order.
+    pub const ALL: [Transport; 2] = [Transport::Direct, Transport::Broker];
+
+    /// The label / admin value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Transport::Direct => "direct",
+            Transport::Broker => "broker",
+        }
+    }
+}
+
 /// One row of the admin `subscriptions[]` list. Never holds an address.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SubRow {
@@ -58,6 +80,10 @@ pub struct SubRow {
     pub state: SubState,
     /// The shard that owns it (operators tuning core pinning want to see the spread).
     pub shard: usize,
+    /// How it reaches its publisher.
+    pub transport: Transport,
+    /// The configured id of the broker relaying it, only while one is (ADMIN-04).
+    pub broker: Option<String>,
 }
 
 /// Rows are keyed by family and publisher: one publisher id per channel, but nothing stops two
@@ -93,6 +119,17 @@ impl SubTable {
         });
     }
 
+    /// Set or clear the broker relaying a row's subscription.
+    pub fn set_broker(&self, family: Family, id: PublisherId, broker: Option<&str>) {
+        self.with(|rows| {
+            if let Some(r) = rows.get_mut(&(family, id))
+                && r.broker.as_deref() != broker
+            {
+                r.broker = broker.map(str::to_owned);
+            }
+        });
+    }
+
     /// Remove a row.
     pub fn remove(&self, family: Family, id: PublisherId) {
         self.with(|rows| rows.remove(&(family, id)));
@@ -104,13 +141,16 @@ impl SubTable {
     }
 }
 
-/// Count the rows of `family` per state over every shard's table.
-pub fn counts(tables: &[std::sync::Arc<SubTable>], family: Family) -> [u64; 4] {
-    let mut out = [0u64; 4];
+/// Count the rows of `family` over every shard's table, per transport (in
+/// [`Transport::ALL`] order) and state (in [`SubState::ALL`] order).
+pub fn counts(tables: &[std::sync::Arc<SubTable>], family: Family) -> [[u64; 4]; 2] {
+    let mut out = [[0u64; 4]; 2];
     for t in tables {
         for r in t.rows().into_iter().filter(|r| r.family == family) {
-            if let Some(i) = SubState::ALL.iter().position(|s| *s == r.state) {
-                out[i] += 1;
+            let s = SubState::ALL.iter().position(|s| *s == r.state);
+            let tr = Transport::ALL.iter().position(|t| *t == r.transport);
+            if let (Some(s), Some(tr)) = (s, tr) {
+                out[tr][s] += 1;
             }
         }
     }
