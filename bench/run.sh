@@ -12,6 +12,10 @@
 # the same driver on direct TCP; the listener's memory per idle session and
 # stream), e.g.
 #   bench/run.sh --bus-relay --messages 200000 --sessions 4 --streams 8   # CI smoke
+# Opt-in: `bench/run.sh --bus-kv [bus-kv options]` runs `bus-kv` (kv-events
+# applied to a KV index through a broker and the listener vs direct TCP:
+# throughput, event-to-visible latency, broker CPU, memory), e.g.
+#   bench/run.sh --bus-kv --messages 20000 --paced 500 --sessions 4 --streams 8   # CI smoke
 # Opt-in: `bench/run.sh --sim [sim-hop options]` runs `sim-hop` instead (router
 # vs direct-to-shim on the in-process simulated fleet at 10, 100 and 1,000
 # workers): it builds the router with `--features dynamo` (needs protoc) but
@@ -84,6 +88,11 @@ elif [ "${1:-}" = "--bus-relay" ]; then
     # idle session and stream (bench/README.md, "bus-relay").
     shift
     bench=bus-relay
+elif [ "${1:-}" = "--bus-kv" ]; then
+    # kv-events applied to a KV index through the event bus (a broker, the listener) vs direct
+    # TCP: throughput, event-to-visible latency, broker CPU and memory (bench/README.md, "bus-kv").
+    shift
+    bench=bus-kv
 elif [ "${1:-}" = "--sim" ]; then
     shift
     bench=sim-hop

@@ -34,6 +34,8 @@ pub(crate) enum Command {
     ZmtpIngest(crate::zmtp_ingest::IngestOptions),
     /// `bus-relay`.
     BusRelay(crate::bus_relay::RelayOptions),
+    /// `bus-kv`.
+    BusKv(crate::bus_kv::KvBusOptions),
     /// Time one pick at several fleet sizes against round-robin.
     Pick(crate::pick::PickOptions),
     /// Time the prompt pipeline per request against `tokenizers` on the whole prompt.
@@ -106,6 +108,7 @@ pub(crate) fn parse(args: impl IntoIterator<Item = String>) -> Result<Command, U
         "resync" => parse_resync(args),
         "zmtp-ingest" => parse_ingest(args).map(Command::ZmtpIngest),
         "bus-relay" => parse_bus_relay(args).map(Command::BusRelay),
+        "bus-kv" => parse_bus_kv(args).map(Command::BusKv),
         "pick" => parse_pick(args).map(Command::Pick),
         "prompt" => parse_prompt(args).map(Command::Prompt),
         _ => Err(UsageError::UnknownCommand(command)),
@@ -158,6 +161,27 @@ fn parse_bus_relay(
             "--messages" => {
                 opts.messages = number(&flag, v?, 1000, crate::bus_relay::MAX_MESSAGES)?;
             }
+            "--sessions" => opts.sessions = small(&flag, v?, 1, 4096)? as usize,
+            "--streams" => opts.streams = small(&flag, v?, 1, 1024)? as usize,
+            "--timeout" => opts.timeout_secs = number(&flag, v?, 1, 600)?,
+            _ => return Err(UsageError::UnknownFlag(flag)),
+        }
+    }
+    Ok(opts)
+}
+
+fn parse_bus_kv(
+    mut args: impl Iterator<Item = String>,
+) -> Result<crate::bus_kv::KvBusOptions, UsageError> {
+    let mut opts = crate::bus_kv::KvBusOptions::default();
+    while let Some(flag) = args.next() {
+        let v = value(&flag, &mut args);
+        match flag.as_str() {
+            "--messages" => {
+                opts.messages = number(&flag, v?, 1000, crate::bus_kv::MAX_MESSAGES)?;
+            }
+            "--paced" => opts.paced = number(&flag, v?, 100, 1_000_000)?,
+            "--rate" => opts.rate = number(&flag, v?, 1, 100_000)?,
             "--sessions" => opts.sessions = small(&flag, v?, 1, 4096)? as usize,
             "--streams" => opts.streams = small(&flag, v?, 1, 1024)? as usize,
             "--timeout" => opts.timeout_secs = number(&flag, v?, 1, 600)?,
@@ -522,6 +546,18 @@ mod tests {
         assert!(parse(args("http-hop --duration")).is_err());
         assert!(parse(args("backend")).is_err());
         assert!(parse(args("nope")).is_err());
+    }
+
+    #[test]
+    fn bus_kv_options() {
+        let Ok(Command::BusKv(o)) = parse(args("bus-kv --messages 5000 --paced 200 --rate 500"))
+        else {
+            panic!("expected bus-kv");
+        };
+        assert_eq!((o.messages, o.paced, o.rate), (5000, 200, 500));
+        assert!(parse(args("bus-kv --rate 0")).is_err());
+        assert!(parse(args("bus-kv --paced 99")).is_err());
+        assert!(parse(args("bus-kv --bogus 1")).is_err());
     }
 
     #[test]

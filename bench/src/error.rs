@@ -114,6 +114,8 @@ pub(crate) enum Stage {
     Aiperf,
     /// `bus-relay` could not measure.
     BusRelay,
+    /// `bus-kv` could not measure.
+    BusKv,
 }
 
 impl std::fmt::Display for Stage {
@@ -126,6 +128,7 @@ impl std::fmt::Display for Stage {
             Stage::KvRoute => "kv-route: ",
             Stage::Aiperf => "",
             Stage::BusRelay => "bus-relay: ",
+            Stage::BusKv => "bus-kv: ",
         })
     }
 }

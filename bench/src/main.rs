@@ -11,7 +11,8 @@
 //! (discovery resync time and registry memory, see `resync`), `zmtp-ingest`
 //! (the router's kv_metrics SUB path vs the zeromq crate, see `zmtp_ingest`), `bus-relay` (one
 //! stream through the event bus listener vs direct TCP, and the listener's memory per idle
-//! session and stream, see `bus_relay`),
+//! session and stream, see `bus_relay`), `bus-kv` (kv-events applied to a KV index through the
+//! bus vs direct: throughput, event-to-visible latency, broker CPU and memory, see `bus_kv`),
 //! `pick` (one worker pick at 10, 100 and 1,000 workers vs round-robin, see
 //! `pick`), `prompt` (the prompt pipeline per request vs `tokenizers` on the
 //! whole prompt, see `prompt`) and `backend` (the fast canned OpenAI-ish backend the hop benchmark
@@ -24,6 +25,7 @@
 mod aiperf;
 mod alloc;
 mod backend;
+mod bus_kv;
 mod bus_relay;
 mod child;
 mod cli;
@@ -90,6 +92,11 @@ fn run() -> Result<(), BenchError> {
         }
         cli::Command::BusRelay(opts) => {
             let report = bus_relay::run(opts)?;
+            write!(std::io::stdout(), "{report}").map_err(BenchError::io("writing report"))
+        }
+        cli::Command::BusKv(opts) => {
+            let report =
+                bus_kv::run(opts).map_err(|e| BenchError::stage(error::Stage::BusKv, e))?;
             write!(std::io::stdout(), "{report}").map_err(BenchError::io("writing report"))
         }
         cli::Command::Pick(opts) => {

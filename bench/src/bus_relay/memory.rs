@@ -26,7 +26,7 @@ use super::setup::{self, Budget};
 use crate::alloc::{live_bytes, thread_net_bytes};
 
 /// What the figures found.
-pub(super) struct Figures {
+pub(crate) struct Figures {
     sessions: usize,
     streams: usize,
     /// The listener's bytes per idle session.
@@ -140,7 +140,7 @@ async fn reading(asks: &mpsc::Sender<Ask>) -> Result<(i64, i64, i64), RelayError
 }
 
 /// Opens `sessions` idle sessions, then `streams` idle streams, and measures.
-pub(super) fn measure(
+pub(crate) fn measure(
     sessions: usize,
     streams: usize,
     deadline: Instant,
@@ -212,7 +212,7 @@ pub(super) fn measure(
 }
 
 /// Appends the memory lines to the report.
-pub(super) fn render(f: &Figures, r: &mut String) {
+pub(crate) fn render(f: &Figures, r: &mut String) {
     let _ = writeln!(
         r,
         "memory (live bytes, the brokers' and the holder's own allocations taken out):"

@@ -27,20 +27,19 @@
 //! shard and the listener) are pinned to CPU 0 and the cluster's (publisher, broker) to CPU 1
 //! when there are at least two.
 
-mod memory;
-mod setup;
+pub(crate) mod memory;
+pub(crate) mod relay;
+pub(crate) mod setup;
 
 use std::fmt::Write as _;
 use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
-use continuum_bus::ZmqTarget;
 use continuum_event_bus::message::Topic;
-use monoio::io::AsyncReadRentExt as _;
 
 use crate::zmtp_ingest::publisher::{self, Published, Template};
 use crate::zmtp_ingest::router::{drive, run_monoio, shard_runtime};
-use crate::zmtp_ingest::{IngestError, Tally, ThreadClock, pin_to_cpu};
+use crate::zmtp_ingest::{IngestError, Tally};
 use setup::Budget;
 
 /// Options of `bus-relay`.
@@ -149,130 +148,47 @@ fn bus(
     budget: Budget,
 ) -> Result<Side, RelayError> {
     let deadline = Instant::now() + Duration::from_secs(opts.timeout_secs);
-    let (recv_cpu, pub_cpu) = split(cpus);
-    let setup = setup::start(1, budget)?;
-    // The thread names itself once it runs.
-    let bus_tid = (0..200)
-        .find_map(|_| {
-            setup::thread_id("event-bus").or_else(|| {
-                std::thread::sleep(Duration::from_millis(5));
-                None
-            })
-        })
-        .ok_or_else(|| RelayError::Setup("no event-bus thread".into()))?;
-    // The router's threads (listener and shard) on one CPU, the cluster's (publisher and broker)
-    // on the other, as a router node and the cluster it relays from.
-    if let Some(cpu) = recv_cpu {
-        setup::pin_thread(bus_tid, cpu);
-    }
     let listener = bind()?;
-    let addr = local(&listener)?;
-    let api = setup.listener.bus();
-    let dial = setup.dial(0);
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let bus_cpu_before = setup::thread_cpu_ns(bus_tid).unwrap_or(0);
-    let (tally, published, broker_cpu) = std::thread::scope(|s| {
-        let publisher = s
-            .spawn(|| publisher::run(&listener, template, opts.messages, BATCH, deadline, pub_cpu));
-        let broker = s.spawn(move || {
-            if let Some(cpu) = pub_cpu {
-                pin_to_cpu(cpu);
-            }
-            let clock = ThreadClock::now();
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .map_err(|source| RelayError::Io {
-                    what: "the broker's runtime",
-                    source,
-                })?;
-            let advertised = continuum_event_broker::Advertised::from_entries([(
-                setup::NAMESPACE.to_owned(),
-                "127.0.0.1".to_owned(),
-                addr.port(),
-                Topic::KvMetrics,
-            )]);
-            let (_drain_tx, drain) = tokio::sync::watch::channel(false);
-            rt.block_on(async {
-                tokio::select! {
-                    () = continuum_event_broker::run(
-                        dial,
-                        tokio::sync::watch::channel(std::sync::Arc::new(advertised)).1,
-                        drain,
-                        std::sync::Arc::default(),
-                    ) => {}
-                    _ = stop_rx => {}
-                }
-            });
-            Ok::<u64, RelayError>(clock.elapsed_ns())
-        });
-        let receiver = s.spawn(move || {
-            if let Some(cpu) = recv_cpu {
-                pin_to_cpu(cpu);
-            }
-            let result = receive(&api, addr.port(), opts.messages, deadline);
-            let _ = stop_tx.send(());
-            result
-        });
-        (
-            join(receiver, "receiver").and_then(|r| r),
-            join(publisher, "publisher").and_then(|r| Ok(r?)),
-            join(broker, "broker").and_then(|r| r),
-        )
-    });
-    let bus_cpu = setup::thread_cpu_ns(bus_tid)
-        .unwrap_or(0)
-        .saturating_sub(bus_cpu_before);
-    setup.listener.stop();
-    let (tally, driver) = tally?;
-    let windows = setup.bus.per_stream_buffer_bytes() / 4;
+    let ((tally, driver), cost) = relay::relayed(
+        budget,
+        cpus,
+        Topic::KvMetrics,
+        &listener,
+        |cpu| {
+            Ok(publisher::run(
+                &listener,
+                template,
+                opts.messages,
+                BATCH,
+                deadline,
+                cpu,
+            )?)
+        },
+        |api, port| receive(api, port, opts.messages, deadline),
+    )?;
     Ok(Side {
         name: format!(
             "bus, {} ({} KiB windows; {driver})",
             budget.label(),
-            windows >> 10
+            cost.window_bytes >> 10
         ),
         tally,
-        published: published?,
-        relay_cpu_ns: Some((bus_cpu, broker_cpu?)),
+        published: cost.published,
+        relay_cpu_ns: Some((cost.listener_cpu_ns, cost.broker_cpu_ns)),
     })
 }
 
-/// The shard's side of a bus run: once a broker covers the namespace, opens a `kv_metrics`
-/// stream to the publisher on `port` and runs the driver over it.
+/// The shard's side of a bus run: opens a `kv_metrics` stream to the publisher on `port` and
+/// runs the driver over it.
 fn receive(
     api: &continuum_bus::EventBus,
     port: u16,
     total: u64,
     deadline: Instant,
 ) -> Result<(Tally, &'static str), RelayError> {
-    while !api.covers(setup::NAMESPACE) {
-        if Instant::now() >= deadline {
-            return Err(RelayError::Timeout("the broker's session"));
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
     let (mut rt, driver) = shard_runtime()?;
-    let target = ZmqTarget {
-        namespace: setup::NAMESPACE.to_owned(),
-        host: "127.0.0.1".to_owned(),
-        port,
-    };
     let tally = rt.block_on(async move {
-        // HTTP/2 ends on the listener's thread; the shard reads the stream from a socket whose
-        // first byte says whether it opened.
-        let io = |what: &'static str| move |source| RelayError::Io { what, source };
-        let sock = api
-            .open_stream(&target, Topic::KvMetrics)?
-            .into_socket()
-            .map_err(io("the stream's socket"))?;
-        sock.set_nonblocking(true)
-            .map_err(io("the stream's socket"))?;
-        let mut sock =
-            monoio::net::UnixStream::from_std(sock).map_err(io("the stream's socket"))?;
-        let (res, status) = sock.read_exact(vec![0u8; 1]).await;
-        res.map_err(io("the stream's status"))?;
-        continuum_bus::open_status(status.first().copied().unwrap_or(u8::MAX))?;
+        let mut sock = relay::open_relayed(api, port, Topic::KvMetrics, deadline).await?;
         Ok::<Tally, RelayError>(drive(&mut sock, total, deadline, "router over the bus").await?)
     })?;
     Ok((tally, driver))

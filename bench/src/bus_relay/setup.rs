@@ -23,7 +23,7 @@ pub(super) const NAMESPACE: &str = "bench";
 /// The per-stream budget under test (BUS-28: `max_session_buffer_bytes / (4 ×
 /// max_streams_per_session)`, clamped to 16 KiB..=1 MiB; the HTTP/2 windows are a quarter).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Budget {
+pub(crate) enum Budget {
     /// The defaults (64 MiB per session, 1,024 streams): 16 KiB per stream, 4 KiB windows.
     Default,
     /// The most one stream gets (64 MiB per session, 16 streams): 1 MiB, 256 KiB windows.
@@ -45,7 +45,7 @@ impl Budget {
         }
     }
 
-    pub(super) fn label(self) -> &'static str {
+    pub(crate) fn label(self) -> &'static str {
         match self {
             Budget::Default => "default budget",
             Budget::Largest => "largest budget",

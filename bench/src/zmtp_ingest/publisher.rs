@@ -136,36 +136,7 @@ pub(crate) fn run(
         pin_to_cpu(cpu);
     }
     let io = |what: &'static str| move |source| IngestError::Io { what, source };
-    let mut stream = accept(listener, deadline)?;
-    stream.set_nodelay(true).map_err(io("publisher nodelay"))?;
-    let left = || {
-        deadline
-            .saturating_duration_since(Instant::now())
-            .max(Duration::from_millis(1))
-    };
-    stream
-        .set_read_timeout(Some(left()))
-        .map_err(io("publisher read timeout"))?;
-    stream
-        .set_write_timeout(Some(left()))
-        .map_err(io("publisher write timeout"))?;
-
-    // Greeting first; READY only once the subscriber's greeting is in, as libzmq does.
-    stream
-        .write_all(&wire::peer_greeting(1))
-        .map_err(io("publisher greeting"))?;
-    let mut greeting = [0u8; GREETING_LEN];
-    stream
-        .read_exact(&mut greeting)
-        .map_err(io("reading the subscriber's greeting"))?;
-    let mut ready = Vec::with_capacity(64);
-    wire::command(
-        b"READY",
-        &wire::metadata(&[(b"Socket-Type", b"PUB")]),
-        &mut ready,
-    );
-    stream.write_all(&ready).map_err(io("publisher READY"))?;
-
+    let mut stream = handshake(listener, deadline)?;
     let len = template.wire.len();
     let per_batch = batch.max(1);
     let mut buf = template.wire.repeat(per_batch);
@@ -189,8 +160,54 @@ pub(crate) fn run(
         sent += n as u64;
     }
     let cpu_ns = clock.elapsed_ns();
-    // Half-close, then drain until the subscriber closes: closing with unread input would reset
-    // the connection and could discard data the subscriber has not read yet.
+    close(stream, deadline);
+    Ok(Published {
+        messages: sent,
+        cpu_ns,
+    })
+}
+
+/// Accepts one subscriber on `listener` and handshakes as a PUB (greeting, then READY once the
+/// subscriber's greeting is in, as libzmq does); the stream then has read and write timeouts at
+/// `deadline`.
+pub(crate) fn handshake(
+    listener: &TcpListener,
+    deadline: Instant,
+) -> Result<TcpStream, IngestError> {
+    let io = |what: &'static str| move |source| IngestError::Io { what, source };
+    let mut stream = accept(listener, deadline)?;
+    stream.set_nodelay(true).map_err(io("publisher nodelay"))?;
+    let left = || {
+        deadline
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_millis(1))
+    };
+    stream
+        .set_read_timeout(Some(left()))
+        .map_err(io("publisher read timeout"))?;
+    stream
+        .set_write_timeout(Some(left()))
+        .map_err(io("publisher write timeout"))?;
+    stream
+        .write_all(&wire::peer_greeting(1))
+        .map_err(io("publisher greeting"))?;
+    let mut greeting = [0u8; GREETING_LEN];
+    stream
+        .read_exact(&mut greeting)
+        .map_err(io("reading the subscriber's greeting"))?;
+    let mut ready = Vec::with_capacity(64);
+    wire::command(
+        b"READY",
+        &wire::metadata(&[(b"Socket-Type", b"PUB")]),
+        &mut ready,
+    );
+    stream.write_all(&ready).map_err(io("publisher READY"))?;
+    Ok(stream)
+}
+
+/// Half-closes, then drains until the subscriber closes (or `deadline`): closing with unread
+/// input would reset the connection and could discard data the subscriber has not read yet.
+pub(crate) fn close(mut stream: TcpStream, deadline: Instant) {
     let _ = stream.shutdown(Shutdown::Write);
     let mut sink = [0u8; 512];
     loop {
@@ -200,10 +217,6 @@ pub(crate) fn run(
             Ok(_) => {}
         }
     }
-    Ok(Published {
-        messages: sent,
-        cpu_ns,
-    })
 }
 
 fn accept(listener: &TcpListener, deadline: Instant) -> Result<TcpStream, IngestError> {
