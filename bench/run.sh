@@ -28,6 +28,7 @@
 # exists, e.g.:
 #   bench/run.sh --kv-route --rounds 2
 #   bench/run.sh --kv-route --quick          # CI smoke: 2 turns of 4 conversations
+#   bench/run.sh --kv-route --broker         # and a row over a real event broker
 # Opt-in: `bench/run.sh --aiperf [aiperf options]` runs `aiperf` instead
 # (NVIDIA's AIPerf, pinned, through the router vs Dynamo's KV-routing frontend,
 # completions and chat, streaming, each on a fresh Dynamo 1.6.1 mocker fleet):
@@ -51,6 +52,7 @@ cd "$(dirname "$0")/.."
 target="${CARGO_TARGET_DIR:-target}"
 bench=http-hop
 features=()
+packages=()
 against=""
 if [ "${1:-}" = "--against" ]; then
     if [ -z "${2:-}" ]; then
@@ -75,7 +77,9 @@ elif [ "${1:-}" = "--fleet" ]; then
 elif [ "${1:-}" = "--kv-route" ]; then
     shift
     bench=kv-route
-    features=(--features continuum-router/dynamo-kv)
+    # `--broker` adds a row whose subscriptions a real continuum-event-broker relays.
+    features=(--features continuum-router/dynamo-kv --features continuum-router/dynamo-event-bus)
+    packages=(-p continuum-event-broker)
     tests/fleet/install.sh
 elif [ "${1:-}" = "--aiperf" ]; then
     shift
@@ -109,7 +113,7 @@ if [ ${#need[@]} -gt 0 ] && command -v apt-get >/dev/null 2>&1; then
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"
 fi
-if ! cargo build --release -p continuum-router "${features[@]}" -p continuum-bench; then
+if ! cargo build --release -p continuum-router "${features[@]}" "${packages[@]}" -p continuum-bench; then
     echo "run.sh: building continuum-router failed; building the bench alone." >&2
     if [ -e "$target/release/continuum-router" ]; then
         echo "run.sh: WARNING: the router row below comes from a STALE $target/release/continuum-router." >&2

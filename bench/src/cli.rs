@@ -361,6 +361,10 @@ fn parse_kv_route(
             opts.quick();
             continue;
         }
+        if flag == "--broker" {
+            opts.rows = crate::kv_route::Rows::WithBroker;
+            continue;
+        }
         if opts.fleet.flag(
             &flag,
             || value(&flag, &mut args),

@@ -223,6 +223,7 @@ fn run_row(setup: &Setup<'_>, kind: Kind, round: u32) -> Result<Vec<Run>, BenchE
                 chat_body: &probe,
                 ready,
                 dynamo_extra: "",
+                load_extra: "",
                 name: &name,
             };
             let (r, port) = kv_router::start(launch, pinned)?;

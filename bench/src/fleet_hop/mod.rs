@@ -167,6 +167,7 @@ pub(crate) fn run(opts: &FleetHopOptions) -> Result<(), BenchError> {
             chat_body: &body,
             ready,
             dynamo_extra: "",
+            load_extra: "",
             name: "router",
         }) {
             Ok(r) => Ok(r),

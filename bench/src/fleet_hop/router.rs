@@ -75,6 +75,9 @@ pub(crate) struct Launch<'a> {
     /// Lines appended to the config's `dynamo:` section (indented by two spaces, e.g. a `kv:`
     /// block); empty for none.
     pub(crate) dynamo_extra: &'a str,
+    /// Lines appended to the config's `dynamo.load:` block (indented by four spaces, e.g.
+    /// `transport: broker`); empty for none.
+    pub(crate) load_extra: &'a str,
     /// Names the config and log (`<name>.yaml`, `<name>.log`), so several routers can share
     /// `dir`.
     pub(crate) name: &'a str,
@@ -92,12 +95,17 @@ pub(crate) fn start(l: &Launch<'_>) -> Result<(Supervised, u16), BenchError> {
         chat_body,
         ready,
         dynamo_extra,
+        load_extra,
         name,
     } = *l;
     let port = probe::free_port()?;
     let conf = dir.write(
         &format!("{name}.yaml"),
-        &(yaml(port, cpu, fleet, model) + dynamo_extra),
+        &(yaml(port, cpu, fleet, model).replacen(
+            "  load:\n",
+            &format!("  load:\n{load_extra}"),
+            1,
+        ) + dynamo_extra),
     )?;
     let log = dir.path().join(format!("{name}.log"));
     let cmd = router_command(bin, &conf, &log)?;

@@ -23,6 +23,7 @@
 //! the load is bounded by `conversations × turns` requests per row; all traffic is on 127.0.0.1;
 //! exit code 0 only if the `dynamo kv` baseline was measured.
 
+mod broker;
 mod dynamo_log;
 mod load;
 mod report;
@@ -93,6 +94,17 @@ pub(crate) struct KvRouteOptions {
     pub(crate) request_timeout_secs: u64,
     /// Wall time a row's load may take, seconds.
     pub(crate) row_timeout_secs: u64,
+    /// Which rows run.
+    pub(crate) rows: Rows,
+}
+
+/// Which rows `kv-route` runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Rows {
+    /// `dynamo kv`, `router kv`, `pinned`.
+    Standard,
+    /// And `router kv, broker` (`--broker`): the router's subscriptions relayed by a real broker.
+    WithBroker,
 }
 
 impl Default for KvRouteOptions {
@@ -108,6 +120,7 @@ impl Default for KvRouteOptions {
             fleet: KvFleet::default(),
             request_timeout_secs: 60,
             row_timeout_secs: 600,
+            rows: Rows::Standard,
         }
     }
 }
@@ -145,7 +158,7 @@ pub(crate) fn run(opts: &KvRouteOptions) -> Result<(), BenchError> {
     let (rows, missing) = run_rounds(
         "kv-route",
         opts.rounds,
-        |round| report::round_order(round).to_vec(),
+        |round| report::round_order(round, opts.rows == Rows::WithBroker),
         Kind::label,
         |kind, round| run_row(&setup, kind, round),
     )?;
@@ -161,8 +174,8 @@ pub(crate) fn run(opts: &KvRouteOptions) -> Result<(), BenchError> {
 fn run_row(setup: &Setup<'_>, kind: Kind, round: u32) -> Result<RowRun, BenchError> {
     let opts = setup.opts;
     let router_parts = match (kind, &setup.router) {
-        (Kind::Router, Ok(parts)) => Some(parts),
-        (Kind::Router, Err(why)) => {
+        (Kind::Router | Kind::RouterBroker, Ok(parts)) => Some(parts),
+        (Kind::Router | Kind::RouterBroker, Err(why)) => {
             return Err(BenchError::io("starting the router")(
                 std::io::Error::other(why.clone()),
             ));
@@ -194,7 +207,9 @@ fn run_row(setup: &Setup<'_>, kind: Kind, round: u32) -> Result<RowRun, BenchErr
     let probe_body = shim_load::chat_body(MODEL, 1);
     let worker_pins = shim_load::decimal_pins(ids.iter().copied());
     let mut notes = Vec::new();
-    // Declared after `fleet`, so dropped (stopped) before the fleet's teardown.
+    // Declared after `fleet`, so dropped (stopped) before the fleet's teardown; the broker
+    // before the router is declared, so it outlives it.
+    let mut relay: Option<Supervised> = None;
     let mut routed: Option<(Supervised, u16)> = None;
     let (port, pins, worker_header) = match kind {
         Kind::Dynamo => {
@@ -211,15 +226,38 @@ fn run_row(setup: &Setup<'_>, kind: Kind, round: u32) -> Result<RowRun, BenchErr
             ));
             (info.frontend_port, worker_pins, None)
         }
-        Kind::Router => {
+        Kind::Router | Kind::RouterBroker => {
             let Some((bin, pinned)) = router_parts else {
                 return Err(BenchError::io("starting the router")(
                     std::io::Error::other("no router binary"),
                 ));
             };
             check_direct(&info, &worker_pins, &probe_body, ready)?;
+            let name = format!("router-{}-{round}", kind.label().replace([' ', ','], "-"));
+            // The broker row: the listener's config, and the broker (it dials until the router
+            // listens); the router is ready once every kv-events subscription is connected,
+            // which over a broker means relayed.
+            let prepared = match kind {
+                Kind::RouterBroker => Some(broker::prepare(&setup.dir, &name)?),
+                _ => None,
+            };
+            if let Some(p) = &prepared {
+                relay = Some(broker::start(
+                    p,
+                    &info,
+                    &setup.dir,
+                    &format!("{name}-broker"),
+                    &setup.fleet_cpus,
+                )?);
+                notes.push(
+                    "dynamo.load.transport: broker; kv_metrics and kv-events relayed by \
+                     continuum-event-broker (etcd discovery) over TLS 1.3 + HTTP/2 on loopback"
+                        .to_owned(),
+                );
+            }
             eprintln!("kv-route: starting the router and waiting for discovery and KV ...");
-            let name = format!("router-{round}");
+            let dynamo_extra = prepared.as_ref().map_or("", |p| p.dynamo_extra.as_str());
+            let load_extra = prepared.as_ref().map_or("", |p| p.load_extra);
             let launch = Launch {
                 bin,
                 dir: &setup.dir,
@@ -228,7 +266,8 @@ fn run_row(setup: &Setup<'_>, kind: Kind, round: u32) -> Result<RowRun, BenchErr
                 model: MODEL,
                 chat_body: &probe_body,
                 ready,
-                dynamo_extra: "",
+                dynamo_extra,
+                load_extra,
                 name: &name,
             };
             let (r, port) = router::start(launch, pinned)?;
@@ -262,11 +301,14 @@ fn run_row(setup: &Setup<'_>, kind: Kind, round: u32) -> Result<RowRun, BenchErr
     if let Some((r, _)) = &mut routed {
         r.ensure_running()?;
     }
+    if let Some(b) = &mut relay {
+        b.ensure_running()?;
+    }
     let (note, picker_cpu_us) = cpu_note(kind, loaded.sent.len(), cpu_before, cpu_after);
     notes.push(note);
     let records = match kind {
         Kind::Dynamo => dynamo_records(&loaded, &info, &mut notes),
-        Kind::Router => {
+        Kind::Router | Kind::RouterBroker => {
             if let (Some((_, p)), Some(before)) = (&routed, &before) {
                 notes.push(router_note(before, &router::metrics(*p)));
             }
@@ -277,6 +319,7 @@ fn run_row(setup: &Setup<'_>, kind: Kind, round: u32) -> Result<RowRun, BenchErr
         Kind::Pinned => records(&loaded, |s| ids.get(s.conversation % ids.len()).copied()),
     };
     drop(routed);
+    drop(relay);
     Ok(RowRun {
         picker_cpu_us,
         kind,
@@ -305,16 +348,16 @@ fn cpu_note(
     let router = per(before.1, after.1);
     let fe = match kind {
         Kind::Dynamo => "frontend (--router-mode kv)",
-        Kind::Router | Kind::Pinned => "frontend (--router-mode direct)",
+        Kind::Router | Kind::RouterBroker | Kind::Pinned => "frontend (--router-mode direct)",
     };
     let us = |v: Option<f64>| v.map_or("n/a".to_owned(), |v| format!("{v:.0} us"));
     let picker = match kind {
         Kind::Dynamo => frontend,
-        Kind::Router => router,
+        Kind::Router | Kind::RouterBroker => router,
         Kind::Pinned => None,
     };
     let note = match (kind, router, frontend) {
-        (Kind::Router, Some(r), Some(f)) if f > 0.0 => format!(
+        (Kind::Router | Kind::RouterBroker, Some(r), Some(f)) if f > 0.0 => format!(
             "CPU per request: router {} ({:.2}x the {fe} behind it, {})",
             us(Some(r)),
             r / f,
@@ -436,6 +479,14 @@ fn header(out: &mut impl Write, s: &Setup<'_>) -> std::io::Result<()> {
          frontend, conversation c pinned to worker c mod {}",
         o.workers,
     )?;
+    if o.rows == Rows::WithBroker {
+        writeln!(
+            out,
+            "router kv, broker = the router kv row with dynamo.load.transport: broker: its \
+             kv_metrics and kv-events subscriptions relayed by a real continuum-event-broker \
+             (etcd discovery, on the fleet's CPUs) through the router's event bus listener"
+        )?;
+    }
     writeln!(
         out,
         "TTFT = request written -> first SSE event with non-empty delta content; cached share = \

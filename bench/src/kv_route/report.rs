@@ -24,11 +24,15 @@ pub(crate) enum Kind {
     Router,
     /// Clients → the direct-mode frontend, each conversation pinned to one worker.
     Pinned,
+    /// As [`Kind::Router`], its subscriptions relayed by a real `continuum-event-broker`
+    /// (`transport: broker`; `--broker` only).
+    RouterBroker,
 }
 
 impl Kind {
     /// Every kind, in the order of round 1.
-    pub(crate) const ALL: [Kind; 3] = [Kind::Dynamo, Kind::Router, Kind::Pinned];
+    pub(crate) const ALL: [Kind; 4] =
+        [Kind::Dynamo, Kind::Router, Kind::RouterBroker, Kind::Pinned];
 
     /// The row label.
     pub(crate) fn label(self) -> &'static str {
@@ -36,13 +40,18 @@ impl Kind {
             Kind::Dynamo => "dynamo kv",
             Kind::Router => "router kv",
             Kind::Pinned => "pinned",
+            Kind::RouterBroker => "router kv, broker",
         }
     }
 }
 
-/// The order of round `round` (1-based): odd rounds as [`Kind::ALL`], even ones reversed.
-pub(crate) fn round_order(round: u32) -> [Kind; 3] {
-    let mut k = Kind::ALL;
+/// The order of round `round` (1-based): odd rounds as [`Kind::ALL`], even ones reversed; the
+/// broker row only `with_broker`.
+pub(crate) fn round_order(round: u32, with_broker: bool) -> Vec<Kind> {
+    let mut k: Vec<Kind> = Kind::ALL
+        .into_iter()
+        .filter(|k| with_broker || *k != Kind::RouterBroker)
+        .collect();
     if round.is_multiple_of(2) {
         k.reverse();
     }
@@ -194,7 +203,7 @@ pub(crate) fn figures(rows: &[&RowRun]) -> Figures {
     }
 }
 
-const COLUMNS: &str = "row           reqs  errs  cached share  turns>=2  turn-1 tokens  moves  \
+const COLUMNS: &str = "row                  reqs  errs  cached share  turns>=2  turn-1 tokens  moves  \
                        max/min  TTFT p50   TTFT p99   req/worker, load wall time";
 
 /// Seconds as milliseconds with one decimal (`NaN` when unknown).
@@ -209,7 +218,7 @@ fn secs(s: f64) -> String {
 fn line(out: &mut impl Write, label: &str, f: &Figures, counts: &str) -> std::io::Result<()> {
     writeln!(
         out,
-        "{label:<12} {:>5} {:>5} {:>13.3} {:>9.3} {:>14.0} {:>6} {:>8.2}  {:<10} {:<10} {counts}",
+        "{label:<19} {:>5} {:>5} {:>13.3} {:>9.3} {:>14.0} {:>6} {:>8.2}  {:<10} {:<10} {counts}",
         f.requests,
         f.errors,
         f.cached_share,
@@ -318,6 +327,25 @@ pub(crate) fn render(
             per(r.p99, d.p99),
             secs(r.p99),
             secs(d.p99),
+        )?;
+    }
+    if let (Some(r), Some(b)) = (router, of(Kind::RouterBroker)) {
+        let diff = b.cached_share - r.cached_share;
+        let ratio = per(b.p50, r.p50);
+        writeln!(
+            out,
+            "router over a broker/router direct: cached share {diff:+.3} ({:.3} vs {:.3}; goal \
+             within 0.02: {}), TTFT p50 {ratio:.3}x ({} vs {}; goal within 10%: {})",
+            b.cached_share,
+            r.cached_share,
+            if diff.abs() <= 0.02 { "PASS" } else { "MISS" },
+            secs(b.p50),
+            secs(r.p50),
+            if (ratio - 1.0).abs() <= 0.10 {
+                "PASS"
+            } else {
+                "MISS"
+            },
         )?;
     }
     if let Some(p) = pinned {
@@ -450,8 +478,18 @@ mod tests {
 
     #[test]
     fn rounds_alternate_and_the_report_has_targets() {
-        assert_eq!(round_order(1), [Kind::Dynamo, Kind::Router, Kind::Pinned]);
-        assert_eq!(round_order(2), [Kind::Pinned, Kind::Router, Kind::Dynamo]);
+        assert_eq!(
+            round_order(1, false),
+            [Kind::Dynamo, Kind::Router, Kind::Pinned]
+        );
+        assert_eq!(
+            round_order(2, false),
+            [Kind::Pinned, Kind::Router, Kind::Dynamo]
+        );
+        assert_eq!(
+            round_order(2, true),
+            [Kind::Pinned, Kind::RouterBroker, Kind::Router, Kind::Dynamo]
+        );
         let rows = vec![
             row(
                 Kind::Dynamo,

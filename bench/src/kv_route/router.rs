@@ -29,16 +29,16 @@ pub(crate) fn kv_yaml(pinned: &[String]) -> String {
     )
 }
 
-/// Starts the KV router as `launch` says, its `dynamo:` section extended by the `kv:` block
-/// pinning `pinned`, and waits until it discovered every worker, proxied the chat body, loaded
+/// Starts the KV router as `launch` says, its `dynamo:` section extended (after the launch's
+/// own lines) by the `kv:` block pinning `pinned`, and waits until it discovered every worker, proxied the chat body, loaded
 /// the pinned artifacts and connected every `kv-events` publisher.
 pub(crate) fn start(
     launch: Launch<'_>,
     pinned: &[String],
 ) -> Result<(Supervised, u16), BenchError> {
-    let kv = kv_yaml(pinned);
+    let extra = format!("{}{}", launch.dynamo_extra, kv_yaml(pinned));
     let (mut router, port) = fleet_router::start(&Launch {
-        dynamo_extra: &kv,
+        dynamo_extra: &extra,
         ..launch
     })?;
     let (fleet, ready) = (launch.fleet, launch.ready);
