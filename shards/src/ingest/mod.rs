@@ -352,3 +352,7 @@ fn kv_source(p: &continuum_core::discovery::Publisher) -> Option<continuum_core:
         dp_rank: s.dp_rank,
     })
 }
+
+#[cfg(test)]
+#[path = "route_tests.rs"]
+mod route_tests;
