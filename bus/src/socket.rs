@@ -36,14 +36,8 @@ const OPEN_TIMEOUT: u8 = 1;
 const SESSION_CLOSED: u8 = 2;
 /// `REFUSED + n`: refused with the `n`th [`CloseReason`] of [`REASONS`].
 const REFUSED: u8 = 16;
-const REASONS: [CloseReason; 6] = [
-    CloseReason::Eof,
-    CloseReason::ConnectFailed,
-    CloseReason::TargetNotAdvertised,
-    CloseReason::Refused,
-    CloseReason::Draining,
-    CloseReason::Error,
-];
+/// The refusals a status byte names, in byte order (both ends are this process).
+const REASONS: [CloseReason; 6] = CloseReason::ALL;
 
 fn status_of(e: BusStreamError) -> u8 {
     match e {

@@ -118,14 +118,7 @@ async fn a_refused_stream_says_why_and_a_holder_that_leaves_first_unsubscribes()
 /// The status byte round-trips every way a commanded stream can fail after placement.
 #[test]
 fn status_bytes_name_every_outcome() {
-    for reason in [
-        CloseReason::Eof,
-        CloseReason::ConnectFailed,
-        CloseReason::TargetNotAdvertised,
-        CloseReason::Refused,
-        CloseReason::Draining,
-        CloseReason::Error,
-    ] {
+    for reason in CloseReason::ALL {
         assert!(
             (0..=u8::MAX).any(|b| open_status(b) == Err(BusStreamError::Refused(reason))),
             "{reason:?}"

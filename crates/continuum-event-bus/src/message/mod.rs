@@ -279,6 +279,16 @@ pub enum CloseReason {
 }
 
 impl CloseReason {
+    /// Every reason.
+    pub const ALL: [CloseReason; 6] = [
+        CloseReason::Eof,
+        CloseReason::ConnectFailed,
+        CloseReason::TargetNotAdvertised,
+        CloseReason::Refused,
+        CloseReason::Draining,
+        CloseReason::Error,
+    ];
+
     /// The wire word (`stream_closed`'s `reason`).
     pub fn as_str(self) -> &'static str {
         match self {

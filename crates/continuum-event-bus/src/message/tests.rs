@@ -133,14 +133,7 @@ fn targets_check_their_names() {
 
 #[test]
 fn close_reasons_name_themselves_as_on_the_wire() {
-    for r in [
-        CloseReason::Eof,
-        CloseReason::ConnectFailed,
-        CloseReason::TargetNotAdvertised,
-        CloseReason::Refused,
-        CloseReason::Draining,
-        CloseReason::Error,
-    ] {
+    for r in CloseReason::ALL {
         let wire = serde_json::to_string(&r).expect("serialises");
         assert_eq!(wire, format!("\"{}\"", r.as_str()));
     }
