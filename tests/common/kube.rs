@@ -340,10 +340,10 @@ impl FakeApiServer {
             .to_owned()
     }
 
-    /// `GET /stats`: per resource the request counts `gets`, `lists`, `watches`, the
-    /// `open_watches` and `objects` now, `last_list`, `last_watch`, `list_log`, `watch_log` (query
-    /// parameters, null when absent, and `namespace`); `rejected_401`, `rejected_403`,
-    /// `resource_version`.
+    /// `GET /stats`: per resource the request counts `gets`, `lists`, `watches`, `proxies` (Pod
+    /// proxy GETs), the `open_watches` and `objects` now, `last_list`, `last_watch`, `list_log`,
+    /// `watch_log` (query parameters, null when absent, and `namespace`); `requests` (every API
+    /// request by HTTP method), `rejected_401`, `rejected_403`, `resource_version`.
     pub fn stats(&self) -> Value {
         let resp = roundtrip(self.control, &request_bytes("GET", "/stats", &[], None))
             .unwrap_or_else(|e| panic!("control GET /stats: {e}"));

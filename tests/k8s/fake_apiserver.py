@@ -29,7 +29,15 @@ also when aggregated discovery is asked for; `/version`; `/openapi/*` is 404 (ku
   cleanly (default 1800 s); `allowWatchBookmarks=true` gets a BOOKMARK after each
   `bookmark_period` of quiet (default 5 s) and when commanded; `sendInitialEvents=true` ends
   the initial events with a BOOKMARK annotated `k8s.io/initial-events-end: "true"`;
-- a verb the verb table denies: 403 with RBAC's message; a method other than GET: 405.
+- a verb the verb table denies: 403 with RBAC's message; a method other than GET: 405;
+- the Pod proxy subresource, GET only (`GET /api/v1/namespaces/NS/pods/[http:]NAME[:PORT]/proxy
+  [/PATH]`, RBAC verb `get` on `pods/proxy`): when the Pod NS/NAME is stored, the GET is
+  forwarded to `127.0.0.1:PORT/PATH` (query string included; port 80 when none) and its status,
+  `Content-Type` and body are relayed; a Pod that is not stored is 404 `pods "NAME" not found`,
+  a port nothing answers on 503 ServiceUnavailable (`error trying to reach service: ...`), an
+  `https:` scheme 503 too (this fake does not proxy TLS). A test affordance: a real API server
+  forwards to the Pod's IP (`status.podIP`); here the Pods' processes run on loopback, so the
+  stored Pod only decides whether the proxy answers, and its IP is ignored.
 
 Control port (JSON; 200 `{"ok": true, ...}`, else 400/404 `{"ok": false, "error"}`):
 `POST /objects {"resource","namespace","object"}` upserts (ADDED/MODIFIED) and returns it
@@ -42,15 +50,19 @@ get `gone` (HTTP 410 + Status), `stall` (headers, then nothing until the client 
 {"delay_ms"}`; `POST /verbs {"allow": [...]}`; `POST /bookmark {"resource","all"?}` (to the
 watches that allow bookmarks, or all); `POST /bookmark_period {"seconds"}` (0 = never);
 `POST /compact {"resource"?}` (drops the history and list snapshots, as etcd compaction);
-`GET /stats`: per resource the request counts `gets`, `lists`, `watches`, `open_watches`,
-`objects`, the query parameters of the last list / watch (`last_list`, `last_watch`) and of the
-last 64 (`list_log`, `watch_log`); `rejected_401`, `rejected_403`, `resource_version`.
+`GET /stats`: per resource the request counts `gets`, `lists`, `watches`, `proxies` (Pod proxy
+GETs, `pods` only), `open_watches`, `objects`, the query parameters of the last list / watch
+(`last_list`, `last_watch`) and of the last 64 (`list_log`, `watch_log`); `requests`: every API
+request by HTTP method (`{"GET": n, "POST": m, ...}`, counted before authentication, so a refused
+write shows too); `rejected_401`, `rejected_403`, `resource_version`.
 """
 
 import argparse
 import collections
+import http.client
 import http.server
 import json
+import re
 import select
 import socket
 import ssl
@@ -116,6 +128,10 @@ def route(path):
     return None
 
 
+# `/api/v1/namespaces/NS/pods/[SCHEME:]NAME[:PORT]/proxy[/PATH]`: the Pod proxy subresource.
+PROXY_RE = re.compile(r"/api/v1/namespaces/(?P<ns>[^/]+)/pods/(?P<target>[^/:]+(?::[^/:]*){0,2})"
+                      r"/proxy(?P<rest>/.*)?")
+
 NOT_FOUND = status(404, "NotFound", "the server could not find the requested resource", {})
 
 
@@ -171,6 +187,7 @@ class ApiHandler(Handler):
         return False
 
     def do_GET(self):
+        STORE.count_method("GET")
         try:
             if self.authorized():
                 self.serve_get()
@@ -180,6 +197,7 @@ class ApiHandler(Handler):
             self.close_connection = True
 
     def refuse_method(self):
+        STORE.count_method(self.command)
         try:
             self.rfile.read(int(self.headers.get("Content-Length") or 0))
             if self.authorized():
@@ -203,6 +221,9 @@ class ApiHandler(Handler):
             return self.send_json(200, doc)
         if path.startswith("/api/v1/namespaces/") and path.count("/") == 4:
             return self.namespace(path[len("/api/v1/namespaces/"):])
+        proxied = PROXY_RE.fullmatch(url.path)
+        if proxied:
+            return self.pod_proxy(*proxied.group("ns", "target", "rest"), url.query)
         r = route(path)
         if r is None:
             return self.send_json(404, NOT_FOUND)
@@ -228,6 +249,41 @@ class ApiHandler(Handler):
             return self.send_json(404, status(404, "NotFound", f'namespaces "{name}" not found',
                                               {"name": name, "kind": "namespaces"}))
         self.send_json(200, namespace_object(name))
+
+    def pod_proxy(self, ns, target, rest, query):
+        """GET through the Pod proxy subresource, to loopback (see the module's docstring)."""
+        parts = target.split(":")
+        scheme = parts.pop(0) if len(parts) == 3 else "http"
+        name, port = parts[0], parts[1] if len(parts) == 2 else "80"
+        if "get" not in STORE.allowed:
+            with STORE.cond:
+                STORE.rejected["403"] += 1
+            return self.send_json(403, status(403, "Forbidden", (
+                f'pods "{name}" is forbidden: User "{self.server.user}" cannot get resource '
+                f'"pods/proxy" in API group "" in the namespace "{ns}"'),
+                {"name": name, "kind": "pods"}))
+        STORE.count("pods", "proxy")
+        with STORE.cond:
+            known = (ns, name) in STORE.objects["pods"]
+        if not known:
+            return self.send_json(404, status(404, "NotFound", f'pods "{name}" not found',
+                                              {"name": name, "kind": "pods"}))
+        unreachable = status(503, "ServiceUnavailable", "error trying to reach service: "
+                             f"dial tcp 127.0.0.1:{port}: connect: connection refused")
+        if scheme != "http" or not port.isdigit() or not 0 < int(port) < 65536:
+            return self.send_json(503, unreachable)
+        conn = http.client.HTTPConnection("127.0.0.1", int(port), timeout=10)
+        try:
+            conn.request("GET", (rest or "/") + (f"?{query}" if query else ""),
+                         headers={"Accept": self.headers.get("Accept") or "*/*"})
+            resp = conn.getresponse()
+            body, code = resp.read(), resp.status
+            ctype = resp.getheader("Content-Type") or "application/octet-stream"
+        except OSError:
+            return self.send_json(503, unreachable)
+        finally:
+            conn.close()
+        self.send_body(code, body, ctype)
 
     def forbidden(self, resource, ns, name, verb):
         what = f'{qualified(resource)} "{name}"' if name else qualified(resource)
@@ -400,7 +456,8 @@ class ControlHandler(Handler):
             return self.reply(404, {"ok": False, "error": f"no control path {self.path}"})
         with STORE.cond:
             out = {"ok": True, "resource_version": str(STORE.rv),
-                   "rejected_401": STORE.rejected["401"], "rejected_403": STORE.rejected["403"]}
+                   "rejected_401": STORE.rejected["401"], "rejected_403": STORE.rejected["403"],
+                   "requests": dict(STORE.methods)}
             for r, st in STORE.stats.items():
                 out[r] = {k: list(v) if isinstance(v, collections.deque) else v
                           for k, v in st.items()}

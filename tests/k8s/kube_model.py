@@ -207,7 +207,7 @@ class Watcher:
 
 
 def new_stats():
-    return {"gets": 0, "lists": 0, "watches": 0, "open_watches": 0,
+    return {"gets": 0, "lists": 0, "watches": 0, "proxies": 0, "open_watches": 0,
             "last_list": None, "last_watch": None, "list_log": collections.deque(maxlen=LOG_KEEP),
             "watch_log": collections.deque(maxlen=LOG_KEEP)}
 
@@ -226,6 +226,7 @@ class Store:
         self.allowed, self.page_delay, self.bookmark_period = set(VERBS), 0.0, 5.0
         self.stats = {r: new_stats() for r in RESOURCES}
         self.rejected = {"401": 0, "403": 0}
+        self.methods = collections.Counter()  # API requests by HTTP method
         self.namespaces = set(BUILTIN_NAMESPACES)
 
     def record(self, resource, typ, obj, prev):
@@ -338,10 +339,15 @@ class Store:
     def count(self, resource, verb, params=None):
         with self.cond:
             st = self.stats[resource]
-            st[{"get": "gets", "list": "lists", "watch": "watches"}[verb]] += 1
+            st[{"get": "gets", "list": "lists", "watch": "watches", "proxy": "proxies"}[verb]] += 1
             if params is not None:
                 st[f"last_{verb}"] = params
                 st[f"{verb}_log"].append(params)
+
+
+    def count_method(self, method):
+        with self.cond:
+            self.methods[method] += 1
 
 
 def now_rfc3339():
