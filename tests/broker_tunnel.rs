@@ -23,247 +23,22 @@
 
 mod common;
 
-use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::broker::{BrokerProcess, BrokerSpec, token_hash};
-use common::etcd::{EtcdServer, read_dump};
-use common::kube::{FakeApiServer, endpoint_slice, pod_id, worker_metadata};
+use common::etcd::EtcdServer;
+use common::kube::FakeApiServer;
 use common::kv::{kv_message, refs};
-use common::pki::TestCa;
+use common::tunnel::{
+    Bus, EVENTS_ID, HIDDEN_ID, TOKEN_ONE, TOKEN_TWO, WAIT, advertise, block, broker, decimal,
+    metrics_frames, metrics_id, relayed_by, router, seed, stored, sub_row, wait_until, worker,
+};
 use common::zmq::ZmqPublisher;
-use common::{RouterConfig, RouterProcess, TempDir, free_port, metric_value};
+use common::{RouterProcess, TempDir, metric_value};
 use continuum_core::discovery::InstanceId;
+use continuum_core::kv::EngineHash;
 use continuum_core::kv::encode::{KvDataRef, KvEventRef};
 use continuum_core::kv::event::Tier;
-use continuum_core::kv::{EngineHash, StoredBlock, TokensHash};
 use serde_json::{Value, json};
-
-const FIXTURES: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/../shared/fixtures/dynamo-1.6.1"
-);
-/// The captured agg worker and its `kv_metrics` publisher.
-const WORKER_HEX: &str = "6a6ca22d4998ac0b";
-const METRICS_HEX: &str = "a3d9516d245b1";
-/// The worker's `kv-events` publisher (an id of this test's).
-const EVENTS_ID: u64 = 0x5eed_0001;
-/// A `kv_metrics` publisher the brokers do not advertise.
-const HIDDEN_ID: u64 = 0x5eed_0002;
-const CHANNELS: &str = "v1/event_channels/namespace/agg/component/backend/endpoint/generate/topic";
-const TOKEN_ONE: &str = "broker-one-token";
-const TOKEN_TWO: &str = "broker-two-token";
-const WAIT: Duration = Duration::from_secs(20);
-
-fn worker() -> u64 {
-    u64::from_str_radix(WORKER_HEX, 16).unwrap()
-}
-
-fn metrics_id() -> u64 {
-    u64::from_str_radix(METRICS_HEX, 16).unwrap()
-}
-
-/// The agg worker's registrations, its `kv_metrics` channel at `metrics`, a `kv-events` channel
-/// at `events` and a second `kv_metrics` channel at `hidden`.
-fn seed(etcd: &EtcdServer, metrics: &str, events: &str, hidden: &str) {
-    let dump = read_dump(Path::new(&format!("{FIXTURES}/etcd-dump.txt")));
-    let channel_key = format!("{CHANNELS}/kv_metrics/{METRICS_HEX}");
-    let mut channel: Option<Value> = None;
-    for (k, v) in dump {
-        if k == format!("v1/instances/agg/backend/generate/{WORKER_HEX}")
-            || k == format!("v1/mdc/agg/backend/generate/{WORKER_HEX}")
-        {
-            etcd.put(&k, &v);
-        } else if k == channel_key {
-            channel = Some(serde_json::from_str(&v).unwrap());
-        }
-    }
-    let channel = channel.expect("the captured kv_metrics channel");
-    let put = |topic: &str, id: u64, endpoint: &str| {
-        let mut rec = channel.clone();
-        rec["topic"] = topic.into();
-        rec["instance_id"] = id.into();
-        rec["transport"]["config"]["endpoint"] = endpoint.into();
-        etcd.put(&format!("{CHANNELS}/{topic}/{id:x}"), &rec.to_string());
-    };
-    put("kv_metrics", metrics_id(), metrics);
-    put("kv-events", EVENTS_ID, events);
-    put("kv_metrics", HIDDEN_ID, hidden);
-}
-
-/// What the brokers' discovery advertises: one worker Pod whose `DynamoWorkerMetadata` carries
-/// the `kv_metrics` and `kv-events` channels (not the hidden one), its slice ready.
-fn advertise(api: &FakeApiServer, metrics: &str, events: &str) {
-    let pod = "agg-worker-0";
-    let id = pod_id(pod);
-    let hex = format!("{id:x}");
-    let ep = format!("agg/backend/generate/{hex}");
-    let channel = |topic: &str, publisher: u64, endpoint: &str| {
-        json!({
-            "type": "EventChannel",
-            "scope": {"kind": "endpoint", "endpoint": {"namespace": "agg", "component": "backend", "name": "generate"}},
-            "topic": topic, "instance_id": publisher,
-            "transport": {"kind": "Zmq", "config": {"endpoint": endpoint}},
-        })
-    };
-    let data = json!({
-        "endpoints": {
-            ep.clone(): {
-                "type": "Endpoint", "component": "backend", "endpoint": "generate",
-                "namespace": "agg", "instance_id": id,
-                "transport": {"tcp": format!("10.244.1.7:35917/{hex}/agg/backend/generate")},
-                "device_type": "cuda", "request_plane_codec": "msgpack",
-            }
-        },
-        "model_cards": {
-            ep: {
-                "type": "Model", "namespace": "agg", "component": "backend",
-                "endpoint": "generate", "instance_id": id,
-                "card_json": {
-                    "display_name": "tiny-agg", "slug": "tiny-agg", "kv_cache_block_size": 64,
-                    "context_length": 4096,
-                    "runtime_config": {"total_kv_blocks": 1024, "max_num_seqs": 64,
-                        "max_num_batched_tokens": 8192, "data_parallel_size": 1},
-                },
-            }
-        },
-        "event_channels": {
-            format!("namespace/agg/component/backend/endpoint/generate/topic/kv_metrics/{:x}", metrics_id()):
-                channel("kv_metrics", metrics_id(), metrics),
-            format!("namespace/agg/component/backend/endpoint/generate/topic/kv-events/{EVENTS_ID:x}"):
-                channel("kv-events", EVENTS_ID, events),
-        },
-        "event_sources": null,
-    });
-    api.put(
-        "dynamoworkermetadatas",
-        "dynamo",
-        &worker_metadata(pod, &data),
-    );
-    api.put(
-        "endpointslices",
-        "dynamo",
-        &endpoint_slice("agg-backend-s", "agg-backend", &[(pod, true)]),
-    );
-}
-
-struct Bus {
-    port: u16,
-    ca: std::path::PathBuf,
-    cert: std::path::PathBuf,
-    key: std::path::PathBuf,
-}
-
-fn router(etcd: &EtcdServer, transport: &str, bus: Option<&Bus>) -> RouterProcess {
-    let mut cfg = RouterConfig {
-        shards: "2".into(),
-        ..RouterConfig::default()
-    }
-    .backend("fe-agg", "http://127.0.0.1:9", &["tiny-agg"]);
-    let mut yaml = format!(
-        "dynamo:\n  enabled: true\n  discovery:\n    source: etcd\n    etcd:\n      endpoints: [\"{}\"]\n      \
-         namespaces: [agg]\n  load:\n    transport: {transport}\n    direct_allow_cidrs: [\"127.0.0.0/8\"]\n  \
-         kv:\n    enabled: true\n  shim:\n    backends: [fe-agg]\n",
-        etcd.endpoint()
-    );
-    if let Some(b) = bus {
-        yaml.push_str(&format!(
-            "  event_bus:\n    enabled: true\n    listen: \"127.0.0.1:{}\"\n    tls: {{ cert: \"{}\", key: \"{}\" }}\n    \
-             brokers:\n      - {{ id: b-one, token_hash: \"{}\", namespaces: [agg] }}\n      \
-             - {{ id: b-two, token_hash: \"{}\", namespaces: [agg] }}\n",
-            b.port,
-            b.cert.display(),
-            b.key.display(),
-            token_hash(TOKEN_ONE),
-            token_hash(TOKEN_TWO),
-        ));
-    }
-    cfg.extra_yaml = yaml;
-    RouterProcess::start(&cfg)
-}
-
-fn broker(id: &str, token: &str, bus: &Bus, api: &FakeApiServer) -> BrokerProcess {
-    BrokerProcess::start(&BrokerSpec {
-        id: id.into(),
-        router: format!("127.0.0.1:{}", bus.port),
-        server_name: "localhost".into(),
-        ca_file: bus.ca.clone(),
-        token: token.into(),
-        discovery: "  source: kubernetes\n  kubernetes:\n    namespace: dynamo\n    dynamo_namespace: agg\n"
-            .into(),
-        env: vec![(
-            "KUBECONFIG".into(),
-            api.kubeconfig().to_string_lossy().into_owned(),
-        )],
-    })
-}
-
-fn wait_until<T>(what: &str, r: &RouterProcess, mut probe: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        if let Some(v) = probe() {
-            return v;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{what} not reached within {WAIT:?}; router stderr:\n{}",
-            r.stderr()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-/// A decimal-string id of the admin view.
-fn decimal(v: &Value) -> Option<u64> {
-    v.as_str()?.parse().ok()
-}
-
-/// The admin `subscriptions[]` row of `(family, publisher)`.
-fn sub_row(r: &RouterProcess, family: &str, publisher: u64) -> Option<Value> {
-    let v = r.get("/admin/dynamo/workers").json();
-    v["subscriptions"]
-        .as_array()?
-        .iter()
-        .find(|s| s["family"] == family && decimal(&s["publisher_id"]) == Some(publisher))
-        .cloned()
-}
-
-/// Whether the row is connected through a broker; its broker id then.
-fn relayed_by(r: &RouterProcess, family: &str, publisher: u64) -> Option<String> {
-    let row = sub_row(r, family, publisher)?;
-    (row["state"] == "connected" && row["transport"] == "broker")
-        .then(|| row["broker"].as_str().map(str::to_owned))
-        .flatten()
-}
-
-fn metrics_frames(n: u32) -> Vec<Vec<u8>> {
-    (0..4)
-        .map(|k| {
-            let p = format!("{FIXTURES}/frames/agg.backend.kv_metrics-{n:03}.f{k}.bin");
-            std::fs::read(&p).unwrap_or_else(|e| panic!("{p}: {e}"))
-        })
-        .collect()
-}
-
-fn block(h: u64) -> StoredBlock {
-    StoredBlock {
-        block_hash: EngineHash(h),
-        tokens_hash: TokensHash(h.wrapping_mul(0x9e37_79b9_7f4a_7c15)),
-    }
-}
-
-fn stored(event_id: u64, parent: Option<u64>, blocks: &[StoredBlock]) -> KvEventRef<'_> {
-    KvEventRef {
-        worker: InstanceId::new(worker()),
-        dp_rank: 0,
-        event_id,
-        tier: Tier::Device,
-        data: KvDataRef::Stored {
-            parent: parent.map(EngineHash),
-            blocks,
-        },
-    }
-}
 
 /// What must be identical between the direct and the broker router: every worker's load
 /// samples (their fields) and KV rows (blocks, last event id), the event counters and the index
@@ -348,19 +123,17 @@ fn kv_row(r: &RouterProcess) -> Option<(u64, u64)> {
 #[test]
 fn subscriptions_run_through_real_brokers_as_they_run_direct_and_survive_a_broker_sigkill() {
     let dir = TempDir::new("broker-tunnel");
-    let ca = TestCa::new(dir.path(), "ca", "bus test CA");
-    let server = ca.server(dir.path(), "listener", &["localhost", "127.0.0.1"]);
-    let bus = Bus {
-        port: free_port(),
-        ca: ca.pem.clone(),
-        cert: server.cert,
-        key: server.key,
-    };
+    let bus = Bus::new(dir.path());
     let etcd = EtcdServer::start();
     let mut pm = ZmqPublisher::start();
     let mut pk = ZmqPublisher::start();
     let hidden = ZmqPublisher::start();
-    seed(&etcd, &pm.endpoint(), &pk.endpoint(), &hidden.endpoint());
+    seed(
+        &etcd,
+        &pm.endpoint(),
+        &pk.endpoint(),
+        Some(&hidden.endpoint()),
+    );
     let api = FakeApiServer::start();
     advertise(&api, &pm.endpoint(), &pk.endpoint());
 

@@ -23,7 +23,9 @@
 //! - [`kv`]: the KV index as the admin view and metrics show it, and `kv-events` messages built
 //!   with the router's encoders (the `dynamo-kv` tests);
 //! - [`kv_pick`]: KV-aware picking over a real fleet (pinned tiny-model digests, the router with
-//!   `dynamo.kv` on, readiness, `POST /admin/dynamo/explain`).
+//!   `dynamo.kv` on, readiness, `POST /admin/dynamo/explain`);
+//! - [`tunnel`]: the broker tunnel's local setup (an etcd-seeded worker, pyzmq publishers, the
+//!   fake API server advertising them, a router with the event bus listener, real brokers).
 //!
 //! Everything binds 127.0.0.1 only; every wait is bounded by a deadline.
 
@@ -48,6 +50,7 @@ pub mod pyclient;
 pub mod router;
 pub mod shim;
 pub mod stub;
+pub mod tunnel;
 pub mod zmq;
 
 use std::net::TcpListener;
