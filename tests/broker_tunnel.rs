@@ -30,7 +30,8 @@ use common::kube::FakeApiServer;
 use common::kv::{kv_message, refs};
 use common::tunnel::{
     Bus, EVENTS_ID, HIDDEN_ID, TOKEN_ONE, TOKEN_TWO, WAIT, advertise, block, broker, decimal,
-    metrics_frames, metrics_id, relayed_by, router, seed, stored, sub_row, wait_until, worker,
+    kv_row, metrics_frames, metrics_id, relayed_by, router, seed, stored, sub_row, wait_until,
+    worker,
 };
 use common::zmq::ZmqPublisher;
 use common::{RouterProcess, TempDir, metric_value};
@@ -107,17 +108,6 @@ fn kv_count(r: &RouterProcess, result: &str) -> f64 {
         &[("result", result)],
     )
     .unwrap_or(0.0)
-}
-
-fn kv_row(r: &RouterProcess) -> Option<(u64, u64)> {
-    let admin = r.get("/admin/dynamo/workers").json();
-    let w = admin["workers"]
-        .as_array()?
-        .iter()
-        .find(|w| decimal(&w["worker_id"]) == Some(worker()))?
-        .clone();
-    let k = w["kv"].as_array()?.first()?.clone();
-    Some((k["blocks"].as_u64()?, k["last_event_id"].as_u64()?))
 }
 
 #[test]

@@ -256,6 +256,18 @@ pub fn admin_workers(r: &RouterProcess) -> Value {
     resp.json()
 }
 
+/// The agg worker's first KV row: (blocks, last event id).
+pub fn kv_row(r: &RouterProcess) -> Option<(u64, u64)> {
+    let admin = admin_workers(r);
+    let w = admin["workers"]
+        .as_array()?
+        .iter()
+        .find(|w| decimal(&w["worker_id"]) == Some(worker()))?
+        .clone();
+    let k = w["kv"].as_array()?.first()?.clone();
+    Some((k["blocks"].as_u64()?, k["last_event_id"].as_u64()?))
+}
+
 /// The admin `subscriptions[]` row of `(family, publisher)`.
 pub fn sub_row(r: &RouterProcess, family: &str, publisher: u64) -> Option<Value> {
     let v = admin_workers(r);
