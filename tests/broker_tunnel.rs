@@ -29,9 +29,8 @@ use common::etcd::EtcdServer;
 use common::kube::FakeApiServer;
 use common::kv::{kv_message, refs};
 use common::tunnel::{
-    Bus, EVENTS_ID, HIDDEN_ID, TOKEN_ONE, TOKEN_TWO, WAIT, advertise, block, broker, decimal,
-    kv_row, metrics_frames, metrics_id, relayed_by, router, seed, stored, sub_row, wait_until,
-    worker,
+    Bus, EVENTS_ID, HIDDEN_ID, TOKEN_ONE, TOKEN_TWO, WAIT, advertise, block, broker, kv_row,
+    metrics_frames, metrics_id, relayed_by, router, seed, stored, sub_row, wait_until, worker,
 };
 use common::zmq::ZmqPublisher;
 use common::{RouterProcess, TempDir, metric_value};
