@@ -6,22 +6,23 @@
 //! all of them alike. Each chunk runs on one thread:
 //! - ours: the chunk's envelopes in trace order, each to its rank's shard writer, publishing
 //!   per the batch policy (and all shards at the end of the chunk); the clock brackets the loop;
-//! - CRTC: the lane is held at a [`Gate`] while the chunk's events and a `Flush` marker are
-//!   queued; the time runs from opening the gate to the marker's acknowledgement, so it is the
-//!   lane thread alone, on its core, draining a queue, as a `ThreadPoolIndexer` lane does;
+//! - CRTC and the two Flash (`PositionalIndexer`) lanes: the lane is held at a [`Gate`] while the
+//!   chunk's events and a `Flush` marker are queued; the time runs from opening the gate to the
+//!   marker's acknowledgement, so it is the lane thread alone, on its core, draining a queue, as
+//!   a `ThreadPoolIndexer` lane does;
 //! - RadixTree: the chunk's `RouterEvent`s are built first, then applied in a timed loop.
 //! - the bound ([`crate::bound`]), last in each turn: the chunk's envelopes in a timed loop.
 //!
 //! Memory: every step touches one index only and nothing else allocates meanwhile, so the
-//! live-bytes change across an index's own steps is what it holds. For the CRTC, the drained
-//! channel's queue capacity is measured separately and subtracted, and its stale-child sweep
-//! (which the pool runs every 5 minutes) is run before the second reading.
+//! live-bytes change across an index's own steps is what it holds. For the lanes, the drained
+//! channel's queue capacity is measured separately and subtracted; the CRTC's stale-child sweep
+//! (which the pool runs every 5 minutes) is run before its second reading.
 
 use std::ops::Range;
 use std::time::Instant;
 
-use dynamo_kv_router::RadixTree;
-use dynamo_kv_router::indexer::WorkerTask;
+use dynamo_kv_router::indexer::{SyncIndexer, WorkerTask};
+use dynamo_kv_router::{PositionalIndexer, RadixTree};
 
 use crate::alloc::{allocations, live_bytes, live_chunk_bytes};
 use crate::bound::Bound;
@@ -32,6 +33,13 @@ use crate::warnings::{self, GATE_WORKER, Gate};
 
 /// Timed chunks per index (fewer when the window has fewer envelopes).
 pub(crate) const CHUNKS: usize = 10;
+
+/// The figures' order: ours, the CRTC lane, the Flash lanes (strided, binary), the RadixTree.
+pub(crate) const INDEXES: usize = 5;
+const OURS: usize = 0;
+const CRTC: usize = 1;
+const FLASH: [usize; 2] = [2, 3];
+const RADIX: usize = 4;
 
 /// One index's figures (1) and (3, trace).
 #[derive(Debug, Clone, Copy, Default)]
@@ -56,12 +64,14 @@ impl Applied {
     }
 }
 
-/// The three indexes after the main trace, and the bound.
-pub(crate) struct Applied3 {
+/// The indexes after the main trace, and the bound.
+pub(crate) struct AppliedAll {
     pub(crate) ours: Ours,
     pub(crate) lane: Lane,
+    pub(crate) flash: [Lane<PositionalIndexer>; 2],
     pub(crate) radix: Option<RadixTree>,
-    pub(crate) figures: [Applied; 3],
+    /// In [`INDEXES`] order; the RadixTree's is zero when it did not run.
+    pub(crate) figures: [Applied; INDEXES],
     /// The least-work index's run ([`crate::bound`]).
     pub(crate) bound: BoundRun,
 }
@@ -113,6 +123,78 @@ fn gate_event(ids: &mut EventIds) -> WorkerTask {
     WorkerTask::Event(theirs::event(ids, 0, rank, data))
 }
 
+/// A lane over `backend` with the envelopes `envs` applied (queued first, then drained).
+fn filled<T: SyncIndexer + Send + Sync + 'static>(
+    t: &Trace,
+    envs: Range<usize>,
+    ids: &mut EventIds,
+    backend: T,
+    max_queued: &mut usize,
+) -> Lane<T> {
+    let mut q = theirs::Queue::new();
+    for e in &t.main.envelopes[envs] {
+        theirs::router_events(&t.main, e, &t.ranks, ids, |ev| {
+            q.push(WorkerTask::Event(ev));
+        });
+    }
+    *max_queued = (*max_queued).max(q.len() + 1);
+    let lane = q.start_with(backend);
+    lane.flush();
+    lane
+}
+
+/// What one lane spent on the window so far.
+#[derive(Debug, Default)]
+struct LaneTime {
+    secs: f64,
+    allocs: u64,
+    errors: u64,
+}
+
+/// One timed chunk on `lane`: held at the gate while the chunk is queued, then timed from
+/// opening the gate to the chunk's marker.
+#[allow(clippy::too_many_arguments)]
+fn lane_chunk<T: SyncIndexer + Send + Sync + 'static>(
+    lane: &Lane<T>,
+    t: &Trace,
+    envs: &[crate::trace::Envelope],
+    ids: &mut EventIds,
+    gate_ids: &mut EventIds,
+    mem: &mut Held,
+    time: &mut LaneTime,
+    max_queued: &mut usize,
+) {
+    let warned = warnings::count();
+    let rx = mem.step(|| {
+        Gate::arm();
+        lane.send(gate_event(gate_ids));
+        let mut n = 2;
+        for e in envs {
+            theirs::router_events(&t.main, e, &t.ranks, ids, |ev| {
+                lane.send(WorkerTask::Event(ev));
+                n += 1;
+            });
+        }
+        *max_queued = (*max_queued).max(n);
+        let (m, rx) = theirs::marker();
+        lane.send(m);
+        if !Gate::wait_paused() {
+            eprintln!("kv-index-bench: a baseline lane never reached the gate; giving up");
+            std::process::exit(1);
+        }
+        rx
+    });
+    mem.step(|| {
+        let a = allocations();
+        let start = Instant::now();
+        Gate::open();
+        let _ = rx.blocking_recv();
+        time.secs += start.elapsed().as_secs_f64();
+        time.allocs += allocations() - a;
+    });
+    time.errors += warnings::count() - warned;
+}
+
 /// The window's chunks as envelope ranges.
 pub(crate) fn chunks(t: &Trace) -> Vec<Range<usize>> {
     let (start, end) = (t.split, t.main.envelopes.len());
@@ -122,7 +204,7 @@ pub(crate) fn chunks(t: &Trace) -> Vec<Range<usize>> {
         .collect()
 }
 
-/// Applies the main trace to all three indexes (see the module docs).
+/// Applies the main trace to every index (see the module docs).
 pub(crate) fn run(
     t: &Trace,
     ar: &Arenas,
@@ -131,17 +213,16 @@ pub(crate) fn run(
     crtc_ids: &mut EventIds,
     radix_ids: &mut EventIds,
     gate_ids: &mut EventIds,
-) -> Applied3 {
-    let mut mem = [Held::default(), Held::default(), Held::default()];
+) -> AppliedAll {
+    let mut mem: [Held; INDEXES] = Default::default();
     let mut bound_mem = Held::default();
     let mut bound_secs = 0f64;
-    let mut secs = [0f64; 3];
-    let mut errors = [0u64; 3];
-    let mut allocs = [0u64; 3];
+    let mut times: [LaneTime; INDEXES] = Default::default();
     let fill = 0..t.split;
+    let mut flash_ids = [EventIds::new(t.ranks.len()), EventIds::new(t.ranks.len())];
 
     // Fills.
-    let mut o = mem[0].step(|| {
+    let mut o = mem[OURS].step(|| {
         let mut o = Ours::new(t.shape.shards, batch);
         for e in &t.main.envelopes[fill.clone()] {
             o.apply(&t.main, ar, &t.ranks, e);
@@ -149,26 +230,38 @@ pub(crate) fn run(
         o.publish_all();
         o
     });
-    let warned = warnings::count();
     let mut max_queued = 0usize;
-    let lane = mem[1].step(|| {
-        let mut q = theirs::Queue::new();
-        for e in &t.main.envelopes[fill.clone()] {
-            theirs::router_events(&t.main, e, &t.ranks, crtc_ids, |ev| {
-                q.push(WorkerTask::Event(ev));
-            });
-        }
-        max_queued = q.len() + 1;
-        let lane = q.start();
-        lane.flush();
+    let warned = warnings::count();
+    let lane = mem[CRTC].step(|| {
+        filled(
+            t,
+            fill.clone(),
+            crtc_ids,
+            dynamo_kv_router::ConcurrentRadixTreeCompressed::new(),
+            &mut max_queued,
+        )
+    });
+    times[CRTC].errors += warnings::count() - warned;
+    let flash = [0, 1].map(|i| {
+        let warned = warnings::count();
+        let lane = mem[FLASH[i]].step(|| {
+            filled(
+                t,
+                fill.clone(),
+                &mut flash_ids[i],
+                theirs::flash(theirs::FLASH_MODES[i]),
+                &mut max_queued,
+            )
+        });
+        times[FLASH[i]].errors += warnings::count() - warned;
         lane
     });
     let mut radix = with_radix.then(|| {
-        mem[2].step(|| {
+        mem[RADIX].step(|| {
             let mut tree = RadixTree::new();
             for e in &t.main.envelopes[fill.clone()] {
                 theirs::router_events(&t.main, e, &t.ranks, radix_ids, |ev| {
-                    errors[2] += u64::from(tree.apply_event(ev).is_err());
+                    times[RADIX].errors += u64::from(tree.apply_event(ev).is_err());
                 });
             }
             tree
@@ -186,59 +279,65 @@ pub(crate) fn run(
     // The window, chunk by chunk, the indexes taking turns (the bound last).
     for c in chunks(t) {
         let envs = &t.main.envelopes[c];
-        mem[0].step(|| {
+        mem[OURS].step(|| {
             let a = allocations();
             let start = Instant::now();
             for e in envs {
                 o.apply(&t.main, ar, &t.ranks, e);
             }
             o.publish_all();
-            secs[0] += start.elapsed().as_secs_f64();
-            allocs[0] += allocations() - a;
+            times[OURS].secs += start.elapsed().as_secs_f64();
+            times[OURS].allocs += allocations() - a;
         });
-        let rx = mem[1].step(|| {
-            Gate::arm();
-            lane.send(gate_event(gate_ids));
-            let mut n = 2;
-            for e in envs {
-                theirs::router_events(&t.main, e, &t.ranks, crtc_ids, |ev| {
-                    lane.send(WorkerTask::Event(ev));
-                    n += 1;
-                });
-            }
-            max_queued = max_queued.max(n);
-            let (m, rx) = theirs::marker();
-            lane.send(m);
-            if !Gate::wait_paused() {
-                eprintln!("kv-index-bench: the CRTC lane never reached the gate; giving up");
-                std::process::exit(1);
-            }
-            rx
-        });
-        mem[1].step(|| {
-            let a = allocations();
-            let start = Instant::now();
-            Gate::open();
-            let _ = rx.blocking_recv();
-            secs[1] += start.elapsed().as_secs_f64();
-            allocs[1] += allocations() - a;
-        });
+        let [_, m_crtc, m_strided, m_binary, m_radix] = &mut mem;
+        let [_, t_crtc, t_strided, t_binary, t_radix] = &mut times;
+        lane_chunk(
+            &lane,
+            t,
+            envs,
+            crtc_ids,
+            gate_ids,
+            m_crtc,
+            t_crtc,
+            &mut max_queued,
+        );
+        let [ids_strided, ids_binary] = &mut flash_ids;
+        lane_chunk(
+            &flash[0],
+            t,
+            envs,
+            ids_strided,
+            gate_ids,
+            m_strided,
+            t_strided,
+            &mut max_queued,
+        );
+        lane_chunk(
+            &flash[1],
+            t,
+            envs,
+            ids_binary,
+            gate_ids,
+            m_binary,
+            t_binary,
+            &mut max_queued,
+        );
         if let Some(tree) = radix.as_mut() {
-            let evs = mem[2].step(|| {
+            let evs = m_radix.step(|| {
                 let mut v = Vec::new();
                 for e in envs {
                     theirs::router_events(&t.main, e, &t.ranks, radix_ids, |ev| v.push(ev));
                 }
                 v
             });
-            mem[2].step(|| {
+            m_radix.step(|| {
                 let a = allocations();
                 let start = Instant::now();
                 for ev in evs {
-                    errors[2] += u64::from(tree.apply_event(ev).is_err());
+                    t_radix.errors += u64::from(tree.apply_event(ev).is_err());
                 }
-                secs[2] += start.elapsed().as_secs_f64();
-                allocs[2] += allocations() - a;
+                t_radix.secs += start.elapsed().as_secs_f64();
+                t_radix.allocs += allocations() - a;
             });
         }
         bound_mem.step(|| {
@@ -249,28 +348,29 @@ pub(crate) fn run(
             bound_secs += start.elapsed().as_secs_f64();
         });
     }
-    errors[0] = o.refusals.total();
-    errors[1] = warnings::count() - warned;
+    times[OURS].errors = o.refusals.total();
     let chan = theirs::drained_channel_bytes(max_queued);
-    let crtc_bytes = minus(mem[1].bytes(), chan);
-    mem[1].step(|| lane.sweep());
-    let crtc_swept = minus(mem[1].bytes(), chan);
+    let crtc_bytes = minus(mem[CRTC].bytes(), chan);
+    mem[CRTC].step(|| lane.sweep());
+    let crtc_swept = minus(mem[CRTC].bytes(), chan);
 
     let (s, r) = t.main.block_events(&t.main.envelopes[t.split..]);
     let events = s + r;
     let fig = |i: usize, bytes: (usize, usize), swept: Option<(usize, usize)>| Applied {
         events,
-        secs: secs[i],
+        secs: times[i].secs,
         bytes: bytes.0,
         chunks: bytes.1,
         swept,
-        errors: errors[i],
-        allocs: allocs[i],
+        errors: times[i].errors,
+        allocs: times[i].allocs,
     };
     let figures = [
-        fig(0, mem[0].bytes(), None),
-        fig(1, crtc_bytes, Some(crtc_swept)),
-        fig(2, mem[2].bytes(), None),
+        fig(OURS, mem[OURS].bytes(), None),
+        fig(CRTC, crtc_bytes, Some(crtc_swept)),
+        fig(FLASH[0], minus(mem[FLASH[0]].bytes(), chan), None),
+        fig(FLASH[1], minus(mem[FLASH[1]].bytes(), chan), None),
+        fig(RADIX, mem[RADIX].bytes(), None),
     ];
     let (bytes, chunks) = bound_mem.bytes();
     let bound = BoundRun {
@@ -286,9 +386,10 @@ pub(crate) fn run(
         ownerships: bound.ownerships(),
         blocks: bound.blocks(),
     };
-    Applied3 {
+    AppliedAll {
         ours: o,
         lane,
+        flash,
         radix,
         figures,
         bound,

@@ -38,10 +38,10 @@ use continuum_core::kv::{MAX_INDEX_BLOCKS, MAX_INDEX_OWNERSHIPS};
 use continuum_core::picker::{BlockHash, OverlapSource, PromptBlocks};
 use dynamo_kv_router::indexer::SyncIndexer;
 use dynamo_kv_router::protocols::LocalBlockHash;
-use dynamo_kv_router::{ConcurrentRadixTreeCompressed, RadixTree};
+use dynamo_kv_router::{ConcurrentRadixTreeCompressed, PositionalIndexer, RadixTree};
 
 use crate::matches::Caller;
-use crate::report::{Row, Target, Unit};
+use crate::report::{Against, Row, Target, Unit};
 use crate::trace::BLOCK_TOKENS;
 
 #[global_allocator]
@@ -64,10 +64,12 @@ fn timer_cost() -> f64 {
 }
 
 /// One caller per index for [`matches::measure`]: call `i` answers prompt `i` of the index's
-/// own list (`ours` for ours, `theirs` for both baselines).
+/// own list (`ours` for ours, `theirs` for every baseline). Order: ours, CRTC, the Flash lanes,
+/// the RadixTree (if any).
 fn timed_callers<'a>(
     merged: &'a Merged<'a>,
     crtc: &'a ConcurrentRadixTreeCompressed,
+    flash: [&'a PositionalIndexer; 2],
     radix: Option<&'a RadixTree>,
     ours: &'a [Vec<BlockHash>],
     theirs: &'a [Vec<LocalBlockHash>],
@@ -86,6 +88,11 @@ fn timed_callers<'a>(
             black_box(crtc.find_matches(&theirs[i], false));
         }),
     ];
+    for f in flash {
+        callers.push(Box::new(move |i| {
+            black_box(f.find_matches(&theirs[i], false));
+        }));
+    }
     if let Some(r) = radix {
         callers.push(Box::new(move |i| {
             black_box(r.find_matches(theirs[i].clone(), false));
@@ -93,6 +100,11 @@ fn timed_callers<'a>(
     }
     callers
 }
+
+/// Where each index's figures are in [`timed_callers`]'s order.
+const L_CRTC: usize = 1;
+const L_FLASH: [usize; 2] = [2, 3];
+const L_RADIX: usize = 4;
 
 fn mb(bytes: usize) -> String {
     format!("{:.1} MB", bytes as f64 / 1e6)
@@ -142,9 +154,10 @@ fn main() -> ExitCode {
         &mut radix_ids,
         &mut gate_ids,
     );
-    let [o_apply, c_apply, r_apply] = applied.figures;
+    let [o_apply, c_apply, fs_apply, fb_apply, r_apply] = applied.figures;
     let mut o = applied.ours;
     let lane = applied.lane;
+    let flash = applied.flash;
     let radix = applied.radix.map(|tree| (tree, r_apply));
     let o_refused = o.refusals;
     let bound = applied.bound;
@@ -186,6 +199,14 @@ fn main() -> ExitCode {
             out.push((worker_rank.get(&w).copied().unwrap_or(u32::MAX), d));
         }
     });
+    let ag_flash = [0, 1].map(|f| {
+        let tree = flash[f].tree();
+        matches::agreement(&t.queries, |i, out| {
+            for (w, d) in tree.find_matches(&tq[i], false).scores {
+                out.push((worker_rank.get(&w).copied().unwrap_or(u32::MAX), d));
+            }
+        })
+    });
     let ag_radix = radix.as_ref().map(|(r, _)| {
         matches::agreement(&t.queries, |i, out| {
             for (w, d) in r.find_matches(tq[i].clone(), false).scores {
@@ -195,7 +216,8 @@ fn main() -> ExitCode {
     });
     progress("(2) find_matches: timing (interleaved)", began);
     let radix_tree = radix.as_ref().map(|(r, _)| r);
-    let mut callers = timed_callers(&merged, &tree, radix_tree, &oq, &tq);
+    let flash_trees = [&**flash[0].tree(), &**flash[1].tree()];
+    let mut callers = timed_callers(&merged, &tree, flash_trees, radix_tree, &oq, &tq);
     let lats = matches::measure(t.queries.len(), cli.iterations, cli.seconds, &mut callers);
     drop(callers);
     // The floor of (2): prompts none of the indexes holds (as many as the queries, so each call
@@ -215,7 +237,8 @@ fn main() -> ExitCode {
     let o_none: Vec<_> = nones.iter().map(|b| ours::query(b)).collect();
     let t_none: Vec<_> = nones.iter().map(|b| theirs::query(b)).collect();
     drop(nones);
-    let mut floor_callers = timed_callers(&merged, &tree, radix_tree, &o_none, &t_none);
+    let mut floor_callers =
+        timed_callers(&merged, &tree, flash_trees, radix_tree, &o_none, &t_none);
     let floor = matches::measure(
         t.queries.len(),
         (cli.iterations / 4).max(1000),
@@ -236,6 +259,7 @@ fn main() -> ExitCode {
     drop(tree);
     drop(o);
     drop(lane);
+    drop(flash);
     let radix_apply = radix.map(|(tree, a)| {
         drop(tree);
         a
@@ -268,46 +292,68 @@ fn main() -> ExitCode {
     let (a_stored, a_removed) = t.main.block_events(&t.main.envelopes);
     let own = s.ownerships as f64;
     let per_own = |bytes: usize| bytes as f64 / own;
+    let lat = |l: usize, q: f64| lats.get(l).map(|x| x.all.q(q));
+    let lats_at = |q: f64| {
+        [
+            lat(L_CRTC, q),
+            lat(L_FLASH[0], q),
+            lat(L_FLASH[1], q),
+            lat(L_RADIX, q),
+        ]
+    };
     let mut rows = vec![
         Row {
             label: "(1) apply, block events/s, one core".into(),
             unit: Unit::Rate,
             ours: Some(o_apply.rate()),
-            crtc: Some(c_apply.rate()),
-            radix: radix_apply.map(|a| a.rate()),
+            theirs: [
+                Some(c_apply.rate()),
+                Some(fs_apply.rate()),
+                Some(fb_apply.rate()),
+                radix_apply.map(|a| a.rate()),
+            ],
             target: Some(Target {
-                text: ">= 5 M/s and >= 2x",
-                bound: Some(5e6),
-                ratio: Some(2.0),
+                text: ">= 1.0x CRTC and Flash",
+                bound: None,
+                ratio: Some(1.0),
+                against: Against::Concurrent,
             }),
         },
         Row {
             label: format!("(2) find_matches p50, {} ranks, 128 blocks", shape.ranks),
             unit: Unit::Nanos,
             ours: Some(lats[0].all.q(0.5)),
-            crtc: Some(lats[1].all.q(0.5)),
-            radix: lats.get(2).map(|l| l.all.q(0.5)),
+            theirs: lats_at(0.5),
             target: None,
         },
         Row {
             label: format!("(2) find_matches p99, {} ranks, 128 blocks", shape.ranks),
             unit: Unit::Nanos,
             ours: Some(lats[0].all.q(0.99)),
-            crtc: Some(lats[1].all.q(0.99)),
-            radix: lats.get(2).map(|l| l.all.q(0.99)),
+            theirs: lats_at(0.99),
             target: Some(Target {
-                text: "<= 5 us and >= 2x",
-                bound: Some(5_000.0),
+                text: "<= 0.5x every Dynamo index",
+                bound: None,
                 ratio: Some(2.0),
+                against: Against::All,
             }),
         },
         Row {
             label: format!("(3) bytes/ownership, trace ({:.2}M own.)", own / 1e6),
             unit: Unit::Bytes,
             ours: Some(per_own(o_apply.bytes)),
-            crtc: c_apply.swept.map(|s| per_own(s.0)),
-            radix: radix_apply.map(|a| per_own(a.bytes)),
-            target: None,
+            theirs: [
+                c_apply.swept.map(|s| per_own(s.0)),
+                Some(per_own(fs_apply.bytes)),
+                Some(per_own(fb_apply.bytes)),
+                radix_apply.map(|a| per_own(a.bytes)),
+            ],
+            target: Some(Target {
+                text: "<= every Dynamo index",
+                bound: None,
+                ratio: Some(1.0),
+                against: Against::All,
+            }),
         },
     ];
     if let Some(f) = &fill {
@@ -321,12 +367,17 @@ fn main() -> ExitCode {
             label: format!("(3) bytes/ownership, {at} ({:.2}M own.)", fown / 1e6),
             unit: Unit::Bytes,
             ours: caps_held.0.map(|h| h.bytes as f64 / fown),
-            crtc: caps_held.1.map(|h| h.bytes as f64 / fown),
-            radix: caps_held.2.map(|h| h.bytes as f64 / fown),
+            theirs: [
+                caps_held.1.map(|h| h.bytes as f64 / fown),
+                None,
+                None,
+                caps_held.2.map(|h| h.bytes as f64 / fown),
+            ],
             target: (f.k == f.k_caps).then_some(Target {
                 text: "<= 64 B",
                 bound: Some(64.0),
                 ratio: None,
+                against: Against::All,
             }),
         });
     }
@@ -334,20 +385,19 @@ fn main() -> ExitCode {
         label: "(4) event to visible p50, other thread".into(),
         unit: Unit::Nanos,
         ours: Some(v_ours.lat.q(0.5)),
-        crtc: Some(v_crtc.lat.q(0.5)),
-        radix: None,
+        theirs: [Some(v_crtc.lat.q(0.5)), None, None, None],
         target: None,
     });
     rows.push(Row {
         label: "(4) event to visible p99, other thread".into(),
         unit: Unit::Nanos,
         ours: Some(v_ours.lat.q(0.99)),
-        crtc: Some(v_crtc.lat.q(0.99)),
-        radix: None,
+        theirs: [Some(v_crtc.lat.q(0.99)), None, None, None],
         target: Some(Target {
             text: "<= 1 ms",
             bound: Some(1e6),
             ratio: None,
+            against: Against::All,
         }),
     });
 
@@ -421,11 +471,12 @@ fn main() -> ExitCode {
     );
     let _ = writeln!(
         out,
-        "baseline: CRTC = ConcurrentRadixTreeCompressed in one ThreadPoolIndexer lane (Dynamo 1.6.1's default indexer for --router-mode kv, router_event_threads=4); RadixTree = KvIndexer's tree (router_event_threads=1)"
+        "baselines: CRTC = ConcurrentRadixTreeCompressed in one ThreadPoolIndexer lane (Dynamo 1.6.1's indexer for --router-mode kv, router_event_threads=4); Flash str. / bin. = PositionalIndexer (jump {}, strided / binary search) in the same kind of lane; RadixTree = KvIndexer's tree (router_event_threads=1, no readers on other threads)",
+        theirs::FLASH_JUMP
     );
     let _ = writeln!(
         out,
-        "ratio = times better than that baseline (ours/theirs for rates, theirs/ours for times and bytes); '>= 2x' is checked against the stronger baseline"
+        "ratio = times better than that baseline (ours/theirs for rates, theirs/ours for times and bytes); a ratio target is checked against the strongest baseline of the set it names"
     );
     let _ = writeln!(out);
     out.push_str(&report::table(&rows));
@@ -448,18 +499,22 @@ fn main() -> ExitCode {
     };
     let _ = writeln!(
         out,
-        "  find_matches answers equal to the trace's exact answer: ours {}, CRTC {}, RadixTree {}",
+        "  find_matches answers equal to the trace's exact answer: ours {}, CRTC {}, Flash str. {}, Flash bin. {}, RadixTree {}",
         ag(&ag_ours),
         ag(&ag_crtc),
+        ag(&ag_flash[0]),
+        ag(&ag_flash[1]),
         ag_radix.as_ref().map_or("-".into(), ag)
     );
     let _ = writeln!(
         out,
-        "  events refused (ours: over capacity {}, parent missing {}, removed hash not held {}) / warned (CRTC {}) / failed (RadixTree {})",
+        "  events refused (ours: over capacity {}, parent missing {}, removed hash not held {}) / warned (CRTC {}, Flash str. {}, Flash bin. {}) / failed (RadixTree {})",
         o_refused.over_capacity,
         o_refused.parent_missing,
         o_refused.remove_missing,
         c_apply.errors,
+        fs_apply.errors,
+        fb_apply.errors,
         radix_apply.map_or("-".into(), |a| a.errors.to_string())
     );
     let _ = writeln!(
@@ -480,34 +535,44 @@ fn main() -> ExitCode {
     let _ = writeln!(out, "details:");
     let _ = writeln!(
         out,
-        "  (1) bound (about the least a hashed KV-IDX-06 index does: per-rank engine-hash maps and per-block counts; no owner sets, copy, readers or caps; src/bound.rs): {}; ours {:.2}x, CRTC {:.2}x, RadixTree {} of it; {:.1} B per ownership",
+        "  (1) bound (about the least a hashed KV-IDX-06 index does: per-rank engine-hash maps and per-block counts; no owner sets, copy, readers or caps; src/bound.rs): {}; ours {:.2}x, CRTC {:.2}x, Flash str. {:.2}x, Flash bin. {:.2}x, RadixTree {} of it; {:.1} B per ownership",
         Unit::Rate.fmt(b_apply.rate()),
         o_apply.rate() / b_apply.rate(),
         c_apply.rate() / b_apply.rate(),
+        fs_apply.rate() / b_apply.rate(),
+        fb_apply.rate() / b_apply.rate(),
         radix_apply.map_or("-".into(), |a| format!("{:.2}x", a.rate() / b_apply.rate())),
         b_apply.chunks as f64 / bound.ownerships.max(1) as f64
     );
     let per_ev = |a: &apply::Applied| a.allocs as f64 / a.events.max(1) as f64;
     let _ = writeln!(
         out,
-        "  (1) window time: ours {:.3} s, CRTC {:.3} s, RadixTree {}; allocations per block event: ours {:.2}, CRTC {:.2}, RadixTree {}",
+        "  (1) window time: ours {:.3} s, CRTC {:.3} s, Flash str. {:.3} s, Flash bin. {:.3} s, RadixTree {}; allocations per block event: ours {:.2}, CRTC {:.2}, Flash str. {:.2}, Flash bin. {:.2}, RadixTree {}",
         o_apply.secs,
         c_apply.secs,
+        fs_apply.secs,
+        fb_apply.secs,
         radix_apply.map_or("-".into(), |a| format!("{:.3} s", a.secs)),
         per_ev(&o_apply),
         per_ev(&c_apply),
+        per_ev(&fs_apply),
+        per_ev(&fb_apply),
         radix_apply.map_or("-".into(), |a| format!("{:.2}", per_ev(&a)))
     );
+    // Per index in timed_callers' order, `-` where it did not run.
+    let each = |f: &dyn Fn(usize) -> Option<String>| {
+        ["ours", "CRTC", "Flash str.", "Flash bin.", "RadixTree"]
+            .iter()
+            .enumerate()
+            .map(|(i, name)| format!("{name} {}", f(i).unwrap_or_else(|| "-".into())))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
     let _ = writeln!(
         out,
-        "  (2) calls timed: ours {}, CRTC {}, RadixTree {}; p99.9: ours {}, CRTC {}, RadixTree {}",
-        lats[0].all.len(),
-        lats[1].all.len(),
-        lats.get(2).map_or("-".into(), |l| l.all.len().to_string()),
-        Unit::Nanos.fmt(lats[0].all.q(0.999)),
-        Unit::Nanos.fmt(lats[1].all.q(0.999)),
-        lats.get(2)
-            .map_or("-".into(), |l| Unit::Nanos.fmt(l.all.q(0.999)))
+        "  (2) calls timed: {}; p99.9: {}",
+        each(&|i| lats.get(i).map(|l| l.all.len().to_string())),
+        each(&|i| lats.get(i).map(|l| Unit::Nanos.fmt(l.all.q(0.999))))
     );
     let p50_p99 = |l: &matches::Lat| {
         format!(
@@ -516,22 +581,16 @@ fn main() -> ExitCode {
             Unit::Nanos.fmt(l.q(0.99))
         )
     };
-    let q = |l: &matches::Timed| p50_p99(&l.all);
     let _ = writeln!(
         out,
-        "  (2) floor, 128-block prompts no index holds (timed the same way), p50 / p99: ours {}, CRTC {}, RadixTree {}",
-        q(&floor[0]),
-        q(&floor[1]),
-        floor.get(2).map_or("-".into(), q)
+        "  (2) floor, 128-block prompts no index holds (timed the same way), p50 / p99: {}",
+        each(&|i| floor.get(i).map(|l| p50_p99(&l.all)))
     );
-    let fast = |l: &matches::Timed| p50_p99(&l.fastest);
     let _ = writeln!(
         out,
-        "  (2) each query's fastest call, p50 / p99 over the {} queries: ours {}, CRTC {}, RadixTree {}",
+        "  (2) each query's fastest call, p50 / p99 over the {} queries: {}",
         t.queries.len(),
-        fast(&lats[0]),
-        fast(&lats[1]),
-        lats.get(2).map_or("-".into(), fast)
+        each(&|i| lats.get(i).map(|l| p50_p99(&l.fastest)))
     );
     let _ = writeln!(
         out,

@@ -9,6 +9,10 @@
 //!   public pieces so the bench can feed it a prefilled channel and time it on one core; all
 //!   ranks go to it (the pool's sticky assignment would spread them over 4 lanes writing one
 //!   shared tree).
+//! - `PositionalIndexer` ("Flash"): the position-keyed index of the same crate, in the same kind
+//!   of lane ([`Lane`] is generic over the crate's `SyncIndexer`), once with each search mode
+//!   (`Strided`, the default, and `Binary`, `DYN_ROUTER_POSITIONAL_SEARCH_MODE`), jump size
+//!   [`FLASH_JUMP`].
 //! - `RadixTree`: the single-threaded tree behind `KvIndexer` (`router_event_threads: 1`),
 //!   `apply_event` / `find_matches` called directly.
 //!
@@ -19,12 +23,13 @@
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use dynamo_kv_router::ConcurrentRadixTreeCompressed;
+use dynamo_kv_router::indexer::positional::SearchMode;
 use dynamo_kv_router::indexer::{SyncIndexer, WorkerTask};
 use dynamo_kv_router::protocols::{
     ExternalSequenceBlockHash, KvCacheEvent, KvCacheEventData, KvCacheRemoveData, KvCacheStoreData,
     KvCacheStoredBlockData, LocalBlockHash, RouterEvent, WorkerWithDpRank,
 };
+use dynamo_kv_router::{ConcurrentRadixTreeCompressed, PositionalIndexer};
 use tokio::sync::oneshot;
 
 use crate::trace::{Block, Envelope, Events, Op, Rank};
@@ -116,6 +121,17 @@ pub(crate) fn marker() -> (WorkerTask, oneshot::Receiver<()>) {
     (WorkerTask::Flush(tx), rx)
 }
 
+/// The `PositionalIndexer` jump size: the value the crate's own tests and benches use.
+pub(crate) const FLASH_JUMP: usize = 32;
+
+/// A `PositionalIndexer` with `mode`.
+pub(crate) fn flash(mode: SearchMode) -> PositionalIndexer {
+    PositionalIndexer::new_with_mode(FLASH_JUMP, mode)
+}
+
+/// The two search modes of the Flash lanes, in report order.
+pub(crate) const FLASH_MODES: [SearchMode; 2] = [SearchMode::Strided, SearchMode::Binary];
+
 /// Tasks queued for a lane that has not started yet.
 pub(crate) struct Queue {
     tx: flume::Sender<WorkerTask>,
@@ -138,38 +154,47 @@ impl Queue {
         self.n
     }
 
-    /// Starts the lane on everything queued (so it runs alone on its core until it drains).
-    pub(crate) fn start(self) -> Lane {
-        Lane::start(self.tx, self.rx)
+    /// Starts a lane over `backend` on everything queued (so it runs alone on its core until it
+    /// drains).
+    pub(crate) fn start_with<T: SyncIndexer + Send + Sync + 'static>(self, backend: T) -> Lane<T> {
+        Lane::start(backend, self.tx, self.rx)
     }
 }
 
-/// One `ThreadPoolIndexer` lane over a CRTC (see the module docs).
-pub(crate) struct Lane {
-    tree: Arc<ConcurrentRadixTreeCompressed>,
+/// One `ThreadPoolIndexer` lane over a backend, a CRTC unless said otherwise (see the module
+/// docs).
+pub(crate) struct Lane<T: SyncIndexer + Send + Sync + 'static = ConcurrentRadixTreeCompressed> {
+    tree: Arc<T>,
     tx: Option<flume::Sender<WorkerTask>>,
     thread: Option<JoinHandle<()>>,
 }
 
 impl Lane {
-    /// A lane fed through a channel of `bound` tasks (the sender waits when it is full).
+    /// A CRTC lane fed through a channel of `bound` tasks (the sender waits when it is full).
     pub(crate) fn bounded(bound: usize) -> Lane {
         let (tx, rx) = flume::bounded(bound);
-        Self::start(tx, rx)
+        Self::start(ConcurrentRadixTreeCompressed::new(), tx, rx)
     }
 
-    fn start(tx: flume::Sender<WorkerTask>, rx: flume::Receiver<WorkerTask>) -> Lane {
-        let tree = Arc::new(ConcurrentRadixTreeCompressed::new());
+    /// Runs the tree's stale-child sweep (the pool schedules it every 5 minutes).
+    pub(crate) fn sweep(&self) {
+        self.tree.run_cleanup_task();
+    }
+}
+
+impl<T: SyncIndexer + Send + Sync + 'static> Lane<T> {
+    fn start(backend: T, tx: flume::Sender<WorkerTask>, rx: flume::Receiver<WorkerTask>) -> Self {
+        let tree = Arc::new(backend);
         let t = Arc::clone(&tree);
         let thread = std::thread::Builder::new()
-            .name("crtc-lane".into())
+            .name("dynamo-lane".into())
             .spawn(move || {
                 let _ = t.worker(rx, None);
             });
         let thread = match thread {
             Ok(t) => Some(t),
             Err(e) => {
-                eprintln!("kv-index-bench: cannot start the CRTC lane thread: {e}");
+                eprintln!("kv-index-bench: cannot start a baseline lane thread: {e}");
                 std::process::exit(1);
             }
         };
@@ -193,17 +218,12 @@ impl Lane {
         let _ = rx.blocking_recv();
     }
 
-    pub(crate) fn tree(&self) -> &Arc<ConcurrentRadixTreeCompressed> {
+    pub(crate) fn tree(&self) -> &Arc<T> {
         &self.tree
-    }
-
-    /// Runs the tree's stale-child sweep (the pool schedules it every 5 minutes).
-    pub(crate) fn sweep(&self) {
-        self.tree.run_cleanup_task();
     }
 }
 
-impl Drop for Lane {
+impl<T: SyncIndexer + Send + Sync + 'static> Drop for Lane<T> {
     fn drop(&mut self) {
         self.tx = None;
         if let Some(t) = self.thread.take() {
