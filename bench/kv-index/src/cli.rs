@@ -3,6 +3,9 @@
 //! Invariant: parsing is pure; every accepted value is bounded, so no loop of the run is
 //! unbounded (every timed loop also stops at `--seconds`).
 
+use std::path::PathBuf;
+
+use crate::mooncake;
 use crate::trace::Shape;
 
 pub(crate) const USAGE: &str = "\
@@ -24,12 +27,20 @@ usage: kv-index-bench [options]
   --seconds S         wall-time cap of each index's latency loop (default 10; quick 3; max 120)
   --seed N            trace seed (default 1)
   --caps-scale F      the figure-3 cap fill as a share of the caps (default 1; quick 0.1)
+  --trace T           generated (default) or mooncake: replay a Mooncake trace file instead
+                      (bench/README.md, \"kv-index\", the replay rules)
+  --mooncake-path P   the Mooncake JSONL (default ../shared/traces/mooncake/
+                      conversation_trace.jsonl from the repository root)
+  --workers N         mooncake: workers, one rank each (default 1000; 1..=8192)
+  --duplicate D       mooncake: D copies of the trace in disjoint hash spaces, each on its own
+                      --workers workers (default 1; 7 = Dynamo's 7,000-worker setup); ranks =
+                      workers x D (at most 16384); --ranks, --dp do not apply
   --no-radix          skip the RadixTree baseline
   --no-caps           skip the cap fill
   --breakdown         also re-run our index's window in variants, every call timed (where the
                       time goes: store / remove / publish, the replay of the second copy, shards)
   --quick             the smoke sizes above (a CI smoke run: well under 30 s on 2 cores
-                      once built)
+                      once built); mooncake: the first 3000 requests only
   --help";
 
 #[derive(Debug, Clone)]
@@ -44,7 +55,12 @@ pub(crate) struct Cli {
     pub(crate) quick: bool,
     pub(crate) breakdown: bool,
     pub(crate) help: bool,
+    /// `Some` for `--trace mooncake`.
+    pub(crate) mooncake: Option<mooncake::Opts>,
 }
+
+/// Requests of the Mooncake trace `--quick` replays (its first, by timestamp).
+pub(crate) const QUICK_REQUESTS: usize = 3000;
 
 fn num<T: std::str::FromStr>(flag: &str, v: Option<&String>) -> Result<T, String> {
     v.ok_or_else(|| format!("{flag} needs a value"))?
@@ -95,8 +111,13 @@ pub(crate) fn parse(args: &[String]) -> Result<Cli, String> {
         quick,
         breakdown: false,
         help: false,
+        mooncake: None,
     };
     let mut active = None;
+    let mut kind = "generated".to_string();
+    let mut path = None;
+    let (mut workers, mut duplicate) = (1000u32, 1u32);
+    let mut generated_only = None;
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
@@ -105,8 +126,24 @@ pub(crate) fn parse(args: &[String]) -> Result<Cli, String> {
             "--no-radix" => cli.radix = false,
             "--no-caps" => cli.caps = false,
             "--breakdown" => cli.breakdown = true,
-            "--ranks" => shape.ranks = bounded(a, num(a, it.next())?, 8, 4096)?,
-            "--dp" => shape.dp = bounded(a, num(a, it.next())?, 1, 64)?,
+            "--ranks" => {
+                generated_only = Some(a);
+                shape.ranks = bounded(a, num(a, it.next())?, 8, 4096)?
+            }
+            "--dp" => {
+                generated_only = Some(a);
+                shape.dp = bounded(a, num(a, it.next())?, 1, 64)?
+            }
+            "--trace" => {
+                kind = it.next().ok_or("--trace needs a value")?.clone();
+            }
+            "--mooncake-path" => {
+                path = Some(PathBuf::from(
+                    it.next().ok_or("--mooncake-path needs a value")?,
+                ));
+            }
+            "--workers" => workers = bounded(a, num(a, it.next())?, 1, 8192)?,
+            "--duplicate" => duplicate = bounded(a, num(a, it.next())?, 1, 64)?,
             "--shards" => shape.shards = bounded(a, num(a, it.next())?, 1, 64)?,
             "--conversations" => {
                 shape.conversations = bounded(a, num(a, it.next())?, 10, 2_000_000)?
@@ -121,6 +158,41 @@ pub(crate) fn parse(args: &[String]) -> Result<Cli, String> {
             "--caps-scale" => cli.caps_scale = bounded(a, num(a, it.next())?, 0.001, 1.0)?,
             other => return Err(format!("unknown option {other}")),
         }
+    }
+    match kind.as_str() {
+        "generated" => {}
+        "mooncake" => {
+            if let Some(f) = generated_only {
+                return Err(format!(
+                    "{f} applies to the generated trace; --trace mooncake takes --workers and --duplicate"
+                ));
+            }
+            if workers * duplicate > 16_384 {
+                return Err(format!(
+                    "--workers {workers} x --duplicate {duplicate} is over 16384 ranks"
+                ));
+            }
+            shape.ranks = workers * duplicate;
+            shape.dp = 1;
+            shape.active = 1;
+            shape.tail_envelopes = (cli.iterations / 10).max(100) as u32;
+            cli.mooncake = Some(mooncake::Opts {
+                path: path.unwrap_or_else(mooncake::default_path),
+                workers,
+                duplicate,
+                max_requests: quick.then_some(QUICK_REQUESTS),
+            });
+            cli.shape = shape;
+            return Ok(cli);
+        }
+        other => {
+            return Err(format!(
+                "--trace: {other} is neither generated nor mooncake"
+            ));
+        }
+    }
+    if path.is_some() || workers != 1000 || duplicate != 1 {
+        return Err("--mooncake-path, --workers and --duplicate need --trace mooncake".into());
     }
     if !shape.ranks.is_multiple_of(shape.dp) {
         return Err(format!(
@@ -162,5 +234,36 @@ mod tests {
         assert!(parse(&s(&["--bogus"])).is_err());
         let q = parse(&s(&["--quick", "--ranks", "200"])).unwrap();
         assert_eq!((q.shape.ranks, q.shape.conversations), (200, 12_000));
+        assert!(q.mooncake.is_none());
+        let m = parse(&s(&[
+            "--trace",
+            "mooncake",
+            "--workers",
+            "100",
+            "--duplicate",
+            "7",
+        ]))
+        .unwrap();
+        assert_eq!((m.shape.ranks, m.shape.dp), (700, 1));
+        let o = m.mooncake.unwrap();
+        assert_eq!((o.workers, o.duplicate, o.max_requests), (100, 7, None));
+        assert!(
+            o.path
+                .ends_with("shared/traces/mooncake/conversation_trace.jsonl")
+        );
+        assert!(parse(&s(&["--trace", "mooncake", "--ranks", "100"])).is_err());
+        assert!(parse(&s(&["--workers", "100"])).is_err());
+        assert!(parse(&s(&["--trace", "other"])).is_err());
+        assert!(
+            parse(&s(&[
+                "--trace",
+                "mooncake",
+                "--workers",
+                "9000",
+                "--duplicate",
+                "2"
+            ]))
+            .is_err()
+        );
     }
 }

@@ -2,6 +2,8 @@
 //! dynamo-kv-router 1.6.1's own indexer, side by side in one run on one generated trace, every
 //! figure also reported as a ratio to that baseline (see bench/README.md, "kv-index").
 //!
+//! `--trace mooncake` replays a Mooncake trace file instead (src/mooncake.rs).
+//!
 //! Figures: (1) apply throughput on one core, (2) `find_matches` latency over 1,000 ranks for
 //! 128-block prompts, (3) bytes per `(rank, block)` ownership after the trace and after a fill
 //! to the caps, (4) event-to-visible latency across threads.
@@ -19,6 +21,7 @@ mod capfill;
 mod caps;
 mod cli;
 mod matches;
+mod mooncake;
 mod ours;
 mod probe;
 mod report;
@@ -130,8 +133,28 @@ fn main() -> ExitCode {
     progress("probing the memory", began);
     let mem = probe::probe();
 
-    progress("generating the trace", began);
-    let t = trace::generate(shape);
+    let t = match &cli.mooncake {
+        None => {
+            progress("generating the trace", began);
+            trace::generate(shape)
+        }
+        Some(m) => {
+            progress("reading the Mooncake trace", began);
+            let requests = match mooncake::load(&m.path) {
+                Ok(r) => r,
+                Err(e) => {
+                    eprintln!("kv-index-bench: {e}");
+                    return ExitCode::from(2);
+                }
+            };
+            progress("replaying the Mooncake trace", began);
+            let m = mooncake::Opts {
+                path: std::fs::canonicalize(&m.path).unwrap_or_else(|_| m.path.clone()),
+                ..m.clone()
+            };
+            mooncake::replay(&requests, requests.len(), &m, shape)
+        }
+    };
     let gen_secs = began.elapsed().as_secs_f64();
     let ar_main = ours::Arenas::of(&t.main);
     let ar_tail = ours::Arenas::of(&t.tail);
@@ -301,6 +324,12 @@ fn main() -> ExitCode {
             lat(L_RADIX, q),
         ]
     };
+    // Mooncake queries are window prompts cut to 128 blocks; shorter prompts stay shorter.
+    let q_blocks = if cli.mooncake.is_some() {
+        "<=128 blocks"
+    } else {
+        "128 blocks"
+    };
     let mut rows = vec![
         Row {
             label: "(1) apply, block events/s, one core".into(),
@@ -320,14 +349,14 @@ fn main() -> ExitCode {
             }),
         },
         Row {
-            label: format!("(2) find_matches p50, {} ranks, 128 blocks", shape.ranks),
+            label: format!("(2) find_matches p50, {} ranks, {q_blocks}", shape.ranks),
             unit: Unit::Nanos,
             ours: Some(lats[0].all.q(0.5)),
             theirs: lats_at(0.5),
             target: None,
         },
         Row {
-            label: format!("(2) find_matches p99, {} ranks, 128 blocks", shape.ranks),
+            label: format!("(2) find_matches p99, {} ranks, {q_blocks}", shape.ranks),
             unit: Unit::Nanos,
             ours: Some(lats[0].all.q(0.99)),
             theirs: lats_at(0.99),
@@ -405,7 +434,12 @@ fn main() -> ExitCode {
     use std::fmt::Write as _;
     let _ = writeln!(
         out,
-        "kv-index-bench: continuum-core kv vs dynamo-kv-router 1.6.1, one generated trace"
+        "kv-index-bench: continuum-core kv vs dynamo-kv-router 1.6.1, one {} trace",
+        if cli.mooncake.is_some() {
+            "Mooncake"
+        } else {
+            "generated"
+        }
     );
     let _ = writeln!(
         out,
@@ -424,24 +458,49 @@ fn main() -> ExitCode {
         mem.dependent_ns,
         mem.parallel_ns
     );
-    let _ = writeln!(
-        out,
-        "trace: {} ranks ({} workers x {} dp), {} shards, {}-token blocks, seed {}; {} conversations, {} system prompts x {} blocks, prompts {}..{} blocks + {} decoded, sticky {:.0}%, LRU {} blocks/rank",
-        shape.ranks,
-        shape.ranks / shape.dp,
-        shape.dp,
-        shape.shards,
-        BLOCK_TOKENS,
-        shape.seed,
-        s.conversations,
-        shape.sys_prompts,
-        shape.sys_blocks,
-        shape.sys_blocks + shape.first_user_blocks,
-        shape.longest_request() - shape.resp_blocks,
-        shape.resp_blocks,
-        shape.sticky * 100.0,
-        shape.rank_capacity
-    );
+    if let trace::Source::Mooncake(m) = &t.source {
+        let _ = writeln!(
+            out,
+            "trace: mooncake {} ({} requests in the file, {} replayed{}), {} workers x {} copies = {} ranks (dp 1), {} shards, {}-token blocks ({} per 512-token hash id), seed {}; prompts up to {} blocks, {} cut to the LRU of {} blocks/rank, nothing decoded",
+            m.path,
+            m.lines,
+            m.requests,
+            if cli.quick {
+                ": the first, --quick"
+            } else {
+                ""
+            },
+            m.workers,
+            m.duplicate,
+            shape.ranks,
+            shape.shards,
+            BLOCK_TOKENS,
+            mooncake::SPLIT,
+            shape.seed,
+            m.longest,
+            m.cut,
+            shape.rank_capacity
+        );
+    } else {
+        let _ = writeln!(
+            out,
+            "trace: {} ranks ({} workers x {} dp), {} shards, {}-token blocks, seed {}; {} conversations, {} system prompts x {} blocks, prompts {}..{} blocks + {} decoded, sticky {:.0}%, LRU {} blocks/rank",
+            shape.ranks,
+            shape.ranks / shape.dp,
+            shape.dp,
+            shape.shards,
+            BLOCK_TOKENS,
+            shape.seed,
+            s.conversations,
+            shape.sys_prompts,
+            shape.sys_blocks,
+            shape.sys_blocks + shape.first_user_blocks,
+            shape.longest_request() - shape.resp_blocks,
+            shape.resp_blocks,
+            shape.sticky * 100.0,
+            shape.rank_capacity
+        );
+    }
     let _ = writeln!(
         out,
         "       {} requests, {} envelopes, {} events, {:.2}M block events ({:.2}M stored, {:.2}M removed); window {} envelopes, {:.2}M block events ({:.0}% removed){}",

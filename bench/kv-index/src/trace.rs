@@ -213,6 +213,16 @@ pub(crate) struct Trace {
     /// One per tail envelope.
     pub(crate) visible: Vec<Visible>,
     pub(crate) stats: Stats,
+    pub(crate) source: Source,
+}
+
+/// Where the requests came from.
+#[derive(Debug, Clone)]
+pub(crate) enum Source {
+    /// [`generate`]d from the [`Shape`].
+    Generated,
+    /// Replayed from a Mooncake trace file.
+    Mooncake(crate::mooncake::Info),
 }
 
 /// The ranks: `ranks / dp` workers of `dp` ranks each, with etcd-lease-like ids, each worker's
@@ -244,7 +254,7 @@ pub(crate) fn generate(shape: &Shape) -> Trace {
     let full = u64::from(shape.ranks) * u64::from(shape.rank_capacity) * 98 / 100;
     let mut split = None;
     while g.step(&mut main, None) {
-        if split.is_none() && g.resident >= full {
+        if split.is_none() && g.fleet.resident >= full {
             split = Some(main.envelopes.len());
         }
     }
@@ -253,11 +263,11 @@ pub(crate) fn generate(shape: &Shape) -> Trace {
     let stats = Stats {
         requests: g.requests,
         conversations: g.started,
-        evicted: g.evicted,
+        evicted: g.fleet.evicted,
         steady,
-        ownerships: g.resident,
-        shard_nodes: g.shard_owned.len() as u64,
-        distinct: g.owned.len() as u64,
+        ownerships: g.fleet.resident,
+        shard_nodes: g.fleet.distinct().0,
+        distinct: g.fleet.distinct().1,
     };
     let queries = g.queries();
     let mut tail = Events::default();
@@ -275,6 +285,7 @@ pub(crate) fn generate(shape: &Shape) -> Trace {
         tail,
         visible,
         stats,
+        source: Source::Generated,
     }
 }
 
@@ -289,7 +300,12 @@ pub(crate) fn tokens_hash(rng: &mut Rng) -> u64 {
 
 /// The block after `parent` whose tokens come from `rng`.
 pub(crate) fn next_block(parent: Option<u64>, rng: &mut Rng) -> Block {
-    let tokens = tokens_hash(rng);
+    block_after(parent, tokens_hash(rng))
+}
+
+/// The block whose tokens hash to `tokens` after `parent`: its engine hash is the chained
+/// sequence hash.
+pub(crate) fn block_after(parent: Option<u64>, tokens: u64) -> Block {
     let engine = path_hash(parent.map(BlockHash), TokensHash(tokens)).0;
     Block { engine, tokens }
 }
@@ -306,7 +322,6 @@ struct Conv {
 
 struct Gen<'a> {
     shape: &'a Shape,
-    ranks: &'a [Rank],
     rng: Rng,
     sys: Vec<Vec<Block>>,
     open: Vec<Conv>,
@@ -315,13 +330,30 @@ struct Gen<'a> {
     requests: u64,
     /// Further conversations may open (false once the main trace's budget is spent).
     more: bool,
+    fleet: Fleet<'a>,
+    path: Vec<Block>,
+}
+
+/// The ranks' caches and who owns what: serves requests into events (shared by the generated
+/// and the Mooncake trace, so both emit events by the same rules).
+pub(crate) struct Fleet<'a> {
+    ranks: &'a [Rank],
+    cap: usize,
     lrus: Vec<Lru>,
-    resident: u64,
-    evicted: bool,
+    pub(crate) resident: u64,
+    pub(crate) evicted: bool,
     /// Owners per `(shard, block)` and per block.
     shard_owned: HashMap<(u32, u64), u32, PreHashed>,
     owned: HashMap<u64, u32, PreHashed>,
-    path: Vec<Block>,
+}
+
+impl std::fmt::Debug for Fleet<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Fleet")
+            .field("ranks", &self.ranks.len())
+            .field("resident", &self.resident)
+            .finish_non_exhaustive()
+    }
 }
 
 impl<'a> Gen<'a> {
@@ -338,7 +370,6 @@ impl<'a> Gen<'a> {
             .collect();
         let mut g = Gen {
             shape,
-            ranks,
             rng: Rng::new(shape.seed),
             sys,
             open: Vec::new(),
@@ -346,13 +377,7 @@ impl<'a> Gen<'a> {
             started: 0,
             requests: 0,
             more: true,
-            lrus: (0..shape.ranks)
-                .map(|_| Lru::new(shape.rank_capacity))
-                .collect(),
-            resident: 0,
-            evicted: false,
-            shard_owned: HashMap::with_hasher(PreHashed),
-            owned: HashMap::with_hasher(PreHashed),
+            fleet: Fleet::new(ranks, shape.rank_capacity),
             path: Vec::new(),
         };
         for _ in 0..shape.active.min(shape.conversations) {
@@ -412,7 +437,7 @@ impl<'a> Gen<'a> {
         path.extend_from_slice(&self.sys[c.sys as usize]);
         path.extend_from_slice(&c.blocks[..prompt_conv + resp]);
         let prompt = path.len() - resp;
-        self.serve(rank, &path, prompt, out, visible);
+        self.fleet.serve(rank, &path, prompt, out, visible);
         self.path = path;
         self.requests += 1;
         let c = &mut self.open[slot];
@@ -448,8 +473,59 @@ impl<'a> Gen<'a> {
         }
     }
 
+    /// `queries` prompts of `QUERY_BLOCKS` blocks: three in four the first blocks of an open
+    /// conversation (its turn-1 prompt), one in four a new conversation (its system prompt only
+    /// is anywhere), each with its exact answer.
+    fn queries(&mut self) -> Vec<Query> {
+        let shape = self.shape;
+        let mut truth = self.fleet.truth();
+        let mut out = Vec::with_capacity(shape.queries as usize);
+        let user = QUERY_BLOCKS - shape.sys_blocks as usize;
+        for q in 0..shape.queries {
+            let mut blocks: Vec<Block> = Vec::with_capacity(QUERY_BLOCKS);
+            if q % 4 == 3 || self.open.is_empty() {
+                let sys = self.rng.below(u64::from(shape.sys_prompts)) as usize;
+                blocks.extend_from_slice(&self.sys[sys]);
+                for i in 0..user {
+                    let mut rng = Rng::keyed(shape.seed, 3, u64::from(q), i as u64);
+                    let parent = blocks.last().map(|b| b.engine);
+                    blocks.push(next_block(parent, &mut rng));
+                }
+            } else {
+                let slot = self.rng.below(self.open.len() as u64) as usize;
+                self.extend_conv(slot, user);
+                let c = &self.open[slot];
+                blocks.extend_from_slice(&self.sys[c.sys as usize]);
+                blocks.extend_from_slice(&c.blocks[..user]);
+            }
+            let truth = truth.answer(&blocks);
+            out.push(Query { blocks, truth });
+        }
+        out
+    }
+}
+
+impl<'a> Fleet<'a> {
+    /// Every rank empty, each holding at most `cap` blocks.
+    pub(crate) fn new(ranks: &'a [Rank], cap: u32) -> Self {
+        Fleet {
+            ranks,
+            cap: cap as usize,
+            lrus: (0..ranks.len()).map(|_| Lru::new(cap)).collect(),
+            resident: 0,
+            evicted: false,
+            shard_owned: HashMap::with_hasher(PreHashed),
+            owned: HashMap::with_hasher(PreHashed),
+        }
+    }
+
+    /// Distinct blocks summed over shards, and over the fleet.
+    pub(crate) fn distinct(&self) -> (u64, u64) {
+        (self.shard_owned.len() as u64, self.owned.len() as u64)
+    }
+
     /// Rank `rank` serves `path[..prompt]` and decodes `path[prompt..]`.
-    fn serve(
+    pub(crate) fn serve(
         &mut self,
         rank: u32,
         path: &[Block],
@@ -457,7 +533,7 @@ impl<'a> Gen<'a> {
         out: &mut Events,
         mut visible: Option<&mut Vec<Visible>>,
     ) {
-        let cap = self.shape.rank_capacity as usize;
+        let cap = self.cap;
         let first_op = out.ops.len();
         let held = {
             let lru = &self.lrus[rank as usize];
@@ -556,67 +632,61 @@ impl<'a> Gen<'a> {
         dec(&mut self.owned, &h);
     }
 
-    /// `queries` prompts of `QUERY_BLOCKS` blocks: three in four the first blocks of an open
-    /// conversation (its turn-1 prompt), one in four a new conversation (its system prompt only
-    /// is anywhere), each with its exact answer.
-    fn queries(&mut self) -> Vec<Query> {
-        let shape = self.shape;
-        // Which ranks hold each block, from the LRU states.
+    /// The exact-answer oracle of the current state.
+    pub(crate) fn truth(&self) -> Truth {
         let mut holders: HashMap<u64, Vec<u32>, PreHashed> = HashMap::with_hasher(PreHashed);
         for (r, lru) in self.lrus.iter().enumerate() {
             for h in lru.hashes() {
                 holders.entry(h).or_default().push(r as u32);
             }
         }
-        let mut depth = vec![0u32; shape.ranks as usize];
-        let mut touched: Vec<u32> = Vec::new();
-        let mut out = Vec::with_capacity(shape.queries as usize);
-        let user = QUERY_BLOCKS - shape.sys_blocks as usize;
-        for q in 0..shape.queries {
-            let mut blocks: Vec<Block> = Vec::with_capacity(QUERY_BLOCKS);
-            if q % 4 == 3 || self.open.is_empty() {
-                let sys = self.rng.below(u64::from(shape.sys_prompts)) as usize;
-                blocks.extend_from_slice(&self.sys[sys]);
-                for i in 0..user {
-                    let mut rng = Rng::keyed(shape.seed, 3, u64::from(q), i as u64);
-                    let parent = blocks.last().map(|b| b.engine);
-                    blocks.push(next_block(parent, &mut rng));
-                }
-            } else {
-                let slot = self.rng.below(self.open.len() as u64) as usize;
-                self.extend_conv(slot, user);
-                let c = &self.open[slot];
-                blocks.extend_from_slice(&self.sys[c.sys as usize]);
-                blocks.extend_from_slice(&c.blocks[..user]);
-            }
-            for (i, b) in blocks.iter().enumerate() {
-                let Some(hs) = holders.get(&b.engine) else {
-                    break;
-                };
-                let mut any = false;
-                for &r in hs {
-                    let d = &mut depth[r as usize];
-                    if *d as usize == i {
-                        if i == 0 {
-                            touched.push(r);
-                        }
-                        *d += 1;
-                        any = true;
-                    }
-                }
-                if !any {
-                    break;
-                }
-            }
-            touched.sort_unstable();
-            let truth = touched.iter().map(|&r| (r, depth[r as usize])).collect();
-            for &r in &touched {
-                depth[r as usize] = 0;
-            }
-            touched.clear();
-            out.push(Query { blocks, truth });
+        Truth {
+            holders,
+            depth: vec![0; self.lrus.len()],
+            touched: Vec::new(),
         }
-        out
+    }
+}
+
+/// Which ranks hold each block (a snapshot of a [`Fleet`]), to answer queries exactly.
+#[derive(Debug)]
+pub(crate) struct Truth {
+    holders: HashMap<u64, Vec<u32>, PreHashed>,
+    depth: Vec<u32>,
+    touched: Vec<u32>,
+}
+
+impl Truth {
+    /// `(rank, blocks held contiguously from the first)` for every rank holding `blocks[0]`, by
+    /// rank.
+    pub(crate) fn answer(&mut self, blocks: &[Block]) -> Vec<(u32, u32)> {
+        let (depth, touched) = (&mut self.depth, &mut self.touched);
+        for (i, b) in blocks.iter().enumerate() {
+            let Some(hs) = self.holders.get(&b.engine) else {
+                break;
+            };
+            let mut any = false;
+            for &r in hs {
+                let d = &mut depth[r as usize];
+                if *d as usize == i {
+                    if i == 0 {
+                        touched.push(r);
+                    }
+                    *d += 1;
+                    any = true;
+                }
+            }
+            if !any {
+                break;
+            }
+        }
+        touched.sort_unstable();
+        let truth = touched.iter().map(|&r| (r, depth[r as usize])).collect();
+        for &r in touched.iter() {
+            depth[r as usize] = 0;
+        }
+        touched.clear();
+        truth
     }
 }
 
