@@ -26,6 +26,7 @@ mod ours;
 mod probe;
 mod report;
 mod rng;
+mod scaling;
 mod theirs;
 mod trace;
 mod visible;
@@ -303,6 +304,11 @@ fn main() -> ExitCode {
             caps_held.2 = Some(caps::radix(f, &t.ranks));
         }
     }
+    progress(
+        "(5) scaling: ours with 1 and 2 shards, ThreadPoolIndexer with 1 and 2 threads, a picker reading",
+        began,
+    );
+    let scale = scaling::run(&t, &ar_main, cli.batch);
     let breakdown = cli.breakdown.then(|| {
         progress("breakdown: our window again, in variants", began);
         breakdown::report(&t, &ar_main, cli.batch)
@@ -425,6 +431,27 @@ fn main() -> ExitCode {
         target: Some(Target {
             text: "<= 1 ms",
             bound: Some(1e6),
+            ratio: None,
+            against: Against::All,
+        }),
+    });
+    for (cores, label) in [(0, "1 core"), (1, "2 cores")] {
+        rows.push(Row {
+            label: format!("(5) apply, {label}, a picker reading"),
+            unit: Unit::Rate,
+            ours: Some(scale.ours[cores]),
+            theirs: [Some(scale.theirs[cores]), None, None, None],
+            target: None,
+        });
+    }
+    rows.push(Row {
+        label: "(5) apply, 2 cores / 1 core".into(),
+        unit: Unit::Factor,
+        ours: Some(scale.ours[1] / scale.ours[0]),
+        theirs: [Some(scale.theirs[1] / scale.theirs[0]), None, None, None],
+        target: Some(Target {
+            text: ">= 1.8x",
+            bound: Some(1.8),
             ratio: None,
             against: Against::All,
         }),
@@ -587,6 +614,13 @@ fn main() -> ExitCode {
         o_own,
         b_nodes,
         b_own
+    );
+    let _ = writeln!(
+        out,
+        "  (5) CRTC column = ThreadPoolIndexer<ConcurrentRadixTreeCompressed> with 1 / 2 event threads, fed by the bench thread (enqueue_event) and timed to flush_and_wait; ours = 1 / 2 shard writers on their own pinned threads (the larger shard has {:.1}% of the block events); {} picks answered during the four runs (one every {} us)",
+        100.0 * scale.larger_share,
+        scale.picks,
+        scaling::PICK_EVERY.as_micros()
     );
     for w in warnings::first() {
         let _ = writeln!(out, "  baseline warning: {w}");

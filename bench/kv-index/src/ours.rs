@@ -73,6 +73,35 @@ impl Refusals {
     }
 }
 
+/// Applies envelope `e` of `rank` to writer `w` (no publish); what it refused.
+#[inline]
+pub(crate) fn apply_to(
+    w: &mut IndexWriter,
+    ev: &Events,
+    ar: &Arenas,
+    rank: Rank,
+    e: &Envelope,
+) -> Refusals {
+    let k = key(rank);
+    let mut r = Refusals::default();
+    for op in ev.ops(e) {
+        match *op {
+            Op::Store { parent, start, len } => {
+                let blocks = &ar.stored[start as usize..(start + len) as usize];
+                let s = w.store(k, parent.map(EngineHash), blocks);
+                r.over_capacity += u64::from(s.over_capacity);
+                r.parent_missing += u64::from(s.parent_missing);
+            }
+            Op::Remove { start, len } => {
+                let hashes = &ar.removed[start as usize..(start + len) as usize];
+                let held = w.remove(k, hashes);
+                r.remove_missing += u64::from(len - held.min(len));
+            }
+        }
+    }
+    r
+}
+
 /// The shards' indexes.
 pub(crate) struct Ours {
     pub(crate) budget: Arc<Budget>,
@@ -102,23 +131,11 @@ impl Ours {
     pub(crate) fn apply(&mut self, ev: &Events, ar: &Arenas, ranks: &[Rank], e: &Envelope) {
         let rank = ranks[e.rank as usize];
         let shard = self.shard_of(rank);
-        let k = key(rank);
         let w = &mut self.writers[shard];
-        for op in ev.ops(e) {
-            match *op {
-                Op::Store { parent, start, len } => {
-                    let blocks = &ar.stored[start as usize..(start + len) as usize];
-                    let r = w.store(k, parent.map(EngineHash), blocks);
-                    self.refusals.over_capacity += u64::from(r.over_capacity);
-                    self.refusals.parent_missing += u64::from(r.parent_missing);
-                }
-                Op::Remove { start, len } => {
-                    let hashes = &ar.removed[start as usize..(start + len) as usize];
-                    let held = w.remove(k, hashes);
-                    self.refusals.remove_missing += u64::from(len - held.min(len));
-                }
-            }
-        }
+        let r = apply_to(w, ev, ar, rank, e);
+        self.refusals.over_capacity += r.over_capacity;
+        self.refusals.parent_missing += r.parent_missing;
+        self.refusals.remove_missing += r.remove_missing;
         let p = &mut self.pending[shard];
         *p += 1;
         if *p >= self.batch {

@@ -16,11 +16,13 @@ pub(crate) enum Unit {
     Nanos,
     /// Bytes.
     Bytes,
+    /// A ratio of two of the same figure (a speedup).
+    Factor,
 }
 
 impl Unit {
     fn higher_is_better(self) -> bool {
-        self == Unit::Rate
+        matches!(self, Unit::Rate | Unit::Factor)
     }
 
     pub(crate) fn fmt(self, v: f64) -> String {
@@ -33,6 +35,7 @@ impl Unit {
             Unit::Nanos if v < 1_000_000.0 => format!("{:.1} us", v / 1e3),
             Unit::Nanos => format!("{:.2} ms", v / 1e6),
             Unit::Bytes => format!("{v:.1} B"),
+            Unit::Factor => format!("{v:.2}x"),
         }
     }
 }
