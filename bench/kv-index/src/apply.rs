@@ -69,6 +69,8 @@ pub(crate) struct AppliedAll {
     pub(crate) ours: Ours,
     pub(crate) lane: Lane,
     pub(crate) flash: [Lane<PositionalIndexer>; 2],
+    /// The Flash lanes' next event ids (figure 4 continues them).
+    pub(crate) flash_ids: [EventIds; 2],
     pub(crate) radix: Option<RadixTree>,
     /// In [`INDEXES`] order; the RadixTree's is zero when it did not run.
     pub(crate) figures: [Applied; INDEXES],
@@ -390,6 +392,7 @@ pub(crate) fn run(
         ours: o,
         lane,
         flash,
+        flash_ids,
         radix,
         figures,
         bound,

@@ -8,8 +8,8 @@
 use std::time::Instant;
 
 use continuum_core::kv::EngineHash;
-use dynamo_kv_router::RadixTree;
-use dynamo_kv_router::indexer::WorkerTask;
+use dynamo_kv_router::indexer::{SyncIndexer, WorkerTask};
+use dynamo_kv_router::{ConcurrentRadixTreeCompressed, RadixTree};
 
 use crate::alloc::{live_bytes, live_chunk_bytes};
 use crate::capfill::CapFill;
@@ -62,14 +62,21 @@ pub(crate) fn ours(fill: &CapFill, ranks: &[Rank], shards: u32) -> Held {
     }
 }
 
-pub(crate) fn crtc(fill: &CapFill, ranks: &[Rank]) -> Held {
+/// A lane over `backend` filled with `fill` (the CRTC's stale-child sweep run before the
+/// reading when `sweep` is given).
+pub(crate) fn lane<T: SyncIndexer + Send + Sync + 'static>(
+    fill: &CapFill,
+    ranks: &[Rank],
+    backend: T,
+    sweep: Option<fn(&Lane<T>)>,
+) -> Held {
     let chan = theirs::drained_channel_bytes(LANE_BOUND);
     let mut ids = EventIds::new(ranks.len());
     let warned = warnings::count();
     let base = live_bytes();
     let base_chunks = live_chunk_bytes();
     let start = Instant::now();
-    let lane = Lane::bounded(LANE_BOUND);
+    let lane = Lane::bounded(backend, LANE_BOUND);
     fill.for_each(|r, parent, bs| {
         let data = theirs::stored(parent, bs.iter().copied());
         lane.send(WorkerTask::Event(theirs::event(
@@ -81,7 +88,9 @@ pub(crate) fn crtc(fill: &CapFill, ranks: &[Rank]) -> Held {
     });
     lane.flush();
     let secs = start.elapsed().as_secs_f64();
-    lane.sweep();
+    if let Some(sweep) = sweep {
+        sweep(&lane);
+    }
     let bytes = live_bytes().saturating_sub(base + chan.0);
     let chunks = live_chunk_bytes().saturating_sub(base_chunks + chan.1);
     drop(lane);
@@ -93,6 +102,16 @@ pub(crate) fn crtc(fill: &CapFill, ranks: &[Rank]) -> Held {
         secs,
         errors: warnings::count() - warned,
     }
+}
+
+/// The CRTC lane filled with `fill`, swept.
+pub(crate) fn crtc(fill: &CapFill, ranks: &[Rank]) -> Held {
+    lane(
+        fill,
+        ranks,
+        ConcurrentRadixTreeCompressed::new(),
+        Some(Lane::sweep),
+    )
 }
 
 pub(crate) fn radix(fill: &CapFill, ranks: &[Rank]) -> Held {

@@ -182,6 +182,7 @@ fn main() -> ExitCode {
     let mut o = applied.ours;
     let lane = applied.lane;
     let flash = applied.flash;
+    let mut flash_ids = applied.flash_ids;
     let radix = applied.radix.map(|tree| (tree, r_apply));
     let o_refused = o.refusals;
     let bound = applied.bound;
@@ -277,7 +278,13 @@ fn main() -> ExitCode {
     progress("(4) ours: event to visible", began);
     let v_ours = visible::ours(&mut o, &t, &ar_tail, n_vis, cli.seconds);
     progress("(4) CRTC: event to visible", began);
-    let v_crtc = visible::crtc(&lane, &t, &mut crtc_ids, n_vis, cli.seconds);
+    let v_crtc = visible::lane(&lane, &t, &mut crtc_ids, n_vis, cli.seconds);
+    progress("(4) Flash (strided, binary): event to visible", began);
+    let [ids_s, ids_b] = &mut flash_ids;
+    let v_flash = [
+        visible::lane(&flash[0], &t, ids_s, n_vis, cli.seconds),
+        visible::lane(&flash[1], &t, ids_b, n_vis, cli.seconds),
+    ];
     let (o_nodes, o_own) = (o.nodes(), o.ownerships());
     let (b_nodes, b_own) = (o.budget.nodes(), o.budget.ownerships());
     drop(tree);
@@ -294,11 +301,16 @@ fn main() -> ExitCode {
         .caps
         .then(|| capfill::plan(&t.ranks, shape.shards, cli.caps_scale, shape.seed));
     let mut caps_held = (None, None, None);
+    let mut caps_flash = [None, None];
     if let Some(f) = &fill {
         progress("(3) ours: fill to the caps", began);
         caps_held.0 = Some(caps::ours(f, &t.ranks, shape.shards));
         progress("(3) CRTC: fill to the caps", began);
         caps_held.1 = Some(caps::crtc(f, &t.ranks));
+        for (i, mode) in theirs::FLASH_MODES.into_iter().enumerate() {
+            progress("(3) Flash: fill to the caps", began);
+            caps_flash[i] = Some(caps::lane(f, &t.ranks, theirs::flash(mode), None));
+        }
         if cli.radix {
             progress("(3) RadixTree: fill to the caps", began);
             caps_held.2 = Some(caps::radix(f, &t.ranks));
@@ -404,8 +416,8 @@ fn main() -> ExitCode {
             ours: caps_held.0.map(|h| h.bytes as f64 / fown),
             theirs: [
                 caps_held.1.map(|h| h.bytes as f64 / fown),
-                None,
-                None,
+                caps_flash[0].map(|h| h.bytes as f64 / fown),
+                caps_flash[1].map(|h| h.bytes as f64 / fown),
                 caps_held.2.map(|h| h.bytes as f64 / fown),
             ],
             target: (f.k == f.k_caps).then_some(Target {
@@ -420,14 +432,24 @@ fn main() -> ExitCode {
         label: "(4) event to visible p50, other thread".into(),
         unit: Unit::Nanos,
         ours: Some(v_ours.lat.q(0.5)),
-        theirs: [Some(v_crtc.lat.q(0.5)), None, None, None],
+        theirs: [
+            Some(v_crtc.lat.q(0.5)),
+            Some(v_flash[0].lat.q(0.5)),
+            Some(v_flash[1].lat.q(0.5)),
+            None,
+        ],
         target: None,
     });
     rows.push(Row {
         label: "(4) event to visible p99, other thread".into(),
         unit: Unit::Nanos,
         ours: Some(v_ours.lat.q(0.99)),
-        theirs: [Some(v_crtc.lat.q(0.99)), None, None, None],
+        theirs: [
+            Some(v_crtc.lat.q(0.99)),
+            Some(v_flash[0].lat.q(0.99)),
+            Some(v_flash[1].lat.q(0.99)),
+            None,
+        ],
         target: Some(Target {
             text: "<= 1 ms",
             bound: Some(1e6),
@@ -605,11 +627,15 @@ fn main() -> ExitCode {
     );
     let _ = writeln!(
         out,
-        "  (4) envelopes timed: ours {} (missed {}), CRTC {} (missed {}); ours ended with {} nodes, {} ownerships (budget: {}, {})",
+        "  (4) envelopes timed: ours {} (missed {}), CRTC {} (missed {}), Flash str. {} (missed {}), Flash bin. {} (missed {}); ours ended with {} nodes, {} ownerships (budget: {}, {})",
         v_ours.lat.len(),
         v_ours.missed,
         v_crtc.lat.len(),
         v_crtc.missed,
+        v_flash[0].lat.len(),
+        v_flash[0].missed,
+        v_flash[1].lat.len(),
+        v_flash[1].missed,
         o_nodes,
         o_own,
         b_nodes,
@@ -723,11 +749,13 @@ fn main() -> ExitCode {
         );
         let _ = writeln!(
             out,
-            "      ours {} (index says {} ownerships, {} nodes), CRTC {}, RadixTree {}",
+            "      ours {} (index says {} ownerships, {} nodes), CRTC {}, Flash str. {}, Flash bin. {}, RadixTree {}",
             h(caps_held.0),
             caps_held.0.and_then(|x| x.ownerships).unwrap_or(0),
             caps_held.0.and_then(|x| x.nodes).unwrap_or(0),
             h(caps_held.1),
+            h(caps_flash[0]),
+            h(caps_flash[1]),
             h(caps_held.2)
         );
     }
@@ -744,10 +772,12 @@ fn main() -> ExitCode {
     };
     let _ = writeln!(
         out,
-        "  (4) p50 / p99 by envelope size (large: >= {} block events, a prefill): ours {}; CRTC {}",
+        "  (4) p50 / p99 by envelope size (large: >= {} block events, a prefill): ours {}; CRTC {}; Flash str. {}; Flash bin. {}",
         visible::LARGE,
         split(&v_ours),
-        split(&v_crtc)
+        split(&v_crtc),
+        split(&v_flash[0]),
+        split(&v_flash[1])
     );
     if let Some(b) = &breakdown {
         out.push_str(b);

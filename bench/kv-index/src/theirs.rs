@@ -170,12 +170,6 @@ pub(crate) struct Lane<T: SyncIndexer + Send + Sync + 'static = ConcurrentRadixT
 }
 
 impl Lane {
-    /// A CRTC lane fed through a channel of `bound` tasks (the sender waits when it is full).
-    pub(crate) fn bounded(bound: usize) -> Lane {
-        let (tx, rx) = flume::bounded(bound);
-        Self::start(ConcurrentRadixTreeCompressed::new(), tx, rx)
-    }
-
     /// Runs the tree's stale-child sweep (the pool schedules it every 5 minutes).
     pub(crate) fn sweep(&self) {
         self.tree.run_cleanup_task();
@@ -183,6 +177,13 @@ impl Lane {
 }
 
 impl<T: SyncIndexer + Send + Sync + 'static> Lane<T> {
+    /// A lane over `backend` fed through a channel of `bound` tasks (the sender waits when it
+    /// is full).
+    pub(crate) fn bounded(backend: T, bound: usize) -> Self {
+        let (tx, rx) = flume::bounded(bound);
+        Self::start(backend, tx, rx)
+    }
+
     fn start(backend: T, tx: flume::Sender<WorkerTask>, rx: flume::Receiver<WorkerTask>) -> Self {
         let tree = Arc::new(backend);
         let t = Arc::clone(&tree);

@@ -180,8 +180,9 @@ pub(crate) fn ours(o: &mut Ours, t: &Trace, ar: &Arenas, n: usize, seconds: f64)
     })
 }
 
-pub(crate) fn crtc(
-    lane: &Lane,
+/// A baseline lane (CRTC or Flash): its events sent to its channel, read on another thread.
+pub(crate) fn lane<B: SyncIndexer + Send + Sync + 'static>(
+    lane: &Lane<B>,
     t: &Trace,
     ids: &mut EventIds,
     n: usize,
