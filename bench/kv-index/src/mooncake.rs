@@ -460,18 +460,7 @@ mod tests {
         assert!(!t.queries.is_empty());
         for q in &t.queries {
             assert!(q.blocks.len() <= QUERY_BLOCKS && !q.blocks.is_empty());
-            let mut want = Vec::new();
-            for (r, s) in held.iter().enumerate() {
-                let d = q
-                    .blocks
-                    .iter()
-                    .take_while(|b| s.contains(&b.engine))
-                    .count();
-                if d > 0 {
-                    want.push((r as u32, d as u32));
-                }
-            }
-            assert_eq!(q.truth, want);
+            assert_eq!(q.truth, crate::trace::naive_truth(&held, &q.blocks));
         }
         assert!(t.visible.len() >= 4);
         assert_eq!(t.visible.len(), t.tail.envelopes.len());

@@ -826,6 +826,23 @@ impl Lru {
     }
 }
 
+/// The exact answer by brute force: per rank (its held engine hashes), how many of the prompt's
+/// first blocks it holds contiguously; ranks holding none left out. The reference the trace
+/// tests check `Query::truth` against.
+#[cfg(test)]
+pub(crate) fn naive_truth(
+    held: &[std::collections::HashSet<u64>],
+    blocks: &[Block],
+) -> Vec<(u32, u32)> {
+    held.iter()
+        .enumerate()
+        .filter_map(|(r, s)| {
+            let d = blocks.iter().take_while(|b| s.contains(&b.engine)).count();
+            (d > 0).then_some((r as u32, d as u32))
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -903,18 +920,7 @@ mod tests {
         );
         for q in &t.queries {
             assert_eq!(q.blocks.len(), QUERY_BLOCKS);
-            let mut want = Vec::new();
-            for (r, s) in held.iter().enumerate() {
-                let d = q
-                    .blocks
-                    .iter()
-                    .take_while(|b| s.contains(&b.engine))
-                    .count();
-                if d > 0 {
-                    want.push((r as u32, d as u32));
-                }
-            }
-            assert_eq!(q.truth, want);
+            assert_eq!(q.truth, naive_truth(&held, &q.blocks));
         }
         assert!(t.visible.len() >= 30);
         assert_eq!(t.visible.len(), t.tail.envelopes.len());
