@@ -1,8 +1,9 @@
 //! Figure (5), scaling: what a second core buys each design while pickers read.
 //!
 //! - Ours: the window applied by one shard (one writer on one thread) and by two shards (two
-//!   writers, each on its own thread, each applying the envelopes of its ranks: shard = the
-//!   trace's shard mod 2), pinned to CPUs 0 and 1. The two threads start together at a barrier;
+//!   writers, each on its own thread, each applying the envelopes of its ranks: the shard the
+//!   router would give each worker's publisher with two shards, `subscriptions::shard_of`),
+//!   pinned to CPUs 0 and 1. The two threads start together at a barrier;
 //!   the time runs until the later one is done.
 //! - Theirs: dynamo-kv-router's `ThreadPoolIndexer<ConcurrentRadixTreeCompressed>` with 1 and
 //!   with 2 event threads (`router_event_threads`), fed with `enqueue_event` from the bench
@@ -24,14 +25,16 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
+use continuum_core::discovery::ids::PublisherId;
 use continuum_core::kv::shared::Merged;
 use continuum_core::picker::{OverlapSource as _, PromptBlocks};
+use continuum_core::subscriptions::shard_of;
 use dynamo_kv_router::indexer::SyncIndexer;
 use dynamo_kv_router::{ConcurrentRadixTreeCompressed, ThreadPoolIndexer};
 
 use crate::ours::{self, Arenas, Ours};
 use crate::theirs::{self, EventIds};
-use crate::trace::{BLOCK_TOKENS, Trace};
+use crate::trace::{BLOCK_TOKENS, Rank, Trace};
 
 /// How often the picker thread asks.
 pub(crate) const PICK_EVERY: Duration = Duration::from_micros(250);
@@ -74,9 +77,18 @@ fn picking(stop: &AtomicBool, queries: usize, mut picker: impl FnMut(usize)) -> 
 /// Ours with `shards` writers on as many threads: the window's rate, the picks and the largest
 /// shard's share of the window's block events.
 fn ours_run(t: &Trace, ar: &Arenas, batch: u32, shards: u32) -> (f64, u64, f64) {
+    // Each worker's ranks on the shard the router would give its publisher with `shards` shards.
+    let ranks: Vec<Rank> = t
+        .ranks
+        .iter()
+        .map(|r| Rank {
+            shard: shard_of(PublisherId::new(r.worker_id), shards as usize) as u32,
+            ..*r
+        })
+        .collect();
     let mut o = Ours::new(shards, batch);
     for e in &t.main.envelopes[..t.split] {
-        o.apply(&t.main, ar, &t.ranks, e);
+        o.apply(&t.main, ar, &ranks, e);
     }
     o.publish_all();
     let window = &t.main.envelopes[t.split..];
@@ -84,7 +96,7 @@ fn ours_run(t: &Trace, ar: &Arenas, batch: u32, shards: u32) -> (f64, u64, f64) 
     let per_shard: Vec<Vec<usize>> = (0..shards as usize)
         .map(|sh| {
             (0..window.len())
-                .filter(|&i| o.shard_of(t.ranks[window[i].rank as usize]) == sh)
+                .filter(|&i| o.shard_of(ranks[window[i].rank as usize]) == sh)
                 .collect()
         })
         .collect();
@@ -123,13 +135,13 @@ fn ours_run(t: &Trace, ar: &Arenas, batch: u32, shards: u32) -> (f64, u64, f64) 
             .zip(&per_shard)
             .enumerate()
             .map(|(cpu, (w, mine))| {
-                let barrier = &barrier;
+                let (barrier, ranks) = (&barrier, &ranks);
                 sc.spawn(move || {
                     pin(cpu);
                     barrier.wait();
                     for (n, &i) in mine.iter().enumerate() {
                         let e = &window[i];
-                        ours::apply_to(w, &t.main, ar, t.ranks[e.rank as usize], e);
+                        ours::apply_to(w, &t.main, ar, ranks[e.rank as usize], e);
                         if (n + 1) % batch.max(1) as usize == 0 {
                             w.publish();
                         }
