@@ -462,7 +462,12 @@ fn main() -> ExitCode {
             label: format!("(5) apply, {label}, a picker reading"),
             unit: Unit::Rate,
             ours: Some(scale.ours[cores]),
-            theirs: [Some(scale.theirs[cores]), None, None, None],
+            theirs: [
+                Some(scale.theirs[cores]),
+                Some(scale.flash[cores]),
+                None,
+                None,
+            ],
             target: None,
         });
     }
@@ -470,7 +475,12 @@ fn main() -> ExitCode {
         label: "(5) apply, 2 cores / 1 core".into(),
         unit: Unit::Factor,
         ours: Some(scale.ours[1] / scale.ours[0]),
-        theirs: [Some(scale.theirs[1] / scale.theirs[0]), None, None, None],
+        theirs: [
+            Some(scale.theirs[1] / scale.theirs[0]),
+            Some(scale.flash[1] / scale.flash[0]),
+            None,
+            None,
+        ],
         target: Some(Target {
             text: ">= 1.8x",
             bound: Some(1.8),
@@ -643,7 +653,7 @@ fn main() -> ExitCode {
     );
     let _ = writeln!(
         out,
-        "  (5) CRTC column = ThreadPoolIndexer<ConcurrentRadixTreeCompressed> with 1 / 2 event threads, fed by the bench thread (enqueue_event) and timed to flush_and_wait; ours = 1 / 2 shard writers on their own pinned threads (the larger shard has {:.1}% of the block events); {} picks answered during the four runs (one every {} us)",
+        "  (5) CRTC and Flash str. columns = ThreadPoolIndexer over that backend with 1 / 2 event threads, fed by the bench thread (enqueue_event) and timed to flush_and_wait; ours = 1 / 2 shard writers on their own pinned threads (the larger shard has {:.1}% of the block events); {} picks answered during the six runs (one every {} us)",
         100.0 * scale.larger_share,
         scale.picks,
         scaling::PICK_EVERY.as_micros()

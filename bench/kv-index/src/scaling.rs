@@ -5,8 +5,9 @@
 //!   router would give each worker's publisher with two shards, `subscriptions::shard_of`),
 //!   pinned to CPUs 0 and 1. The two threads start together at a barrier;
 //!   the time runs until the later one is done.
-//! - Theirs: dynamo-kv-router's `ThreadPoolIndexer<ConcurrentRadixTreeCompressed>` with 1 and
-//!   with 2 event threads (`router_event_threads`), fed with `enqueue_event` from the bench
+//! - Theirs: dynamo-kv-router's `ThreadPoolIndexer` over a `ConcurrentRadixTreeCompressed`, and
+//!   over a `PositionalIndexer` (Flash, strided), each with 1 and with 2 event threads
+//!   (`router_event_threads`), fed with `enqueue_event` from the bench
 //!   thread as the router's event loop feeds it (ranks stick to a thread), timed from the first
 //!   enqueue to `flush_and_wait`. Its lanes cannot be held while the window is queued, so its
 //!   figure includes the enqueueing thread competing for the two cores; ours has no such thread
@@ -44,9 +45,11 @@ pub(crate) const PICK_EVERY: Duration = Duration::from_micros(250);
 pub(crate) struct Scaling {
     /// Ours with 1 and 2 shards.
     pub(crate) ours: [f64; 2],
-    /// The thread pool with 1 and 2 event threads.
+    /// The thread pool over a CRTC with 1 and 2 event threads.
     pub(crate) theirs: [f64; 2],
-    /// Picks answered during the four runs.
+    /// The thread pool over a `PositionalIndexer` (Flash, strided) with 1 and 2 event threads.
+    pub(crate) flash: [f64; 2],
+    /// Picks answered during the six runs.
     pub(crate) picks: u64,
     /// The larger of our two shards' share of the window's block events (0.5: even).
     pub(crate) larger_share: f64,
@@ -162,13 +165,17 @@ fn ours_run(t: &Trace, ar: &Arenas, batch: u32, shards: u32) -> (f64, u64, f64) 
     ((s + r) as f64 / secs.max(1e-9), picks, share)
 }
 
-/// The thread pool with `threads` event threads: the window's rate and the picks.
-fn theirs_run(t: &Trace, threads: usize) -> (f64, u64) {
+/// The thread pool over `backend` with `threads` event threads: the window's rate and the picks.
+fn theirs_run<B: SyncIndexer + Send + Sync + 'static>(
+    t: &Trace,
+    backend: B,
+    threads: usize,
+) -> (f64, u64) {
     let Ok(rt) = tokio::runtime::Builder::new_current_thread().build() else {
         return (f64::NAN, 0);
     };
     let pool = Arc::new(ThreadPoolIndexer::new(
-        ConcurrentRadixTreeCompressed::new(),
+        backend,
         threads,
         BLOCK_TOKENS as u32,
     ));
@@ -211,12 +218,16 @@ fn theirs_run(t: &Trace, threads: usize) -> (f64, u64) {
 pub(crate) fn run(t: &Trace, ar: &Arenas, batch: u32) -> Scaling {
     let (o1, p1, _) = ours_run(t, ar, batch, 1);
     let (o2, p2, larger_share) = ours_run(t, ar, batch, 2);
-    let (t1, p3) = theirs_run(t, 1);
-    let (t2, p4) = theirs_run(t, 2);
+    let (t1, p3) = theirs_run(t, ConcurrentRadixTreeCompressed::new(), 1);
+    let (t2, p4) = theirs_run(t, ConcurrentRadixTreeCompressed::new(), 2);
+    let flash = || theirs::flash(theirs::FLASH_MODES[0]);
+    let (f1, p5) = theirs_run(t, flash(), 1);
+    let (f2, p6) = theirs_run(t, flash(), 2);
     Scaling {
         ours: [o1, o2],
         theirs: [t1, t2],
-        picks: p1 + p2 + p3 + p4,
+        flash: [f1, f2],
+        picks: p1 + p2 + p3 + p4 + p5 + p6,
         larger_share,
     }
 }
