@@ -40,8 +40,8 @@ use continuum_core::kv::HASH_SEED;
 
 use crate::rng::Rng;
 use crate::trace::{
-    BLOCK_TOKENS, Block, Events, Fleet, QUERY_BLOCKS, Query, Shape, Source, Stats, Trace, Visible,
-    block_after, ranks,
+    BLOCK_TOKENS, Block, Events, Fleet, MooncakeInfo as Info, QUERY_BLOCKS, Query, Shape, Source,
+    Stats, Trace, Visible, block_after, ranks,
 };
 
 /// Tokens per Mooncake hash id.
@@ -74,22 +74,6 @@ pub(crate) struct Opts {
     pub(crate) duplicate: u32,
     /// Replay only the first N requests (by timestamp): `--quick`.
     pub(crate) max_requests: Option<usize>,
-}
-
-/// What ran, for the report's trace line.
-#[derive(Debug, Clone)]
-pub(crate) struct Info {
-    pub(crate) path: String,
-    /// Requests in the file.
-    pub(crate) lines: usize,
-    /// Requests replayed per copy.
-    pub(crate) requests: usize,
-    pub(crate) workers: u32,
-    pub(crate) duplicate: u32,
-    /// Served prompts (all copies) cut to the rank capacity.
-    pub(crate) cut: u64,
-    /// Router blocks of the longest replayed prompt before that cut.
-    pub(crate) longest: u64,
 }
 
 /// `../shared/traces/mooncake/conversation_trace.jsonl` from the repository root.

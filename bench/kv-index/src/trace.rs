@@ -216,13 +216,29 @@ pub(crate) struct Trace {
     pub(crate) source: Source,
 }
 
+/// What ran, for the report's trace line.
+#[derive(Debug, Clone)]
+pub(crate) struct MooncakeInfo {
+    pub(crate) path: String,
+    /// Requests in the file.
+    pub(crate) lines: usize,
+    /// Requests replayed per copy.
+    pub(crate) requests: usize,
+    pub(crate) workers: u32,
+    pub(crate) duplicate: u32,
+    /// Served prompts (all copies) cut to the rank capacity.
+    pub(crate) cut: u64,
+    /// Router blocks of the longest replayed prompt before that cut.
+    pub(crate) longest: u64,
+}
+
 /// Where the requests came from.
 #[derive(Debug, Clone)]
 pub(crate) enum Source {
     /// [`generate`]d from the [`Shape`].
     Generated,
     /// Replayed from a Mooncake trace file.
-    Mooncake(crate::mooncake::Info),
+    Mooncake(MooncakeInfo),
 }
 
 /// The ranks: `ranks / dp` workers of `dp` ranks each, with etcd-lease-like ids, each worker's
