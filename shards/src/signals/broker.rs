@@ -18,7 +18,7 @@ use continuum_core::config::Config;
 use continuum_core::config::dynamo::{BrokerRole, LoadTransport};
 use continuum_core::discovery::Family;
 
-use super::subs::{SubState, SubTable, Transport};
+use super::subs::{SubRow, SubState, SubTable, Transport};
 
 /// The bus slot.
 #[derive(Debug, Default)]
@@ -53,7 +53,12 @@ impl BrokerSignals {
     /// Per configured namespace: how many broker sessions cover it, and how many broker
     /// subscriptions in it wait pending (ADMIN-05).
     pub fn coverage(&self, config: &Config, tables: &[Arc<SubTable>]) -> Vec<Coverage> {
-        let pending = pending_by_namespace(tables);
+        let rows: Vec<SubRow> = tables.iter().flat_map(|t| t.rows()).collect();
+        self.coverage_of(config, &rows)
+    }
+
+    /// [`BrokerSignals::coverage`] over rows already read.
+    fn coverage_of(&self, config: &Config, rows: &[SubRow]) -> Vec<Coverage> {
         config
             .dynamo
             .namespaces()
@@ -62,9 +67,13 @@ impl BrokerSignals {
                 namespace: ns.clone(),
                 brokers: self.brokers_for(ns),
                 pending: [Family::KvMetrics, Family::KvEvents].map(|f| {
-                    pending
-                        .iter()
-                        .filter(|(family, n)| *family == f && n == ns)
+                    rows.iter()
+                        .filter(|r| {
+                            r.family == f
+                                && &r.namespace == ns
+                                && r.transport == Transport::Broker
+                                && r.state == SubState::Pending
+                        })
                         .count() as u64
                 }),
             })
@@ -75,7 +84,7 @@ impl BrokerSignals {
     /// `transport: broker`, `continuum_dynamo_broker_namespace_sessions{namespace}` and
     /// `continuum_dynamo_broker_pending_subscriptions{family,namespace}` (OBS-08).
     pub fn render_metrics(&self, out: &mut String, config: &Config, tables: &[Arc<SubTable>]) {
-        let rows: Vec<_> = tables.iter().flat_map(|t| t.rows()).collect();
+        let rows: Vec<SubRow> = tables.iter().flat_map(|t| t.rows()).collect();
         let _ = writeln!(
             out,
             "# HELP continuum_dynamo_broker_subscriptions Subscriptions a broker relays now, by family and configured broker id.\n\
@@ -104,7 +113,7 @@ impl BrokerSignals {
         if config.dynamo.load.transport != LoadTransport::Broker {
             return;
         }
-        let coverage = self.coverage(config, tables);
+        let coverage = self.coverage_of(config, &rows);
         let _ = writeln!(
             out,
             "# HELP continuum_dynamo_broker_namespace_sessions Broker sessions covering each configured Dynamo namespace.\n\
@@ -146,22 +155,11 @@ pub struct Coverage {
     pub pending: [u64; 2],
 }
 
-/// `(family, namespace)` of every pending broker subscription.
-fn pending_by_namespace(tables: &[Arc<SubTable>]) -> Vec<(Family, String)> {
-    tables
-        .iter()
-        .flat_map(|t| t.rows())
-        .filter(|r| r.transport == Transport::Broker && r.state == SubState::Pending)
-        .map(|r| (r.family, r.namespace))
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use continuum_core::discovery::PublisherId;
 
     use super::*;
-    use crate::signals::subs::SubRow;
 
     fn config(transport: &str) -> Config {
         let z = "0".repeat(64);
