@@ -66,8 +66,9 @@ impl Default for KvBusOptions {
     }
 }
 
-/// Most messages `--messages` accepts (the whole stream is encoded in memory first).
-pub(crate) const MAX_MESSAGES: u64 = 5_000_000;
+/// Most messages `--messages` accepts: the whole stream is encoded in memory first (~660 B a
+/// message, so at most ~660 MB).
+pub(crate) const MAX_MESSAGES: u64 = 1_000_000;
 
 /// The two CPUs of a run: the receiver's, and everyone else's.
 type Cpus = Option<(usize, usize)>;
