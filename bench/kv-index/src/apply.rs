@@ -4,8 +4,8 @@
 //! Each index applies the fill (untimed), then the window (timed) in [`CHUNKS`] chunks of
 //! envelopes, the indexes taking turns chunk by chunk so that load from other processes lands on
 //! all of them alike. Each chunk runs on one thread:
-//! - ours: the chunk's envelopes in trace order, each to its rank's shard writer, publishing
-//!   per the batch policy (and all shards at the end of the chunk); the clock brackets the loop;
+//! - ours: the chunk's envelopes in trace order, each to its rank's shard writer (visible to
+//!   readers as applied: there is no publish step); the clock brackets the loop;
 //! - CRTC and the two Flash (`PositionalIndexer`) lanes: the lane is held at a [`Gate`] while the
 //!   chunk's events and a `Flush` marker are queued; the time runs from opening the gate to the
 //!   marker's acknowledgement, so it is the lane thread alone, on its core, draining a queue, as
@@ -210,7 +210,6 @@ pub(crate) fn chunks(t: &Trace) -> Vec<Range<usize>> {
 pub(crate) fn run(
     t: &Trace,
     ar: &Arenas,
-    batch: u32,
     with_radix: bool,
     crtc_ids: &mut EventIds,
     radix_ids: &mut EventIds,
@@ -225,11 +224,10 @@ pub(crate) fn run(
 
     // Fills.
     let mut o = mem[OURS].step(|| {
-        let mut o = Ours::new(t.shape.shards, batch);
+        let mut o = Ours::new(t.shape.shards);
         for e in &t.main.envelopes[fill.clone()] {
             o.apply(&t.main, ar, &t.ranks, e);
         }
-        o.publish_all();
         o
     });
     let mut max_queued = 0usize;
@@ -287,8 +285,7 @@ pub(crate) fn run(
             for e in envs {
                 o.apply(&t.main, ar, &t.ranks, e);
             }
-            o.publish_all();
-            times[OURS].secs += start.elapsed().as_secs_f64();
+                times[OURS].secs += start.elapsed().as_secs_f64();
             times[OURS].allocs += allocations() - a;
         });
         let [_, m_crtc, m_strided, m_binary, m_radix] = &mut mem;

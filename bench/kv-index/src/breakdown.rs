@@ -1,16 +1,15 @@
 //! `--breakdown`: where our index spends its time, measured from outside (no profiler needed):
-//! the window of figure (1) re-applied to fresh indexes in three variants, each call timed alone:
-//! - as measured: the shards, publish per `--batch`;
-//! - publish once per chunk: the writers' second copy then replays a whole chunk's ops in the
-//!   chunk's first call, so that call's time is the replay share (the copy-and-replay cost of
-//!   publishing every envelope shows as the difference to the first variant);
-//! - one shard: no node duplicated across shards; its `find_matches` on the figure-(2) queries
-//!   shows what the merge over shards costs.
+//! the window of figure (1) re-applied to fresh indexes, each call timed alone, once with the
+//! trace's shards and once with one shard (no node duplicated across shards; its `find_matches`
+//! on the figure-(2) queries shows what the merge over shards costs), and the memory after the
+//! trace split into the node tables (what readers walk) and the rest (the writers' per-rank
+//! engine-hash maps and bookkeeping).
 
 use std::fmt::Write as _;
 use std::time::Instant;
 
 use continuum_core::kv::EngineHash;
+use continuum_core::kv::index::IndexWriter;
 use continuum_core::kv::shared::Merged;
 use continuum_core::picker::{OverlapSource, PromptBlocks};
 
@@ -22,22 +21,18 @@ use crate::trace::{BLOCK_TOKENS, Op, Trace};
 
 #[derive(Debug, Default, Clone, Copy)]
 struct Split {
+    prefetch_ns: u64,
     store_ns: u64,
     remove_ns: u64,
-    publish_ns: u64,
-    /// Variant 2: the first call of each shard in each chunk (which replays that shard's part of
-    /// the previous chunk).
-    first_ns: u64,
     stored: u64,
     removed: u64,
     stores: u64,
     removes: u64,
-    publishes: u64,
 }
 
 impl Split {
     fn total_ns(&self) -> u64 {
-        self.store_ns + self.remove_ns + self.publish_ns + self.first_ns
+        self.prefetch_ns + self.store_ns + self.remove_ns
     }
 }
 
@@ -45,22 +40,17 @@ fn ns(t: Instant) -> u64 {
     t.elapsed().as_nanos() as u64
 }
 
-/// Fill untimed, then the window timed per call; `batch = None`: publish once per chunk.
-fn run(t: &Trace, ar: &Arenas, shards: u32, batch: Option<u32>) -> (Ours, Split) {
-    let mut o = Ours::new(shards, batch.unwrap_or(u32::MAX));
+/// Fill untimed, then the window timed per call.
+fn run(t: &Trace, ar: &Arenas, shards: u32) -> (Ours, Split) {
+    let mut o = Ours::new(shards);
     for e in &t.main.envelopes[..t.split] {
         o.apply(&t.main, ar, &t.ranks, e);
     }
-    o.publish_all();
     let mut s = Split::default();
     let keys: Vec<_> = t.ranks.iter().map(|&r| ours::key(r)).collect();
-    let mut pending = vec![0u32; shards as usize];
-    let every = batch.unwrap_or(u32::MAX);
     for c in apply::chunks(t) {
-        let mut firsts = vec![batch.is_none(); shards as usize];
         for e in &t.main.envelopes[c] {
             let shard = o.shard_of(t.ranks[e.rank as usize]);
-            let first = &mut firsts[shard];
             let k = keys[e.rank as usize];
             let w = &mut o.writers[shard];
             for op in t.main.ops(e) {
@@ -73,46 +63,17 @@ fn run(t: &Trace, ar: &Arenas, shards: u32, batch: Option<u32>) -> (Ours, Split)
                     } => {
                         let blocks = ar.stored_slice(at, len);
                         let _ = w.store(k, parent.map(EngineHash), blocks);
-                        let d = ns(start);
-                        if *first {
-                            s.first_ns += d;
-                        } else {
-                            s.store_ns += d;
-                        }
+                        s.store_ns += ns(start);
                         s.stored += u64::from(len);
                         s.stores += 1;
                     }
                     Op::Remove { start: at, len } => {
                         let _ = w.remove(k, ar.removed_slice(at, len));
-                        let d = ns(start);
-                        if *first {
-                            s.first_ns += d;
-                        } else {
-                            s.remove_ns += d;
-                        }
+                        s.remove_ns += ns(start);
                         s.removed += u64::from(len);
                         s.removes += 1;
                     }
                 }
-                *first = false;
-            }
-            let p = &mut pending[shard];
-            *p += 1;
-            if *p >= every {
-                *p = 0;
-                let start = Instant::now();
-                w.publish();
-                s.publish_ns += ns(start);
-                s.publishes += 1;
-            }
-        }
-        for (w, p) in o.writers.iter_mut().zip(&mut pending) {
-            if *p > 0 {
-                *p = 0;
-                let start = Instant::now();
-                w.publish();
-                s.publish_ns += ns(start);
-                s.publishes += 1;
             }
         }
     }
@@ -124,23 +85,15 @@ fn line(out: &mut String, name: &str, s: &Split) {
     let per = |x: u64, n: u64| x as f64 / n.max(1) as f64;
     let _ = writeln!(
         out,
-        "    {name:<34} {:>6.2} M/s | per stored block {:>4.0} ns ({:.0}% of the time), per removed hash {:>4.0} ns ({:.0}%), per publish {:>5.0} ns ({} publishes, {:.0}%){}",
+        "    {name:<10} {:>6.2} M/s | per stored block {:>4.0} ns ({:.0}% of the time, {} calls), per removed hash {:>4.0} ns ({:.0}%, {} calls), prefetch {:.0}%",
         ev / (s.total_ns() as f64 / 1e9) / 1e6,
         per(s.store_ns, s.stored),
         100.0 * s.store_ns as f64 / s.total_ns().max(1) as f64,
+        s.stores,
         per(s.remove_ns, s.removed),
         100.0 * s.remove_ns as f64 / s.total_ns().max(1) as f64,
-        per(s.publish_ns, s.publishes),
-        s.publishes,
-        100.0 * s.publish_ns as f64 / s.total_ns().max(1) as f64,
-        if s.first_ns > 0 {
-            format!(
-                ", each shard's first call of a chunk (replaying the previous chunk on the other copy) {:.0}%",
-                100.0 * s.first_ns as f64 / s.total_ns() as f64
-            )
-        } else {
-            String::new()
-        }
+        s.removes,
+        100.0 * s.prefetch_ns as f64 / s.total_ns().max(1) as f64,
     );
 }
 
@@ -194,7 +147,7 @@ fn p50_p99(v: &[u64]) -> String {
 }
 
 /// The breakdown lines for the report.
-pub(crate) fn report(t: &Trace, ar: &Arenas, batch: u32) -> String {
+pub(crate) fn report(t: &Trace, ar: &Arenas) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -202,30 +155,17 @@ pub(crate) fn report(t: &Trace, ar: &Arenas, batch: u32) -> String {
     );
     let shards = t.shape.shards;
     let queries: Vec<_> = t.queries.iter().map(|q| ours::query(&q.blocks)).collect();
-    let (o, a) = run(t, ar, shards, Some(batch));
-    line(
-        &mut out,
-        &format!("{shards} shards, publish every {batch}"),
-        &a,
-    );
+    let (o, a) = run(t, ar, shards);
+    line(&mut out, &format!("{shards} shards"), &a);
     let cold = fastest(&o, &queries, 5, true);
     let warm = fastest(&o, &queries, 5, false);
-    // Memory: all, then without the writers (the published copy and the readers), then nothing.
+    // Memory: all, the node tables as the writers report them, then nothing.
     let l0 = live_bytes();
-    let (writers, readers) = o.into_parts();
-    drop(writers);
-    let l1 = live_bytes();
-    drop(readers);
+    let tables: usize = o.writers.iter().map(IndexWriter::table_bytes).sum();
+    drop(o);
     let l2 = live_bytes();
-    let (b_o, b) = run(t, ar, shards, None);
-    drop(b_o);
-    line(
-        &mut out,
-        &format!("{shards} shards, publish once per chunk"),
-        &b,
-    );
-    let (o1, c) = run(t, ar, 1, Some(batch));
-    line(&mut out, &format!("1 shard, publish every {batch}"), &c);
+    let (o1, c) = run(t, ar, 1);
+    line(&mut out, "1 shard", &c);
     let cold1 = fastest(&o1, &queries, 5, true);
     let warm1 = fastest(&o1, &queries, 5, false);
     drop(o1);
@@ -264,10 +204,10 @@ pub(crate) fn report(t: &Trace, ar: &Arenas, batch: u32) -> String {
     );
     let _ = writeln!(
         out,
-        "    memory after the trace: {:.1} MB in all; the published copy and its readers {:.1} MB; the writers (their own copy, per-rank engine-hash maps, journal) {:.1} MB",
+        "    memory after the trace: {:.1} MB in all; the node tables (what readers walk) {:.1} MB; the rest (per-rank engine-hash maps, slot maps, bookkeeping) {:.1} MB",
         (l0 - l2) as f64 / 1e6,
-        (l1 - l2) as f64 / 1e6,
-        (l0 - l1) as f64 / 1e6
+        tables as f64 / 1e6,
+        (l0 - l2).saturating_sub(tables) as f64 / 1e6
     );
     out
 }

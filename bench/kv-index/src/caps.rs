@@ -1,7 +1,7 @@
 //! The cap-fill half of figure (3): each index alone, filled by the same [`CapFill`], its bytes
 //! read with the counting allocator, then dropped before the next one is built.
 //!
-//! Ours publishes after every `stored` event; the CRTC lane is fed through a channel of 1,024
+//! Ours applies every `stored` event in place; the CRTC lane is fed through a channel of 1,024
 //! tasks (the filler waits when it is full), whose drained queue capacity is measured and
 //! subtracted, and its stale-child sweep is run before the reading.
 
@@ -39,7 +39,7 @@ pub(crate) fn ours(fill: &CapFill, ranks: &[Rank], shards: u32) -> Held {
     let base = live_bytes();
     let base_chunks = live_chunk_bytes();
     let start = Instant::now();
-    let mut o = Ours::new(shards, 1);
+    let mut o = Ours::new(shards);
     let mut errors = 0u64;
     fill.for_each(|r, parent, bs| {
         blocks.clear();
@@ -47,7 +47,6 @@ pub(crate) fn ours(fill: &CapFill, ranks: &[Rank], shards: u32) -> Held {
         let w = &mut o.writers[ranks[r as usize].shard as usize];
         let res = w.store(keys[r as usize], parent.map(EngineHash), &blocks);
         errors += u64::from(res.over_capacity) + u64::from(res.parent_missing);
-        w.publish();
     });
     let secs = start.elapsed().as_secs_f64();
     let bytes = live_bytes().saturating_sub(base);

@@ -20,7 +20,6 @@ usage: kv-index-bench [options]
   --conversations N   conversations of the main trace (default 24000; quick 12000)
   --rank-capacity N   blocks each rank's LRU cache holds (default 1024; quick 512)
   --active N          conversations open at once (default 2 x ranks)
-  --batch N           envelopes a shard applies per publish (default 1)
   --queries N         distinct find_matches prompts (default 4096; quick 1024)
   --iterations N      find_matches calls per index (default 40000; quick 5000); figure 4 uses
                       N/10 events per index (at least 100)
@@ -37,8 +36,8 @@ usage: kv-index-bench [options]
                       workers x D (at most 16384); --ranks, --dp do not apply
   --no-radix          skip the RadixTree baseline
   --no-caps           skip the cap fill
-  --breakdown         also re-run our index's window in variants, every call timed (where the
-                      time goes: store / remove / publish, the replay of the second copy, shards)
+  --breakdown         also re-run our index's window with 4 shards and with 1, every call
+                      timed (where the time goes: store / remove, shards, memory)
   --quick             the smoke sizes above (a CI smoke run: well under 30 s on 2 cores
                       once built); mooncake: the first 3000 requests only
   --help";
@@ -46,7 +45,6 @@ usage: kv-index-bench [options]
 #[derive(Debug, Clone)]
 pub(crate) struct Cli {
     pub(crate) shape: Shape,
-    pub(crate) batch: u32,
     pub(crate) iterations: u64,
     pub(crate) seconds: f64,
     pub(crate) caps_scale: f64,
@@ -102,7 +100,6 @@ pub(crate) fn parse(args: &[String]) -> Result<Cli, String> {
     };
     let mut cli = Cli {
         shape: shape.clone(),
-        batch: 1,
         iterations: if quick { 5000 } else { 40_000 },
         seconds: if quick { 3.0 } else { 10.0 },
         caps_scale: if quick { 0.1 } else { 1.0 },
@@ -150,7 +147,6 @@ pub(crate) fn parse(args: &[String]) -> Result<Cli, String> {
             }
             "--rank-capacity" => shape.rank_capacity = bounded(a, num(a, it.next())?, 1, 262_144)?,
             "--active" => active = Some(bounded(a, num(a, it.next())?, 1, 1_000_000)?),
-            "--batch" => cli.batch = bounded(a, num(a, it.next())?, 1, 1_000_000)?,
             "--queries" => shape.queries = bounded(a, num(a, it.next())?, 1, 1_000_000)?,
             "--iterations" => cli.iterations = bounded(a, num(a, it.next())?, 100, 100_000_000)?,
             "--seconds" => cli.seconds = bounded(a, num(a, it.next())?, 0.1, 120.0)?,

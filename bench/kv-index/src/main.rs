@@ -172,7 +172,6 @@ fn main() -> ExitCode {
     let applied = apply::run(
         &t,
         &ar_main,
-        cli.batch,
         cli.radix,
         &mut crtc_ids,
         &mut radix_ids,
@@ -320,10 +319,10 @@ fn main() -> ExitCode {
         "(5) scaling: ours with 1 and 2 shards, ThreadPoolIndexer with 1 and 2 threads, a picker reading",
         began,
     );
-    let scale = scaling::run(&t, &ar_main, cli.batch);
+    let scale = scaling::run(&t, &ar_main);
     let breakdown = cli.breakdown.then(|| {
         progress("breakdown: our window again, in variants", began);
-        breakdown::report(&t, &ar_main, cli.batch)
+        breakdown::report(&t, &ar_main)
     });
     progress("done", began);
 

@@ -2,9 +2,8 @@
 //! [`Budget`], read through `kv::shared::Merged` as a shard reads at pick time.
 //!
 //! A rank's events go to the shard that owns its worker's publisher
-//! (`subscriptions::shard_of`, as the router assigns subscriptions); each shard publishes after
-//! every `batch` envelopes it applied (default 1: after every envelope, as the shard ingest does
-//! per decoded batch).
+//! (`subscriptions::shard_of`, as the router assigns subscriptions); what a writer applies is
+//! visible to readers as it is applied (the index has no publish step).
 
 use std::sync::Arc;
 
@@ -73,7 +72,7 @@ impl Refusals {
     }
 }
 
-/// Applies envelope `e` of `rank` to writer `w` (no publish); what it refused.
+/// Applies envelope `e` of `rank` to writer `w`; what it refused.
 #[inline]
 pub(crate) fn apply_to(
     w: &mut IndexWriter,
@@ -107,26 +106,22 @@ pub(crate) struct Ours {
     pub(crate) budget: Arc<Budget>,
     pub(crate) writers: Vec<IndexWriter>,
     pub(crate) readers: Vec<IndexReaders>,
-    pending: Vec<u32>,
-    batch: u32,
     pub(crate) refusals: Refusals,
 }
 
 impl Ours {
-    pub(crate) fn new(shards: u32, batch: u32) -> Self {
+    pub(crate) fn new(shards: u32) -> Self {
         let budget = Arc::new(Budget::new());
         let (writers, readers) = (0..shards).map(|_| new_index(Arc::clone(&budget))).unzip();
         Self {
             budget,
             writers,
             readers,
-            pending: vec![0; shards as usize],
-            batch: batch.max(1),
             refusals: Refusals::default(),
         }
     }
 
-    /// Applies one envelope to its rank's shard, publishing per the batch policy.
+    /// Applies one envelope to its rank's shard.
     #[inline]
     pub(crate) fn apply(&mut self, ev: &Events, ar: &Arenas, ranks: &[Rank], e: &Envelope) {
         let rank = ranks[e.rank as usize];
@@ -136,27 +131,11 @@ impl Ours {
         self.refusals.over_capacity += r.over_capacity;
         self.refusals.parent_missing += r.parent_missing;
         self.refusals.remove_missing += r.remove_missing;
-        let p = &mut self.pending[shard];
-        *p += 1;
-        if *p >= self.batch {
-            *p = 0;
-            w.publish();
-        }
     }
 
     /// The writer of `rank` (the trace's shard; all on one when there is one writer).
     pub(crate) fn shard_of(&self, rank: Rank) -> usize {
         rank.shard as usize % self.writers.len()
-    }
-
-    /// Publishes every shard with unpublished envelopes.
-    pub(crate) fn publish_all(&mut self) {
-        for (w, p) in self.writers.iter_mut().zip(&mut self.pending) {
-            if *p > 0 {
-                *p = 0;
-                w.publish();
-            }
-        }
     }
 
     /// The writers and the reader factories, apart (to drop them one after the other).

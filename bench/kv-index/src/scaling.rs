@@ -79,7 +79,7 @@ fn picking(stop: &AtomicBool, queries: usize, mut picker: impl FnMut(usize)) -> 
 
 /// Ours with `shards` writers on as many threads: the window's rate, the picks and the largest
 /// shard's share of the window's block events.
-fn ours_run(t: &Trace, ar: &Arenas, batch: u32, shards: u32) -> (f64, u64, f64) {
+fn ours_run(t: &Trace, ar: &Arenas, shards: u32) -> (f64, u64, f64) {
     // Each worker's ranks on the shard the router would give its publisher with `shards` shards.
     let ranks: Vec<Rank> = t
         .ranks
@@ -89,11 +89,10 @@ fn ours_run(t: &Trace, ar: &Arenas, batch: u32, shards: u32) -> (f64, u64, f64) 
             ..*r
         })
         .collect();
-    let mut o = Ours::new(shards, batch);
+    let mut o = Ours::new(shards);
     for e in &t.main.envelopes[..t.split] {
         o.apply(&t.main, ar, &ranks, e);
     }
-    o.publish_all();
     let window = &t.main.envelopes[t.split..];
     let (s, r) = t.main.block_events(window);
     let per_shard: Vec<Vec<usize>> = (0..shards as usize)
@@ -142,14 +141,10 @@ fn ours_run(t: &Trace, ar: &Arenas, batch: u32, shards: u32) -> (f64, u64, f64) 
                 sc.spawn(move || {
                     pin(cpu);
                     barrier.wait();
-                    for (n, &i) in mine.iter().enumerate() {
+                    for &i in mine {
                         let e = &window[i];
                         ours::apply_to(w, &t.main, ar, ranks[e.rank as usize], e);
-                        if (n + 1) % batch.max(1) as usize == 0 {
-                            w.publish();
-                        }
                     }
-                    w.publish();
                     Instant::now()
                 })
             })
@@ -215,9 +210,9 @@ fn theirs_run<B: SyncIndexer + Send + Sync + 'static>(
 }
 
 /// Figure (5) on `t`.
-pub(crate) fn run(t: &Trace, ar: &Arenas, batch: u32) -> Scaling {
-    let (o1, p1, _) = ours_run(t, ar, batch, 1);
-    let (o2, p2, larger_share) = ours_run(t, ar, batch, 2);
+pub(crate) fn run(t: &Trace, ar: &Arenas) -> Scaling {
+    let (o1, p1, _) = ours_run(t, ar, 1);
+    let (o2, p2, larger_share) = ours_run(t, ar, 2);
     let (t1, p3) = theirs_run(t, ConcurrentRadixTreeCompressed::new(), 1);
     let (t2, p4) = theirs_run(t, ConcurrentRadixTreeCompressed::new(), 2);
     let flash = || theirs::flash(theirs::FLASH_MODES[0]);

@@ -1,10 +1,10 @@
-//! Figure (4): event-to-visible latency. A writer applies one envelope (and publishes it); a
+//! Figure (4): event-to-visible latency. A writer applies one envelope; a
 //! reader on another thread (another shard) polls `find_matches` with the prefix that envelope
 //! completes until the envelope's rank shows it whole. The latency is from just before the
 //! writer starts applying to the poll that first sees it (so it includes up to one poll).
 //!
-//! - ours: the writer is the shard's own thread: `IndexWriter::store`/`remove`, then
-//!   `publish`; the reader holds one `IndexReader` per shard and reads through `Merged`;
+//! - ours: the writer is the shard's own thread: `IndexWriter::store`/`remove` (visible as
+//!   applied); the reader holds one `IndexReader` per shard and reads through `Merged`;
 //! - CRTC: the writer sends the envelope's events to the lane's channel (what
 //!   `ThreadPoolIndexer::apply_event` does: the router's event task hands them to a lane
 //!   thread), the lane applies them, the reader calls `find_matches` on the shared tree.
@@ -174,7 +174,6 @@ pub(crate) fn ours(o: &mut Ours, t: &Trace, ar: &Arenas, n: usize, seconds: f64)
             }
             h.start();
             o.apply(&t.tail, ar, &t.ranks, &t.tail.envelopes[i]);
-            o.publish_all();
         }
         reader.join().unwrap_or_else(|_| std::process::abort())
     })

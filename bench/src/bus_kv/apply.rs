@@ -160,7 +160,6 @@ impl<'a> Applier<'a> {
             continuum_core::clock::Instant::default(),
             &mut self.counts,
         );
-        self.writer.publish();
         Some(sequence)
     }
 }

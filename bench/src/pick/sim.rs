@@ -266,8 +266,6 @@ impl KvFixture {
                 rank += 1;
             }
         }
-        w0.publish();
-        w1.publish();
         Self {
             readers: vec![r0.handle(), r1.handle()],
             _writers: vec![w0, w1],

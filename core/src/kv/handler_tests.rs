@@ -106,7 +106,6 @@ impl Rig {
             at(id),
             &mut self.counts,
         );
-        self.w.publish();
         Outcome::ALL
             .into_iter()
             .filter(|o| self.counts.get(*o) > before.get(*o))
@@ -362,7 +361,6 @@ fn clear_all_drops_every_rank_and_cursor() {
     rig.store(key(1, 0), 7, None, &blocks(A, 0, 1));
     rig.store(key(2, 1), 9, None, &blocks(B, 0, 1));
     assert_eq!(rig.sub.clear_all(&mut rig.w), 7);
-    rig.w.publish();
     assert_eq!(rig.sub.cursor_count(), 0);
     assert!(matches(&rig.r, &prompt(A)).is_empty() && matches(&rig.r, &prompt(B)).is_empty());
     // A restarted publisher numbers from the start again.
@@ -385,7 +383,6 @@ fn retain_live_clears_the_ranks_of_departed_workers() {
         1,
     )]));
     assert_eq!(rig.sub.retain_live(&mut rig.w, &only_1), 2);
-    rig.w.publish();
     assert_eq!(matches(&rig.r, &prompt(A)), expect(&[(key(1, 0), 4)]));
     assert!(matches(&rig.r, &prompt(B)).is_empty());
     let left: Vec<LoadKey> = rig.sub.ranks().map(|(k, ..)| k).collect();
@@ -437,7 +434,6 @@ fn apply_batch_applies_a_decoded_payload_in_order() {
     let mut batch = KvBatch::new();
     assert!(batch.decode(&payload).is_ok());
     sub.apply_batch(&mut w, &gate(), &batch, at(1), &mut counts);
-    w.publish();
     assert_eq!(
         matches(&r, &prompt(A)),
         expect(&[(key(2, 0), 3), (key(2, 1), 4)])

@@ -1,8 +1,8 @@
 //! One shard's KV-overlap index, single writer (KV-IDX-06/07/08).
 //!
 //! Role: [`IndexWriter`] applies one shard's decoded `stored` / `removed` / `cleared` events
-//! (after the [`super::handler`] rules) and publishes them to the readers of every shard
-//! ([`super::shared`]). Nodes are built from the root along the `tokens_hash` path; a node is
+//! (after the [`super::handler`] rules) to the one node table the readers of every shard walk
+//! ([`super::nodes`], [`super::shared`]): each change is visible as it is made. Nodes are built from the root along the `tokens_hash` path; a node is
 //! identified by its path hash ([`path_hash`]), so the nodes sit in one flat table keyed by path
 //! hash (a hashed radix tree). Each rank has a slot (its bit in every owner set; the lowest free
 //! slot is reused first) and a map from engine `block_hash` to path hash
@@ -27,9 +27,10 @@
 //! - `nodes() == nodes in the writer's copy`, `ownerships() == Σ rank_blocks`, and both are what
 //!   this index holds of the budget (given back on drop); a rank's slot is freed only once it
 //!   holds nothing (so no owner set still has its bit);
-//! - the writer never reads the published copy and readers never see unpublished writes, except
-//!   that a writer left unpublished for [`MAX_UNPUBLISHED_OPS`] ops publishes by itself (between
-//!   two operations, never inside one) so its journal stays bounded.
+//! - a freed slot is given to another rank only once no reader holds a slot map from before it
+//!   was freed (the retired maps' strong counts; `ArcSwap::swap` counts every guard still on the
+//!   old map before it returns it), so no reader names a rank's blocks after a rank that held the
+//!   slot before.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
@@ -41,7 +42,8 @@ use arc_swap::ArcSwap;
 use super::arena::KeyMap;
 use super::budget::Budget;
 use super::keyed::Keyed;
-use super::shared::{BATCH, IndexReaders, Op, Published, Table};
+use super::nodes::{MAX_BUCKET_OWNERS, NodeWriter};
+use super::shared::{IndexReaders, Keys, Published};
 use super::{EngineHash, MAX_BLOCKS_PER_RANK, MAX_OWNERS_PER_NODE, StoredBlock, path_hash};
 use crate::load::LoadKey;
 use crate::picker::BlockHash;
@@ -85,19 +87,29 @@ pub fn new_index(budget: Arc<Budget>) -> (IndexWriter, IndexReaders) {
     new_index_with_caps(budget, Caps::DEFAULT)
 }
 
-/// A new index with other per-index caps (tests, fuzzing).
+/// Blocks or hashes of one call whose cache lines are loaded together (see `remove`).
+const BATCH: usize = 16;
+
+/// A new index with other per-index caps (tests, fuzzing); `owners_per_node` is clamped to what a
+/// bucket counts (65,535, far above [`MAX_OWNERS_PER_NODE`]).
 pub fn new_index_with_caps(budget: Arc<Budget>, caps: Caps) -> (IndexWriter, IndexReaders) {
     let keyed = Keyed::random();
-    let shared = Arc::new(ArcSwap::from_pointee(Table::new(keyed)));
+    let caps = Caps {
+        owners_per_node: caps.owners_per_node.min(MAX_BUCKET_OWNERS),
+        ..caps
+    };
+    let (nodes, published) = NodeWriter::new(keyed);
+    let keys = Arc::new(ArcSwap::from_pointee(Keys::default()));
     let writer = IndexWriter {
-        shared: Arc::clone(&shared),
-        work: Arc::new(Table::new(keyed)),
-        lag: Vec::new(),
+        nodes,
         st: State {
             budget,
             caps,
             keyed,
-            journal: Vec::new(),
+            keys_pub: Arc::clone(&keys),
+            keys: Keys::default(),
+            retired: Vec::new(),
+            quarantine: Vec::new(),
             ranks: Vec::new(),
             free: BinaryHeap::new(),
             slots: HashMap::with_hasher(keyed),
@@ -106,16 +118,16 @@ pub fn new_index_with_caps(budget: Arc<Budget>, caps: Caps) -> (IndexWriter, Ind
             credit: Credit::default(),
         },
     };
+    let shared = Published {
+        nodes: published,
+        keys,
+    };
     (writer, IndexReaders::new(shared))
 }
 
 /// The writer of one shard's index (`Send`; one per index).
 pub struct IndexWriter {
-    shared: Arc<Published>,
-    /// The copy the writer mutates; readers are on the other one.
-    work: Arc<Table>,
-    /// Ops the published copy has and `work` does not yet (replayed before the next write).
-    lag: Vec<Op>,
+    nodes: NodeWriter,
     st: State,
 }
 
@@ -156,22 +168,24 @@ struct Credit {
     ownerships: usize,
 }
 
-/// Ops kept for readers between two publishes. The caller publishes after every batch (at most
-/// a few thousand ops); a writer left unpublished publishes by itself, before an operation, once
-/// this many are pending, so its journal (and the lag it leaves) stays bounded.
-pub const MAX_UNPUBLISHED_OPS: usize = 1 << 16;
-
 /// Reservations are taken from the budget in chunks of at most this many (and at most what the
 /// call still needs), then what is left is given back at the end of the call.
 const CREDIT_CHUNK: usize = 64;
 
-/// The writer-private state (everything but the two table copies).
+/// The writer-private state (everything but the node table).
 struct State {
     budget: Arc<Budget>,
     caps: Caps,
     keyed: Keyed,
-    /// Ops applied to `work` since the last publish (the published copy lacks them).
-    journal: Vec<Op>,
+    /// Where readers load the slot map from.
+    keys_pub: Arc<ArcSwap<Keys>>,
+    /// The slot map as last published.
+    keys: Keys,
+    /// Slot maps replaced since a reader may still hold them (dropped once only this holds them).
+    retired: Vec<Arc<Keys>>,
+    /// Freed slots, each with the layout of the first map without it: reusable once no reader
+    /// holds a map of a lower layout.
+    quarantine: Vec<(u32, u64)>,
     ranks: Vec<Option<Rank>>,
     /// Free slots, lowest first.
     free: BinaryHeap<Reverse<u32>>,
@@ -179,30 +193,6 @@ struct State {
     nodes: usize,
     ownerships: usize,
     credit: Credit,
-}
-
-/// `work`, once no reader holds it any more, with the ops it missed replayed.
-fn caught_up<'a>(work: &'a mut Arc<Table>, lag: &mut Vec<Op>) -> &'a mut Table {
-    // Only readers that loaded this copy before the last `publish` can still hold it, each for
-    // one `find_matches`; no new reader can reach it (it is not in the `ArcSwap`).
-    let mut spins = 0u32;
-    while Arc::strong_count(work) > 1 {
-        if spins < 128 {
-            std::hint::spin_loop();
-        } else {
-            std::thread::yield_now();
-        }
-        spins = spins.saturating_add(1);
-    }
-    // Unique by now, so this never clones; `make_mut` (not `get_mut`) only to stay panic-free.
-    let table = Arc::make_mut(work);
-    table.apply_all(lag);
-    lag.clear();
-    const KEEP: usize = 16_384;
-    if lag.capacity() > KEEP {
-        lag.shrink_to(KEEP);
-    }
-    table
 }
 
 impl IndexWriter {
@@ -214,17 +204,7 @@ impl IndexWriter {
         parent: Option<EngineHash>,
         blocks: &[StoredBlock],
     ) -> StoreResult {
-        self.bound_journal();
-        // Start the first blocks' loads before the replay, so the two overlap.
-        std::hint::black_box(self.st.prewarm_store(&self.work, rank, parent, blocks));
-        let t = caught_up(&mut self.work, &mut self.lag);
-        self.st.store(t, rank, parent, blocks)
-    }
-
-    fn bound_journal(&mut self) {
-        if self.st.journal.len() >= MAX_UNPUBLISHED_OPS {
-            self.publish();
-        }
+        self.st.store(&mut self.nodes, rank, parent, blocks)
     }
 
     /// Drops `hashes` from `rank` (hashes it does not hold are ignored); returns how many it held.
@@ -232,13 +212,8 @@ impl IndexWriter {
         let Some(slot) = self.st.slots.get(&rank).copied() else {
             return 0;
         };
-        self.bound_journal();
-        // Start the first hashes' loads before the replay, so the two overlap.
-        let mut warm = self.st.rank(slot).map_or(0, |rk| {
-            let head = hashes.get(..BATCH).unwrap_or(hashes);
-            head.iter().fold(0, |a, eh| a ^ rk.entries.touch(eh.0))
-        });
-        let t = caught_up(&mut self.work, &mut self.lag);
+        let t = &mut self.nodes;
+        let mut warm = 0u64;
         let mut n = 0u32;
         for few in hashes.chunks(BATCH) {
             // Stage by stage, so the cache misses of the few overlap: the rank's entries, then
@@ -269,7 +244,7 @@ impl IndexWriter {
         }
         std::hint::black_box(warm);
         self.st.settle();
-        self.st.close_if_empty(t, slot);
+        self.st.close_if_empty(slot);
         n
     }
 
@@ -278,24 +253,7 @@ impl IndexWriter {
         let Some(slot) = self.st.slots.get(&rank).copied() else {
             return 0;
         };
-        self.bound_journal();
-        let t = caught_up(&mut self.work, &mut self.lag);
-        self.st.clear_slot(t, slot)
-    }
-
-    /// Makes everything written so far visible to readers, as one whole state. Cheap: a pointer
-    /// swap; the copy swapped out is brought up to date at the next write.
-    pub fn publish(&mut self) {
-        if self.st.journal.is_empty() {
-            return;
-        }
-        if !self.lag.is_empty() {
-            // Not reachable (a write always catches up first), kept for safety.
-            caught_up(&mut self.work, &mut self.lag);
-        }
-        let old = self.shared.swap(Arc::clone(&self.work));
-        self.work = old;
-        std::mem::swap(&mut self.lag, &mut self.st.journal);
+        self.st.clear_slot(&mut self.nodes, slot)
     }
 
     /// Blocks (engine hashes) `rank` holds.
@@ -331,10 +289,21 @@ impl IndexWriter {
         self.st.caps
     }
 
-    /// The writer's copy (tests: memory and consistency checks).
+    /// Bytes the node table holds (its buckets and spill arena, as readers see it).
+    pub fn table_bytes(&self) -> usize {
+        self.nodes.nodes().bytes()
+    }
+
+    /// `rank`'s slot (tests).
     #[cfg(test)]
-    pub(crate) fn work_table(&mut self) -> &Table {
-        caught_up(&mut self.work, &mut self.lag)
+    pub(crate) fn slot_of(&self, rank: LoadKey) -> Option<u32> {
+        self.st.slots.get(&rank).copied()
+    }
+
+    /// The node table's writer (tests: consistency checks).
+    #[cfg(test)]
+    pub(crate) fn node_table(&self) -> &NodeWriter {
+        &self.nodes
     }
 }
 
@@ -354,16 +323,9 @@ impl State {
         self.ranks.get_mut(slot as usize).and_then(Option::as_mut)
     }
 
-    /// Applies `op` to the writer's copy and journals it; returns what [`Table::apply`] does.
-    fn op(&mut self, t: &mut Table, op: Op) -> bool {
-        let changed = t.apply(&op);
-        self.journal.push(op);
-        changed
-    }
-
     fn store(
         &mut self,
-        t: &mut Table,
+        t: &mut NodeWriter,
         rank: LoadKey,
         parent: Option<EngineHash>,
         blocks: &[StoredBlock],
@@ -387,7 +349,7 @@ impl State {
             Some(s) => s,
             None => self.open_slot(t, rank),
         };
-        let mut warm = 0u64;
+        let mut warm = self.prewarm_store(t, slot, parent_path, blocks);
         'chain: for (c, few) in blocks.chunks(BATCH).enumerate() {
             // The few's paths, then their lines warmed stage by stage (see `remove`).
             let mut paths = [0u64; BATCH];
@@ -414,29 +376,22 @@ impl State {
         }
         std::hint::black_box(warm);
         self.settle();
-        self.close_if_empty(t, slot);
+        self.close_if_empty(slot);
         r
     }
 
-    /// Loads what the first [`BATCH`] blocks of a [`Self::store`] will touch (a read of `t`,
-    /// which readers may still hold: only the plain loads, nothing is written).
+    /// Loads what the first [`BATCH`] blocks of a [`Self::store`] will touch (plain loads).
     fn prewarm_store(
         &self,
-        t: &Table,
-        rank: LoadKey,
-        parent: Option<EngineHash>,
+        t: &NodeWriter,
+        slot: u32,
+        parent: Option<BlockHash>,
         blocks: &[StoredBlock],
     ) -> u64 {
-        let Some(rk) = self.slots.get(&rank).and_then(|&s| self.rank(s)) else {
+        let Some(rk) = self.rank(slot) else {
             return 0;
         };
-        let mut prev = match parent {
-            None => None,
-            Some(eh) => match rk.entries.get(eh.0) {
-                Some(p) => Some(BlockHash(p)),
-                None => return 0,
-            },
-        };
+        let mut prev = parent;
         let mut warm = 0;
         for b in blocks.iter().take(BATCH) {
             let path = path_hash(prev, b.tokens_hash);
@@ -448,7 +403,14 @@ impl State {
 
     /// Admits one block; `false`: refused by a cap (nothing changed but a dropped old mapping of
     /// the same engine hash).
-    fn admit(&mut self, t: &mut Table, slot: u32, eh: EngineHash, path: u64, left: usize) -> bool {
+    fn admit(
+        &mut self,
+        t: &mut NodeWriter,
+        slot: u32,
+        eh: EngineHash,
+        path: u64,
+        left: usize,
+    ) -> bool {
         let Some(rk) = self.rank(slot) else {
             return false;
         };
@@ -483,7 +445,7 @@ impl State {
                 self.credit.ownerships += 1;
                 return false;
             }
-            if self.op(t, Op::Add { path, slot }) {
+            if t.add(path, slot) {
                 self.nodes += 1;
             }
         }
@@ -495,15 +457,15 @@ impl State {
     }
 
     /// `slot` lets go of node `path` (its last reference to it).
-    fn leave(&mut self, t: &mut Table, slot: u32, path: u64) {
-        if self.op(t, Op::Remove { path, slot }) {
+    fn leave(&mut self, t: &mut NodeWriter, slot: u32, path: u64) {
+        if t.remove(path, slot) {
             self.nodes = self.nodes.saturating_sub(1);
             self.credit.nodes += 1;
         }
     }
 
     /// Drops engine hash `eh` of `slot`; returns whether the rank held it.
-    fn unref(&mut self, t: &mut Table, slot: u32, eh: EngineHash) -> bool {
+    fn unref(&mut self, t: &mut NodeWriter, slot: u32, eh: EngineHash) -> bool {
         match self.detach(slot, eh) {
             Detach::NotHeld => false,
             Detach::StillHeld => true,
@@ -544,7 +506,7 @@ impl State {
         }
     }
 
-    fn clear_slot(&mut self, t: &mut Table, slot: u32) -> u32 {
+    fn clear_slot(&mut self, t: &mut NodeWriter, slot: u32) -> u32 {
         let Some(mut rk) = self.ranks.get_mut(slot as usize).and_then(Option::take) else {
             return 0;
         };
@@ -560,11 +522,12 @@ impl State {
         self.ownerships = self.ownerships.saturating_sub(held);
         self.credit.ownerships += held;
         self.settle();
-        self.free_slot(t, slot, rk.key);
+        self.free_slot(slot, rk.key);
         u32::try_from(held).unwrap_or(u32::MAX)
     }
 
-    fn open_slot(&mut self, t: &mut Table, key: LoadKey) -> u32 {
+    fn open_slot(&mut self, t: &mut NodeWriter, key: LoadKey) -> u32 {
+        self.release_quarantine();
         let slot = match self.free.pop() {
             Some(Reverse(s)) => s,
             None => {
@@ -575,12 +538,7 @@ impl State {
         let need = slot as usize / 64 + 1;
         if need > t.words() {
             let words = need.max(t.words().saturating_mul(2));
-            self.op(
-                t,
-                Op::Widen {
-                    words: u32::try_from(words).unwrap_or(u32::MAX),
-                },
-            );
+            t.widen(words);
         }
         if let Some(r) = self.ranks.get_mut(slot as usize) {
             *r = Some(Rank {
@@ -590,31 +548,64 @@ impl State {
             });
         }
         self.slots.insert(key, slot);
-        self.op(
-            t,
-            Op::Key {
-                slot,
-                key: Some(key),
-            },
-        );
+        self.set_key(slot, Some(key));
         slot
     }
 
-    fn close_if_empty(&mut self, t: &mut Table, slot: u32) {
+    fn close_if_empty(&mut self, slot: u32) {
         let Some(r) = self.ranks.get_mut(slot as usize) else {
             return;
         };
         if let Some(key) = r.as_ref().filter(|r| r.entries.is_empty()).map(|r| r.key) {
             *r = None;
-            self.free_slot(t, slot, key);
+            self.free_slot(slot, key);
         }
     }
 
-    /// Forgets a slot whose rank is already gone from `ranks`.
-    fn free_slot(&mut self, t: &mut Table, slot: u32, key: LoadKey) {
+    /// Forgets a slot whose rank is already gone from `ranks` (it owns no node any more); the
+    /// slot is reusable once no reader holds a map naming that rank.
+    fn free_slot(&mut self, slot: u32, key: LoadKey) {
         self.slots.remove(&key);
-        self.free.push(Reverse(slot));
-        self.op(t, Op::Key { slot, key: None });
+        self.set_key(slot, None);
+        self.quarantine.push((slot, self.keys.layout));
+    }
+
+    /// Publishes a slot map with `slot` naming `key` (`None`: free).
+    fn set_key(&mut self, slot: u32, key: Option<LoadKey>) {
+        let keys = &mut self.keys.keys;
+        let i = slot as usize;
+        if keys.len() <= i {
+            keys.resize(i + 1, None);
+        }
+        if let Some(k) = keys.get_mut(i) {
+            *k = key;
+        }
+        while keys.last() == Some(&None) {
+            keys.pop();
+        }
+        self.keys.layout = self.keys.layout.wrapping_add(1);
+        let old = self.keys_pub.swap(Arc::new(self.keys.clone()));
+        self.retired.retain(|k| Arc::strong_count(k) > 1);
+        if Arc::strong_count(&old) > 1 {
+            self.retired.push(old);
+        }
+    }
+
+    /// Moves the quarantined slots no reader can still name into the free list.
+    fn release_quarantine(&mut self) {
+        if self.quarantine.is_empty() {
+            return;
+        }
+        self.retired.retain(|k| Arc::strong_count(k) > 1);
+        let oldest = self.retired.iter().map(|k| k.layout).min();
+        let free = &mut self.free;
+        self.quarantine.retain(|&(slot, freed)| {
+            let named = oldest.is_some_and(|o| o < freed);
+            if !named {
+                free.push(Reverse(slot));
+            }
+            named
+        });
     }
 
     fn take_ownership(&mut self, left: usize) -> bool {

@@ -4,9 +4,7 @@
 use std::sync::Arc;
 
 use super::budget::Budget;
-use super::index::{
-    Caps, IndexWriter, MAX_UNPUBLISHED_OPS, StoreResult, new_index, new_index_with_caps,
-};
+use super::index::{Caps, IndexWriter, StoreResult, new_index, new_index_with_caps};
 use super::shared::{IndexReader, IndexReaders, Merged};
 use super::test_support::{blocks, eh, expect, key, matches, matches_of, prompt};
 use super::{
@@ -45,13 +43,12 @@ fn over(applied: u32, over: u32) -> StoreResult {
 }
 
 #[test]
-fn contiguous_prefix_per_rank_only_after_publish() {
+fn contiguous_prefix_per_rank() {
     let (mut w, r, _) = roomy();
     let (ra, rb) = (key(1, 0), key(2, 0));
+    assert!(matches(&r, &prompt(A)).is_empty(), "nothing stored yet");
     assert_eq!(w.store(ra, None, &blocks(A, 0, 1)), applied(6));
     assert_eq!(w.store(rb, None, &blocks(B, 0, 2)), applied(4));
-    assert!(matches(&r, &prompt(A)).is_empty(), "not published yet");
-    w.publish();
     assert_eq!(matches(&r, &prompt(A)), expect(&[(ra, 6), (rb, 2)]));
     assert_eq!(matches(&r, &prompt(B)), expect(&[(ra, 2), (rb, 4)]));
     assert_eq!(matches(&r, &prompt(&A[..3])), expect(&[(ra, 3), (rb, 2)]));
@@ -63,13 +60,12 @@ fn contiguous_prefix_per_rank_only_after_publish() {
     assert_eq!(matches(&r, &prompt(&long)), expect(&[(ra, 6), (rb, 2)]));
     assert_eq!((w.nodes(), w.ownerships()), (8, 10));
 
-    // Writes after a publish stay invisible until the next one, on either copy.
+    // Each write is visible as soon as it is made.
     for round in 0..4u32 {
         let salt = 100 + u64::from(round);
         let rc = key(3, round);
+        assert_eq!(matches(&r, &prompt(C)).len(), round as usize);
         w.store(rc, None, &blocks(C, 0, salt));
-        assert!(matches(&r, &prompt(C)).len() == round as usize);
-        w.publish();
         assert_eq!(matches(&r, &prompt(C)).len(), round as usize + 1);
         assert_eq!(matches(&r, &prompt(A)), expect(&[(ra, 6), (rb, 2)]));
     }
@@ -81,7 +77,6 @@ fn a_stored_chain_hangs_under_its_parent() {
     let ra = key(1, 0);
     assert_eq!(w.store(ra, None, &blocks(&A[..2], 0, 1)), applied(2));
     assert_eq!(w.store(ra, Some(eh(A, 1, 1)), &blocks(A, 2, 1)), applied(4));
-    w.publish();
     assert_eq!(matches(&r, &prompt(A)), expect(&[(ra, 6)]));
     assert_eq!(w.rank_blocks(ra), 6);
 }
@@ -100,7 +95,6 @@ fn an_unknown_parent_applies_nothing() {
     assert_eq!(w.store(ra, Some(eh(A, 0, 2)), &blocks(A, 1, 1)), missing);
     w.store(ra, None, &blocks(C, 0, 1));
     assert_eq!(w.store(ra, Some(eh(A, 0, 1)), &blocks(A, 1, 1)), missing);
-    w.publish();
     assert_eq!(w.rank_blocks(ra), 3);
     assert_eq!(matches(&r, &prompt(A)), expect(&[(rb, 6)]));
     assert_eq!((b.nodes(), b.ownerships()), (9, 9));
@@ -117,18 +111,15 @@ fn two_engine_hashes_on_one_node_are_reference_counted() {
     assert_eq!((w.nodes(), w.ownerships()), (2, 4));
     assert_eq!((b.nodes(), b.ownerships()), (2, 4));
     assert_eq!(w.remove(ra, &[eh(A, 1, 1), eh(A, 0, 2)]), 2);
-    w.publish();
     assert_eq!(
         matches(&r, &prompt(A)),
         expect(&[(ra, 2)]),
         "one ref left on each"
     );
     assert_eq!(w.remove(ra, &[eh(A, 1, 2)]), 1);
-    w.publish();
     assert_eq!(matches(&r, &prompt(A)), expect(&[(ra, 1)]));
     assert_eq!((w.nodes(), w.ownerships()), (1, 1));
     assert_eq!(w.remove(ra, &[eh(A, 0, 1), eh(A, 0, 1), EngineHash(5)]), 1);
-    w.publish();
     assert!(matches(&r, &prompt(A)).is_empty());
     assert_eq!((w.nodes(), w.ownerships(), w.ranks().count()), (0, 0, 0));
     assert_eq!((b.nodes(), b.ownerships()), (0, 0));
@@ -142,12 +133,10 @@ fn removing_a_shared_node_keeps_the_other_ranks_match() {
     w.store(rb, None, &blocks(A, 0, 2));
     assert_eq!(w.nodes(), 6);
     assert_eq!(w.remove(ra, &[eh(A, 3, 1)]), 1);
-    w.publish();
     // ra keeps blocks 0..3 and 4..6 but matches contiguously only 3.
     assert_eq!(matches(&r, &prompt(A)), expect(&[(ra, 3), (rb, 6)]));
     assert_eq!(w.nodes(), 6, "rb still owns block 3");
     assert_eq!(w.remove(rb, &[eh(A, 0, 2)]), 1);
-    w.publish();
     assert_eq!(
         matches(&r, &prompt(A)),
         expect(&[(ra, 3)]),
@@ -170,7 +159,6 @@ fn restoring_a_held_block_is_a_no_op_and_a_reused_engine_hash_moves() {
         tokens_hash: TokensHash(C[0]),
     }];
     assert_eq!(w.store(ra, None, &reused), applied(1));
-    w.publish();
     assert!(
         matches(&r, &prompt(A)).is_empty(),
         "A's first block is gone"
@@ -189,7 +177,6 @@ fn clear_rank_clears_only_that_rank() {
     assert_eq!(w.clear_rank(ra), 12);
     assert_eq!(w.clear_rank(ra), 0);
     assert_eq!(w.clear_rank(key(9, 9)), 0);
-    w.publish();
     assert_eq!(matches(&r, &prompt(A)), expect(&[(rb, 2)]));
     assert_eq!((w.nodes(), w.ownerships()), (4, 4));
     assert_eq!((b.nodes(), b.ownerships()), (4, 4));
@@ -210,7 +197,6 @@ fn blocks_per_rank_cap_at_and_one_over() {
     // Re-storing held blocks needs no room.
     assert_eq!(w.store(ra, None, &blocks(&A[..3], 0, 1)), applied(3));
     assert_eq!(w.store(rb, None, &blocks(A, 0, 2)), over(3, 3));
-    w.publish();
     assert_eq!(matches(&r, &prompt(A)), expect(&[(ra, 3), (rb, 3)]));
     assert_eq!((b.nodes(), b.ownerships()), (3, 6));
     assert_eq!(w.remove(ra, &[eh(A, 2, 1)]), 1);
@@ -240,7 +226,6 @@ fn owners_per_node_cap_at_and_one_over() {
     // Full at block 1 (ra, rb), room at block 2 (ra only) is never reached.
     assert_eq!(w.store(rc, None, &blocks(B, 0, 3)), over(0, 4));
     assert_eq!(w.store(rc, None, &blocks(C, 0, 3)), applied(3));
-    w.publish();
     assert_eq!(
         matches(&r, &prompt(A)),
         expect(&[(ra, 6), (rb, 2)]),
@@ -261,7 +246,6 @@ fn budget_node_cap_at_and_one_over() {
     // Blocks on existing nodes need no node.
     assert_eq!(w.store(rb, None, &blocks(A, 0, 2)), over(4, 2));
     assert_eq!(w.store(rb, None, &blocks(C, 0, 2)), over(0, 3));
-    w.publish();
     assert_eq!(matches(&r, &prompt(A)), expect(&[(ra, 4), (rb, 4)]));
     assert_eq!((b.nodes(), b.ownerships()), (4, 8));
     w.clear_rank(ra);
@@ -330,7 +314,6 @@ fn the_real_owners_per_node_cap_at_and_one_over() {
         assert_eq!(w.store(key(1, rank), None, &root), applied(1));
     }
     assert_eq!(w.store(key(2, 0), None, &root), over(0, 1));
-    w.publish();
     assert_eq!(matches(&r.handle(), &prompt(A)).len(), MAX_OWNERS_PER_NODE);
 }
 
@@ -400,7 +383,6 @@ fn the_walk_agrees_with_brute_force_on_large_owner_sets_with_holes() {
         }
         held.push((i, h));
     }
-    w.publish();
     for depth in [1, 2, 5, 17, 40] {
         let got: Vec<(u32, u32)> = matches(&r, &prompt(&tokens[..depth]))
             .into_iter()
@@ -419,7 +401,6 @@ fn a_visit_that_reads_again_still_gets_whole_answers() {
     let (mut w, r, _) = roomy();
     w.store(key(1, 0), None, &blocks(A, 0, 1));
     w.store(key(2, 0), None, &blocks(B, 0, 1));
-    w.publish();
     let p = prompt(A);
     let mut inner = Vec::new();
     let outer = matches_of(|v| {
@@ -440,8 +421,6 @@ fn merged_is_the_disjoint_union_of_the_shards() {
     w1.store(key(1, 0), None, &blocks(A, 0, 1));
     w2.store(key(2, 0), None, &blocks(B, 0, 1));
     w2.store(key(2, 1), None, &blocks(C, 0, 1));
-    w1.publish();
-    w2.publish();
     let readers = [r1.handle(), r2.handle()];
     let readers_factory: &IndexReaders = &r1;
     let _ = readers_factory.clone().handle();
@@ -460,8 +439,7 @@ fn merged_is_the_disjoint_union_of_the_shards() {
 }
 
 #[test]
-fn the_writer_copy_matches_the_published_one_after_every_publish() {
-    // Alternating copies: each publish swaps, each next write replays the lag.
+fn one_owner_per_node_whatever_the_engine_hashes() {
     let (mut w, r, _) = roomy();
     let ra = key(1, 0);
     for round in 0..6u64 {
@@ -469,12 +447,10 @@ fn the_writer_copy_matches_the_published_one_after_every_publish() {
         if round % 2 == 1 {
             w.remove(ra, &[eh(A, 0, round - 1)]);
         }
-        w.publish();
-        let t = w.work_table();
-        assert_eq!(t.node_count(), w.nodes());
+        assert_eq!(w.node_table().owner_counts().count(), w.nodes());
         assert_eq!(matches(&r, &prompt(A)).get(&ra).copied(), Some(6));
     }
-    let own = w.work_table().owner_entries();
+    let own: u32 = w.node_table().owner_counts().sum();
     assert_eq!(own, 6, "one owner per node, any number of engine hashes");
 }
 
@@ -486,23 +462,4 @@ fn the_handles_cross_threads() {
     send::<IndexReader>();
     send_sync::<IndexReaders>();
     send_sync::<Arc<Budget>>();
-}
-
-#[test]
-fn a_writer_never_published_publishes_by_itself_before_its_journal_grows_unbounded() {
-    let (mut w, r, _) = roomy();
-    let ra = key(1, 0);
-    let first = prompt(&[1_000_000]);
-    // One op per store of a new root block (and one for the rank's first).
-    let mut stores = 0;
-    while matches(&r, &first).is_empty() && stores <= MAX_UNPUBLISHED_OPS {
-        let t = 1_000_000 + stores as u64;
-        w.store(ra, None, &blocks(&[t], 0, 1));
-        stores += 1;
-    }
-    assert_eq!(
-        stores, MAX_UNPUBLISHED_OPS,
-        "published after {stores} stores"
-    );
-    assert_eq!(matches(&r, &first), expect(&[(ra, 1)]));
 }

@@ -11,8 +11,9 @@
 //!   `tokens_hash` path from the root keyed by the chained path hash, per-rank engine-hash lookup with
 //!   reference counts (KV-IDX-06), compile-time caps (KV-IDX-08) charged to a router-wide
 //!   [`budget::Budget`];
-//! - [`shared`]: the read side other shards use at pick time: a reader never takes a lock for longer
-//!   than its read and never blocks the writing shard; readers see each published batch whole;
+//! - [`shared`]: the read side other shards use at pick time over the one node table each index
+//!   keeps: a reader never takes a lock and never blocks the writing shard; it sees each node
+//!   whole, and writes as they are made;
 //! - [`parity`]: the hash-parity watchdog's predictions and verdicts (did the chosen rank store
 //!   the prompt under the router's hashes?).
 //!
@@ -30,6 +31,7 @@ pub mod event;
 pub mod handler;
 pub mod index;
 mod keyed;
+mod nodes;
 pub mod parity;
 pub mod shared;
 

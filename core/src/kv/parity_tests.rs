@@ -216,8 +216,6 @@ fn against_the_index_the_router_s_hashes_hit_and_drifted_ones_miss() {
     let other: Vec<u64> = tokens.iter().map(|t| t ^ 0xdead_beef).collect();
     w1.store(drifted, None, &blocks(&other, 0, 2));
     w1.store(prefix_only, None, &blocks(&tokens[..3], 0, 3));
-    w0.publish();
-    w1.publish();
 
     let events: BTreeMap<LoadKey, Instant> = [good, drifted, prefix_only]
         .into_iter()

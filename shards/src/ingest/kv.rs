@@ -3,8 +3,8 @@
 //!
 //! The sinks of this shard's subscriptions share one [`ShardKv`] (the shard is single-threaded,
 //! so an `Rc<RefCell<_>>` and never a lock): each decoded batch goes through the pure rules of
-//! [`continuum_core::kv::handler`], then the writer publishes, so another shard's picker sees
-//! the batch whole or not at all.
+//! [`continuum_core::kv::handler`] into the shard's index writer, whose changes another shard's
+//! picker sees as they are made (block by block; each node whole, `continuum_core::kv::nodes`).
 //!
 //! Clearing rules (all of a subscription's ranks): its publisher left the fleet or restarted
 //! under a new publisher id (the old subscription closes), or it has been down for more than
@@ -90,7 +90,6 @@ impl ShardKv {
             }
             e.sub.clear_all(&mut self.writer);
             e.sub = Subscription::new(source);
-            self.writer.publish();
             self.rows_dirty = true;
             self.publish_rows(None);
             return;
@@ -108,7 +107,6 @@ impl ShardKv {
     pub(crate) fn close(&mut self, publisher: PublisherId) {
         if let Some(mut e) = self.subs.remove(&publisher) {
             e.sub.clear_all(&mut self.writer);
-            self.writer.publish();
             self.rows_dirty = true;
             self.publish_rows(None);
         }
@@ -135,7 +133,6 @@ impl ShardKv {
             cleared += e.sub.retain_live(&mut self.writer, &self.gate);
         }
         if cleared > 0 {
-            self.writer.publish();
             self.rows_dirty = true;
             self.publish_rows(None);
         }
@@ -147,7 +144,6 @@ impl ShardKv {
         if let Some(e) = self.subs.get_mut(&publisher) {
             e.sub
                 .apply_batch(&mut self.writer, &self.gate, batch, now, &mut counts);
-            self.writer.publish();
             self.rows_dirty = true;
         }
         let events = self.signals.kv.events(self.shard);
@@ -195,7 +191,6 @@ impl ShardKv {
             }
         }
         if cleared {
-            self.writer.publish();
             self.rows_dirty = true;
             self.publish_rows(None);
         } else {
