@@ -53,6 +53,9 @@ fn run(t: &Trace, ar: &Arenas, shards: u32) -> (Ours, Split) {
             let shard = o.shard_of(t.ranks[e.rank as usize]);
             let k = keys[e.rank as usize];
             let w = &mut o.writers[shard];
+            let start = Instant::now();
+            w.prefetch(t.main.ops(e).iter().map(|op| ours::upcoming(op, k, ar)));
+            s.prefetch_ns += ns(start);
             for op in t.main.ops(e) {
                 let start = Instant::now();
                 match *op {

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use continuum_core::discovery::InstanceId;
 use continuum_core::kv::budget::Budget;
-use continuum_core::kv::index::{IndexWriter, new_index};
+use continuum_core::kv::index::{IndexWriter, Upcoming, new_index};
 use continuum_core::kv::shared::{IndexReader, IndexReaders};
 use continuum_core::kv::{EngineHash, StoredBlock, TokensHash};
 use continuum_core::load::LoadKey;
@@ -72,7 +72,24 @@ impl Refusals {
     }
 }
 
-/// Applies envelope `e` of `rank` to writer `w`; what it refused.
+/// Trace op `op` of rank `k` as `IndexWriter::prefetch` takes it.
+#[inline]
+pub(crate) fn upcoming<'a>(op: &Op, k: LoadKey, ar: &'a Arenas) -> Upcoming<'a> {
+    match *op {
+        Op::Store { parent, start, len } => Upcoming::Store {
+            rank: k,
+            parent: parent.map(EngineHash),
+            blocks: &ar.stored[start as usize..(start + len) as usize],
+        },
+        Op::Remove { start, len } => Upcoming::Remove {
+            rank: k,
+            hashes: &ar.removed[start as usize..(start + len) as usize],
+        },
+    }
+}
+
+/// Applies envelope `e` of `rank` to writer `w` as the shard's handler applies a decoded batch
+/// (`IndexWriter::prefetch` over its events, then each event); what it refused.
 #[inline]
 pub(crate) fn apply_to(
     w: &mut IndexWriter,
@@ -83,6 +100,7 @@ pub(crate) fn apply_to(
 ) -> Refusals {
     let k = key(rank);
     let mut r = Refusals::default();
+    w.prefetch(ev.ops(e).iter().map(|op| upcoming(op, k, ar)));
     for op in ev.ops(e) {
         match *op {
             Op::Store { parent, start, len } => {

@@ -98,6 +98,14 @@ impl KeyMap {
             .map_or(0, |b| b.1)
     }
 
+    /// Asks the CPU for `key`'s home bucket (a hint: nothing is read).
+    #[inline]
+    pub(crate) fn prefetch(&self, key: u64) {
+        if let Some(b) = self.buckets.get(home(self.keyed, key, self.mask())) {
+            continuum_prefetch::read(b);
+        }
+    }
+
     pub(crate) fn get(&self, key: u64) -> Option<u64> {
         if key == 0 {
             return self.zero;

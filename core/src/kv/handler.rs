@@ -29,7 +29,7 @@
 use std::collections::BTreeMap;
 
 use super::event::{KvBatch, KvData, KvEvent, Tier};
-use super::index::IndexWriter;
+use super::index::{IndexWriter, Upcoming};
 use super::{EngineHash, MAX_CURSORS_PER_SUBSCRIPTION, Outcome, StoredBlock};
 use crate::clock::Instant;
 use crate::discovery::FleetView;
@@ -128,6 +128,23 @@ impl Subscription {
         now: Instant,
         counts: &mut OutcomeCounts,
     ) {
+        // Ask for the lines the batch's events will touch first, so their misses overlap (a hint
+        // only: the rules below still decide what is applied).
+        w.prefetch(batch.events().iter().filter_map(|ev| {
+            let rank = LoadKey::new(ev.worker, ev.dp_rank);
+            match &ev.data {
+                KvData::Stored { parent, blocks } => Some(Upcoming::Store {
+                    rank,
+                    parent: *parent,
+                    blocks: batch.blocks(blocks.clone()),
+                }),
+                KvData::Removed { hashes } => Some(Upcoming::Remove {
+                    rank,
+                    hashes: batch.hashes(hashes.clone()),
+                }),
+                KvData::Cleared => None,
+            }
+        }));
         for ev in batch.events() {
             let (blocks, hashes) = match &ev.data {
                 KvData::Stored { blocks, .. } => (batch.blocks(blocks.clone()), &[][..]),

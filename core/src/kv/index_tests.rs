@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use super::budget::Budget;
-use super::index::{Caps, IndexWriter, StoreResult, new_index, new_index_with_caps};
+use super::index::{Caps, IndexWriter, StoreResult, Upcoming, new_index, new_index_with_caps};
 use super::shared::{IndexReader, IndexReaders, Merged};
 use super::test_support::{blocks, eh, expect, key, matches, matches_of, prompt};
 use super::{
@@ -462,4 +462,60 @@ fn the_handles_cross_threads() {
     send::<IndexReader>();
     send_sync::<IndexReaders>();
     send_sync::<Arc<Budget>>();
+}
+
+#[test]
+fn a_prefetch_changes_nothing_whatever_it_is_given() {
+    let (mut w, r, budget) = roomy();
+    let (ra, rb) = (key(1, 0), key(2, 0));
+    let a = blocks(A, 0, 1);
+    w.store(ra, None, &a);
+    w.store(rb, None, &blocks(B, 0, 2));
+    let before = (
+        w.nodes(),
+        w.ownerships(),
+        budget.nodes(),
+        matches(&r, &prompt(A)),
+        matches(&r, &prompt(B)),
+    );
+    let many: Vec<EngineHash> = (0..10_000).map(EngineHash).collect();
+    let long = blocks(&(0..5_000).collect::<Vec<u64>>(), 0, 9);
+    let events = [
+        // Held and not held, known and unknown ranks, a parent nobody holds, huge lists.
+        Upcoming::Remove {
+            rank: ra,
+            hashes: &[a[2].block_hash, EngineHash(77)],
+        },
+        Upcoming::Remove {
+            rank: key(9, 9),
+            hashes: &many,
+        },
+        Upcoming::Store {
+            rank: ra,
+            parent: Some(a[5].block_hash),
+            blocks: &long,
+        },
+        Upcoming::Store {
+            rank: rb,
+            parent: Some(EngineHash(12_345)),
+            blocks: &a,
+        },
+        Upcoming::Store {
+            rank: key(8, 1),
+            parent: None,
+            blocks: &[],
+        },
+    ];
+    for _ in 0..3 {
+        w.prefetch(events.iter().copied());
+    }
+    let after = (
+        w.nodes(),
+        w.ownerships(),
+        budget.nodes(),
+        matches(&r, &prompt(A)),
+        matches(&r, &prompt(B)),
+    );
+    assert_eq!(before, after);
+    assert_eq!(w.rank_blocks(ra), 6);
 }

@@ -481,6 +481,12 @@ impl NodeWriter {
         self.cur.touch(path)
     }
 
+    /// See [`Nodes::prefetch`].
+    #[inline]
+    pub(crate) fn prefetch(&self, path: u64) {
+        self.cur.prefetch(path);
+    }
+
     /// The writer's own read of bucket `i` (nobody else writes, so no version check).
     fn entry(&self, i: usize) -> Entry {
         self.cur.buckets.get(i).map_or(Entry::default(), |b| {
