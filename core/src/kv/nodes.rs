@@ -680,24 +680,30 @@ impl NodeWriter {
         if old & bit(slot) == 0 {
             return false;
         }
-        // Back inline once the set fits one word.
-        let mut live = chunk
-            .iter()
-            .enumerate()
-            .map(|(k, x)| {
-                (
-                    k,
-                    if k == w {
-                        old & !bit(slot)
-                    } else {
-                        x.load(Ordering::Relaxed)
-                    },
-                )
+        // Back inline once the set fits one word (only possible from 64 owners down: the other
+        // words are not read before).
+        let inline = (next.owners <= 64)
+            .then(|| {
+                let mut live = chunk
+                    .iter()
+                    .enumerate()
+                    .map(|(k, x)| {
+                        (
+                            k,
+                            if k == w {
+                                old & !bit(slot)
+                            } else {
+                                x.load(Ordering::Relaxed)
+                            },
+                        )
+                    })
+                    .filter(|(_, x)| *x != 0);
+                let (first, second) = (live.next(), live.next());
+                second.is_none().then_some(first)
             })
-            .filter(|(_, x)| *x != 0);
-        let (first, second) = (live.next(), live.next());
+            .flatten();
         let was = self.hold(i);
-        if second.is_none() {
+        if let Some(first) = inline {
             let (at, word) = first.map_or((0, 0), |(k, x)| (k, x));
             next.tag = u32::try_from(at).unwrap_or(0);
             next.bits = word;
