@@ -819,7 +819,7 @@ impl NodeWriter {
     }
 
     /// Every node's owner count (tests).
-    #[cfg(all(test, not(loom)))]
+    #[cfg(test)]
     pub(crate) fn owner_counts(&self) -> impl Iterator<Item = u32> + '_ {
         (0..self.cur.buckets.len())
             .map(|i| self.entry(i).owners)
