@@ -56,3 +56,17 @@ pub(crate) fn must_fail(what: &str, model: impl FnOnce()) -> String {
     eprintln!("caught: {}", msg.lines().next().unwrap_or_default());
     msg
 }
+
+/// Runs `f` under loom with `preemption_bound`; returns how many executions loom explored and
+/// the set of outcomes `f` returned.
+pub(crate) fn explore<O: Ord + Send + 'static>(
+    preemption_bound: Option<usize>,
+    f: impl Fn() -> O + Send + Sync + 'static,
+) -> (usize, BTreeSet<O>) {
+    let seen = Outcomes::new();
+    let sink = seen.handle();
+    let mut builder = loom::model::Builder::new();
+    builder.preemption_bound = preemption_bound;
+    builder.check(move || sink.record(f()));
+    seen.take()
+}

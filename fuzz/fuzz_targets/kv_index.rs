@@ -5,16 +5,17 @@
 //! 1..=16, budget ownerships 1..=32; with bit 5 of the first byte set, a *wide* input: 160 ranks
 //! instead of 6 and caps and budgets scaled up, so an index holds more than 64 ranks and owner
 //! sets spill past one bitset word), then ops, each an op byte and its operands:
-//! `store rank parent n tokens… hashes…`, `remove rank n hashes…`, `clear rank`, `publish`,
-//! `find rank-set len tokens…`. Engine hashes come from a space of 16 values so re-stores,
+//! `store rank parent n tokens… hashes…`, `remove rank n hashes…`, `clear rank`,
+//! `prefetch rank parent n hashes…` (the batch hint), `find rank-set len tokens…`. Engine hashes come from a space of 16 values so re-stores,
 //! reused hashes, two hashes on one node, unknown parents and unknown removals are all common.
 //!
 //! Asserts, beyond "does not panic":
 //! - the budget's counts are the sum of the two indexes' and never exceed its limits;
 //! - an index's ownerships are the sum of its ranks' blocks, each within the per-rank cap;
 //! - a store applies and refuses at most its blocks, and nothing with `parent_missing`;
+//! - a prefetch changes nothing (the budget, the ranks' blocks);
 //! - `find_matches` visits a rank at most once, with 1..=prompt length blocks, never more than
-//!   the rank held at the last publish, and only ranks of the index read.
+//!   the rank holds (writes are visible as made), and only ranks of the index read.
 #![no_main]
 
 use std::collections::BTreeMap;
@@ -22,7 +23,7 @@ use std::sync::Arc;
 
 use continuum_core::discovery::InstanceId;
 use continuum_core::kv::budget::Budget;
-use continuum_core::kv::index::{Caps, IndexWriter, new_index_with_caps};
+use continuum_core::kv::index::{Caps, IndexWriter, Upcoming, new_index_with_caps};
 use continuum_core::kv::shared::IndexReader;
 use continuum_core::kv::{EngineHash, StoredBlock, TokensHash, path_hash};
 use continuum_core::load::LoadKey;
@@ -59,8 +60,6 @@ struct Rig {
     caps: Caps,
     writers: [IndexWriter; 2],
     readers: [IndexReader; 2],
-    /// Blocks per rank at the last publish of its index.
-    published: [BTreeMap<LoadKey, usize>; 2],
 }
 
 impl Rig {
@@ -130,7 +129,6 @@ fuzz_target!(|data: &[u8]| {
         caps,
         writers: [w0, w1],
         readers: [r0.handle(), r1.handle()],
-        published: [BTreeMap::new(), BTreeMap::new()],
     };
     while let Some(op) = input.next() {
         match op % 5 {
@@ -182,10 +180,35 @@ fuzz_target!(|data: &[u8]| {
                 assert_eq!(rig.writers[shard(k)].rank_blocks(k), 0);
             }
             3 => {
-                for (w, p) in rig.writers.iter_mut().zip(&mut rig.published) {
-                    w.publish();
-                    *p = w.ranks().collect();
-                }
+                let (Some(r), Some(p), Some(n)) = (input.next(), input.next(), input.next()) else {
+                    break;
+                };
+                let k = rank(r, ranks);
+                let hashes: Vec<EngineHash> = (0..n % 9)
+                    .filter_map(|_| input.next())
+                    .map(|b| EngineHash(u64::from(b % 16)))
+                    .collect();
+                let blocks: Vec<StoredBlock> = hashes
+                    .iter()
+                    .map(|&h| StoredBlock {
+                        block_hash: h,
+                        tokens_hash: TokensHash(h.0 >> 2),
+                    })
+                    .collect();
+                let parent = (p % 3 != 0).then(|| EngineHash(u64::from(p % 16)));
+                let w = &rig.writers[shard(k)];
+                let before: BTreeMap<LoadKey, usize> = w.ranks().collect();
+                let (nodes, owns) = (rig.budget.nodes(), rig.budget.ownerships());
+                w.prefetch(
+                    [
+                        Upcoming::Remove { rank: k, hashes: &hashes },
+                        Upcoming::Store { rank: k, parent, blocks: &blocks },
+                    ]
+                    .into_iter(),
+                );
+                let after: BTreeMap<LoadKey, usize> = w.ranks().collect();
+                assert_eq!(before, after, "a prefetch changed the ranks");
+                assert_eq!((nodes, owns), (rig.budget.nodes(), rig.budget.ownerships()));
             }
             _ => {
                 let Some(len) = input.next() else { break };
@@ -194,7 +217,8 @@ fuzz_target!(|data: &[u8]| {
                     .map(|b| u64::from(b % 4))
                     .collect();
                 let hashes = path(&tokens);
-                for (s, (r, held)) in rig.readers.iter().zip(&rig.published).enumerate() {
+                for (s, (r, w)) in rig.readers.iter().zip(&rig.writers).enumerate() {
+                    let held: BTreeMap<LoadKey, usize> = w.ranks().collect();
                     let mut seen = BTreeMap::new();
                     r.find_matches(&hashes, &mut |k, n| {
                         assert!(seen.insert(k, n).is_none(), "{k:?} visited twice");

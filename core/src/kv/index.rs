@@ -147,6 +147,20 @@ const PREFETCH_PER_EVENT: usize = 8;
 /// Lines [`IndexWriter::prefetch`] asks for per stage, at most (about what a core keeps in flight).
 const PREFETCH_LINES: usize = 32;
 
+/// Runs `f` over `events` (it returns the lines it asked for) until [`PREFETCH_LINES`] are asked.
+fn lines_bounded<'a>(
+    events: impl Iterator<Item = Upcoming<'a>>,
+    mut f: impl FnMut(Upcoming<'a>) -> usize,
+) {
+    let mut lines = 0usize;
+    for ev in events {
+        if lines >= PREFETCH_LINES {
+            break;
+        }
+        lines += f(ev);
+    }
+}
+
 /// The writer of one shard's index (`Send`; one per index).
 pub struct IndexWriter {
     nodes: NodeWriter,
@@ -280,72 +294,66 @@ impl IndexWriter {
     pub fn prefetch<'a>(&self, events: impl Iterator<Item = Upcoming<'a>> + Clone) {
         let st = &self.st;
         let rank = |k: LoadKey| st.slots.get(&k).and_then(|&s| st.rank(s));
-        let mut lines = 0usize;
-        for ev in events.clone() {
-            if lines >= PREFETCH_LINES {
-                break;
-            }
-            match ev {
-                Upcoming::Store {
-                    rank: k,
-                    parent,
-                    blocks,
-                } => {
-                    let Some(rk) = rank(k) else { continue };
-                    if let Some(eh) = parent {
-                        rk.entries.prefetch(eh.0);
-                    }
-                    for b in blocks.iter().take(PREFETCH_PER_EVENT) {
-                        rk.entries.prefetch(b.block_hash.0);
-                    }
-                    lines += 1 + blocks.len().min(PREFETCH_PER_EVENT);
+        // Stage 1: the engine-hash buckets.
+        lines_bounded(events.clone(), |ev| match ev {
+            Upcoming::Store {
+                rank: k,
+                parent,
+                blocks,
+            } => {
+                let Some(rk) = rank(k) else { return 0 };
+                if let Some(eh) = parent {
+                    rk.entries.prefetch(eh.0);
                 }
-                Upcoming::Remove { rank: k, hashes } => {
-                    let Some(rk) = rank(k) else { continue };
-                    for eh in hashes.iter().take(PREFETCH_PER_EVENT) {
-                        rk.entries.prefetch(eh.0);
-                    }
-                    lines += hashes.len().min(PREFETCH_PER_EVENT);
+                let head = blocks.get(..PREFETCH_PER_EVENT).unwrap_or(blocks);
+                for b in head {
+                    rk.entries.prefetch(b.block_hash.0);
                 }
+                1 + head.len()
             }
-        }
-        let mut lines = 0usize;
-        for ev in events {
-            if lines >= PREFETCH_LINES {
-                break;
-            }
-            match ev {
-                Upcoming::Store {
-                    rank: k,
-                    parent,
-                    blocks,
-                } => {
-                    let Some(rk) = rank(k) else { continue };
-                    let mut prev = match parent {
-                        None => None,
-                        Some(eh) => match rk.entries.get(eh.0) {
-                            Some(p) => Some(BlockHash(p)),
-                            None => continue,
-                        },
-                    };
-                    for b in blocks.iter().take(PREFETCH_PER_EVENT) {
-                        let path = path_hash(prev, b.tokens_hash);
-                        self.nodes.prefetch(path.0);
-                        prev = Some(path);
-                    }
-                    lines += blocks.len().min(PREFETCH_PER_EVENT);
+            Upcoming::Remove { rank: k, hashes } => {
+                let Some(rk) = rank(k) else { return 0 };
+                let head = hashes.get(..PREFETCH_PER_EVENT).unwrap_or(hashes);
+                for eh in head {
+                    rk.entries.prefetch(eh.0);
                 }
-                Upcoming::Remove { rank: k, hashes } => {
-                    let Some(rk) = rank(k) else { continue };
-                    for eh in hashes.iter().take(PREFETCH_PER_EVENT) {
-                        if let Some(p) = rk.entries.get(eh.0) {
-                            self.nodes.prefetch(p);
-                        }
-                    }
-                    lines += hashes.len().min(PREFETCH_PER_EVENT);
-                }
+                head.len()
             }
-        }
+        });
+        // Stage 2: the node buckets, through what stage 1 asked for.
+        lines_bounded(events, |ev| match ev {
+            Upcoming::Store {
+                rank: k,
+                parent,
+                blocks,
+            } => {
+                let Some(rk) = rank(k) else { return 0 };
+                let mut prev = match parent {
+                    None => None,
+                    Some(eh) => match rk.entries.get(eh.0) {
+                        Some(p) => Some(BlockHash(p)),
+                        None => return 0,
+                    },
+                };
+                let head = blocks.get(..PREFETCH_PER_EVENT).unwrap_or(blocks);
+                for b in head {
+                    let path = path_hash(prev, b.tokens_hash);
+                    self.nodes.prefetch(path.0);
+                    prev = Some(path);
+                }
+                head.len()
+            }
+            Upcoming::Remove { rank: k, hashes } => {
+                let Some(rk) = rank(k) else { return 0 };
+                let head = hashes.get(..PREFETCH_PER_EVENT).unwrap_or(hashes);
+                for eh in head {
+                    if let Some(p) = rk.entries.get(eh.0) {
+                        self.nodes.prefetch(p);
+                    }
+                }
+                head.len()
+            }
+        });
     }
 
     /// Drops every block of `rank`; returns how many it held.

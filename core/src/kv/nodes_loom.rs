@@ -27,21 +27,7 @@ use std::sync::Arc;
 use loom::thread;
 
 use super::*;
-use crate::loom_support::Outcomes;
-
-/// Runs `f` under loom with `preemption_bound`; returns how many executions loom explored and
-/// the set of outcomes `f` returned.
-fn explore<O: Ord + Send + 'static>(
-    preemption_bound: Option<usize>,
-    f: impl Fn() -> O + Send + Sync + 'static,
-) -> (usize, BTreeSet<O>) {
-    let seen = Outcomes::new();
-    let sink = seen.handle();
-    let mut builder = loom::model::Builder::new();
-    builder.preemption_bound = preemption_bound;
-    builder.check(move || sink.record(f()));
-    seen.take()
-}
+use crate::loom_support::explore;
 
 /// `n` distinct paths whose home bucket is `at` in a table of 16 buckets.
 fn paths_at(keyed: Keyed, at: usize, n: usize) -> Vec<u64> {

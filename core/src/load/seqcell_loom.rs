@@ -36,27 +36,13 @@ use loom::sync::Arc;
 use loom::thread;
 
 use super::*;
-use crate::loom_support::Outcomes;
+use crate::loom_support::explore;
 
 /// The multi-word cell width the models use.
 const W: usize = 3;
 
 /// A reader under test: returns the words and counts its retries.
 type Reader = fn(&SeqTable<W>, &mut u32) -> [u64; W];
-
-/// Runs `f` under loom with `preemption_bound`; returns how many executions loom explored and
-/// the set of outcomes `f` returned.
-fn explore<O: Ord + Send + 'static>(
-    preemption_bound: Option<usize>,
-    f: impl Fn() -> O + Send + Sync + 'static,
-) -> (usize, BTreeSet<O>) {
-    let seen = Outcomes::new();
-    let sink = seen.handle();
-    let mut builder = loom::model::Builder::new();
-    builder.preemption_bound = preemption_bound;
-    builder.check(move || sink.record(f()));
-    seen.take()
-}
 
 /// Runs a model that must fail; returns its panic message.
 fn must_fail(preemption_bound: Option<usize>, f: impl Fn() + Send + Sync + 'static) -> String {
