@@ -9,8 +9,8 @@
 //! `words`-word chunk of a side arena (the bucket's word then holds the set's fingerprint, the
 //! XOR of [`Keyed::slot_mix`] over its slots, so a walk can tell an unchanged set without reading
 //! the chunk) and comes back inline as soon as it fits one word again. Chunks are reused through
-//! a free list and the arena grows by segments that never move, so after warm-up no change
-//! allocates. [`Nodes`] is what readers hold (through an `ArcSwap`, replaced only when the table
+//! a free list; a full arena is doubled by a rebuild (as a full table is grown), so after warm-up
+//! no change allocates. [`Nodes`] is what readers hold (through an `ArcSwap`, replaced only when the table
 //! grows or its sets widen); [`NodeWriter`] is the single writer's handle on it.
 //!
 //! Concurrency argument (atomics only; the crate forbids `unsafe`):
@@ -52,7 +52,7 @@
 //!   cannot aim at one probe run; nothing here panics.
 
 use std::fmt;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 #[cfg(loom)]
 use loom::{
@@ -89,11 +89,8 @@ pub(crate) const MAX_RETRIES: u32 = 256;
 /// Spins before a waiting reader yields its time slice.
 const SPINS_BEFORE_YIELD: u32 = 64;
 
-/// Chunks in the spill arena's first segment; segment `k` has `FIRST_CHUNKS << k`.
+/// Chunks of a table's first spill arena; an arena that fills is doubled by a rebuild.
 const FIRST_CHUNKS: usize = 64;
-
-/// Spill segments (enough for 2^32 chunks).
-const SEGMENTS: usize = 27;
 
 /// The largest owner count a bucket holds (16 bits); caps above it are clamped by the index.
 pub(crate) const MAX_BUCKET_OWNERS: usize = 0xFFFF;
@@ -143,52 +140,37 @@ impl Bucket {
 #[repr(align(64))]
 struct Epoch(AtomicU64);
 
-/// The spill arena: segments that are allocated once and never move.
+/// The spill arena of one table version: `chunks` chunks of `words` words, allocated with the
+/// version and never moved (a full arena is replaced by a rebuild, as a full table is).
 struct Spill {
     words: usize,
-    segments: [OnceLock<Box<[AtomicU64]>>; SEGMENTS],
+    arena: Box<[AtomicU64]>,
 }
 
 impl Spill {
-    fn new(words: usize) -> Self {
+    fn new(words: usize, chunks: usize) -> Self {
         Self {
             words,
-            segments: std::array::from_fn(|_| OnceLock::new()),
+            arena: (0..words.saturating_mul(chunks))
+                .map(|_| AtomicU64::new(0))
+                .collect(),
         }
     }
 
-    /// Chunk `c`'s segment and its first word there.
-    fn locate(&self, c: u32) -> (usize, usize) {
-        let q = c as usize / FIRST_CHUNKS + 1;
-        let k = (usize::BITS - 1 - q.leading_zeros()) as usize;
-        let first = FIRST_CHUNKS * ((1usize << k) - 1);
-        (k, (c as usize - first) * self.words)
+    /// Chunks the arena holds.
+    fn capacity(&self) -> usize {
+        self.arena.len() / self.words
     }
 
+    #[inline]
     fn chunk(&self, c: u32) -> Option<&[AtomicU64]> {
-        let (k, at) = self.locate(c);
-        let seg = self.segments.get(k)?.get()?;
-        seg.get(at..at.checked_add(self.words)?)
-    }
-
-    /// Chunk `c`, allocating its segment (writer only).
-    fn chunk_or_alloc(&self, c: u32) -> Option<&[AtomicU64]> {
-        let (k, at) = self.locate(c);
-        let n = (FIRST_CHUNKS << k) * self.words;
-        let seg = self
-            .segments
-            .get(k)?
-            .get_or_init(|| (0..n).map(|_| AtomicU64::new(0)).collect());
-        seg.get(at..at.checked_add(self.words)?)
+        let at = (c as usize).checked_mul(self.words)?;
+        self.arena.get(at..at.checked_add(self.words)?)
     }
 
     /// Words allocated.
     fn allocated(&self) -> usize {
-        self.segments
-            .iter()
-            .filter_map(OnceLock::get)
-            .map(|s| s.len())
-            .sum()
+        self.arena.len()
     }
 }
 
@@ -247,11 +229,11 @@ impl fmt::Debug for Nodes {
 }
 
 impl Nodes {
-    fn new(keyed: Keyed, cap: usize, words: usize) -> Self {
+    fn new(keyed: Keyed, cap: usize, words: usize, chunks: usize) -> Self {
         Self {
             buckets: (0..cap).map(|_| Bucket::empty()).collect(),
             keyed,
-            spill: Spill::new(words.max(1)),
+            spill: Spill::new(words.max(1), chunks),
             shifts: Epoch(AtomicU64::new(0)),
         }
     }
@@ -270,9 +252,15 @@ impl Nodes {
         self.keyed
     }
 
+    /// Bytes of this version's buckets (what a walk probes).
+    #[inline]
+    pub(crate) fn bucket_bytes(&self) -> usize {
+        self.buckets.len() * std::mem::size_of::<Bucket>()
+    }
+
     /// Bytes this version holds (buckets and spill arena).
     pub(crate) fn bytes(&self) -> usize {
-        self.buckets.len() * std::mem::size_of::<Bucket>() + self.spill.allocated() * 8
+        self.bucket_bytes() + self.spill.allocated() * 8
     }
 
     /// The shift epoch once even (a reader's starting point for [`Self::get`]).
@@ -447,7 +435,7 @@ impl fmt::Debug for NodeWriter {
 impl NodeWriter {
     /// An empty table and the publication point readers load it from.
     pub(crate) fn new(keyed: Keyed) -> (Self, Arc<ArcSwap<Nodes>>) {
-        let cur = Arc::new(Nodes::new(keyed, 0, 1));
+        let cur = Arc::new(Nodes::new(keyed, 0, 1, 0));
         let shared = Arc::new(ArcSwap::new(Arc::clone(&cur)));
         let w = Self {
             cur,
@@ -578,6 +566,11 @@ impl NodeWriter {
         let w = (slot / 64) as usize;
         if w >= self.words() {
             return false;
+        }
+        if self.spill_free.is_empty() && self.chunks as usize >= self.cur.spill.capacity() {
+            // A spill below must find a chunk: grow the arena first (bucket indices change).
+            let chunks = (self.cur.spill.capacity() * 2).max(FIRST_CHUNKS);
+            self.rebuild(self.cur.buckets.len(), self.words(), chunks);
         }
         let i = match self.probe(path) {
             Ok(i) => i,
@@ -761,35 +754,41 @@ impl NodeWriter {
         epoch.store(e.wrapping_add(2), Ordering::Release);
     }
 
-    /// A zeroed spill chunk.
+    /// A zeroed spill chunk (the arena has one: `add` grows it first when needed).
     fn take_chunk(&mut self) -> u32 {
         if let Some(c) = self.spill_free.pop() {
             return c;
         }
         let c = self.chunks;
         self.chunks = self.chunks.saturating_add(1);
-        let _ = self.cur.spill.chunk_or_alloc(c);
         c
     }
 
     /// Twice the buckets (at least 16), published.
     fn grow(&mut self) {
         let cap = (self.cur.buckets.len() * 2).max(16);
-        self.rebuild(cap, self.words());
+        self.rebuild(cap, self.words(), self.cur.spill.capacity());
     }
 
     /// Re-lays spilled sets out at `words` words (more than now), published.
     pub(crate) fn widen(&mut self, words: usize) {
         if words > self.words() {
-            self.rebuild(self.cur.buckets.len(), words);
+            self.rebuild(self.cur.buckets.len(), words, self.cur.spill.capacity());
         }
     }
 
-    /// A new version with `cap` buckets and `words`-word sets holding every node, published;
-    /// spilled sets are packed into the first chunks.
-    fn rebuild(&mut self, cap: usize, words: usize) {
+    /// A new version with `cap` buckets, `words`-word sets and room for `chunks` spilled sets (at
+    /// least those it holds), holding every node, published; spilled sets are packed into the
+    /// first chunks.
+    fn rebuild(&mut self, cap: usize, words: usize, chunks: usize) {
         let old = Arc::clone(&self.cur);
-        self.cur = Arc::new(Nodes::new(old.keyed, cap, words));
+        let spilled = old
+            .buckets
+            .iter()
+            .filter(|b| meta_tag(b.meta.load(Ordering::Relaxed)) & SPILLED != 0)
+            .filter(|b| meta_owners(b.meta.load(Ordering::Relaxed)) != 0)
+            .count();
+        self.cur = Arc::new(Nodes::new(old.keyed, cap, words, chunks.max(spilled)));
         self.len = 0;
         self.chunks = 0;
         self.spill_free.clear();

@@ -62,6 +62,10 @@ use crate::picker::{
 /// How many blocks ahead of itself a walk asks for buckets.
 const AHEAD: usize = 16;
 
+/// The node-table size from which a walk prefetches (a core's L2 here; below it the table's lines
+/// are mostly cached and the prefetches would be pure overhead).
+const PREFETCH_ABOVE_BYTES: usize = 1 << 20;
+
 /// One version of an index's slot → rank map.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Keys {
@@ -113,11 +117,19 @@ fn walk(nodes: &Nodes, hashes: &[BlockHash], s: &mut Scratch, visit: &mut impl F
         fp: None,
     };
     let mut epoch = nodes.epoch();
-    for h in hashes.iter().take(AHEAD) {
+    // A table that fits the caches is not worth the prefetches' instructions.
+    let ahead = if nodes.bucket_bytes() > PREFETCH_ABOVE_BYTES {
+        AHEAD
+    } else {
+        0
+    };
+    for h in hashes.iter().take(ahead) {
         nodes.prefetch(h.0);
     }
     'blocks: for (i, h) in hashes.iter().enumerate() {
-        if let Some(next) = hashes.get(i + AHEAD) {
+        if ahead > 0
+            && let Some(next) = hashes.get(i + ahead)
+        {
             nodes.prefetch(next.0);
         }
         for _ in 0..MAX_RETRIES {
