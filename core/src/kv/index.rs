@@ -8,8 +8,9 @@
 //! slot is reused first) and a map from engine `block_hash` to path hash
 //! ([`super::arena::KeyMap`]); two engine hashes may name one node, so a rank's hold on a node is
 //! reference counted: it owns the node while at least one of its engine hashes points there.
-//! A call loads the table lines its first blocks need (and those of the previous batch's
-//! replay) before it uses them, so the cache misses of a batch overlap instead of queueing.
+//! A call loads the table lines its first blocks need before it uses them, and
+//! [`IndexWriter::prefetch`] asks for a whole decoded batch's lines before the handler applies it,
+//! so the cache misses of a batch overlap instead of queueing.
 //!
 //! Accounting: a *block* of a rank is one engine hash it holds ([`IndexWriter::rank_blocks`]); an
 //! *ownership* is one `(rank, block)` pair, charged to the shared [`Budget`] (so every map entry the

@@ -55,7 +55,7 @@ pub enum Verdict {
 
 /// What a verdict is judged against.
 pub trait Oracle {
-    /// Whether `rank` holds the node `block` now (as last published).
+    /// Whether `rank` holds the node `block` now (as the read finds it).
     fn holds(&self, rank: LoadKey, block: BlockHash) -> bool;
     /// When `rank` last sent a `kv-events` event, if it ever did.
     fn last_event(&self, rank: LoadKey) -> Option<Instant>;

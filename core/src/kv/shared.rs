@@ -443,7 +443,7 @@ impl Merged<'_> {
     }
 
     /// Whether `rank` owns the node `block` (any depth: a node is found by its path hash) in
-    /// any shard's index, as last published.
+    /// any shard's index, as the read finds it.
     pub fn holds(&self, rank: LoadKey, block: BlockHash) -> bool {
         let mut found = false;
         for r in self.0 {
