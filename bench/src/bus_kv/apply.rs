@@ -1,9 +1,9 @@
 //! The receiving side of `bus-kv`: a session-driver sink that does what the router's `kv-events`
 //! sink does with each message — decode the frames and envelope, check the publisher id, decode
 //! the `RouterEvent` batch, apply it to a KV index through the pure handler rules
-//! (`continuum_core::kv::handler`) and publish the writer — so a message counts only once a
-//! picker on another shard could see it. In a paced run it also records each message's
-//! event-to-visible time: from the publisher's stamp to the writer's publish.
+//! (`continuum_core::kv::handler`), which a picker on another shard sees as it is applied — so a
+//! message counts only once it is applied. In a paced run it also records each message's
+//! event-to-visible time: from the publisher's stamp to the end of its application.
 //!
 //! Invariants: the batch buffer is reused; nothing else is allocated per message; outcomes other
 //! than `applied` are counted as anomalies (the stream has none, so any means the figures are

@@ -6,12 +6,12 @@
 //! One run, on loopback, in one process. The publisher is a raw ZMTP PUB peer writing the
 //! [`stream`] (stores and evictions of one worker rank, contiguous event ids); the receiver is
 //! the shards' session driver on the shards' runtime with a sink ([`apply`]) that decodes,
-//! checks and applies every batch to a KV index and publishes the writer. Sides:
+//! checks and applies every batch to a KV index (visible to other shards as applied). Sides:
 //! - **throughput**: M messages as fast as they go, direct TCP, then through the bus (the broker
 //!   library, the listener, the stream's socket: `bus_relay::relay`) with the default per-stream
 //!   budget and with the largest;
 //! - **latency**: N messages paced at R per second, direct and through the bus (default budget):
-//!   event-to-visible time from the publisher's write to the writer's publish;
+//!   event-to-visible time from the publisher's write to the end of its application;
 //! - **memory**: `bus_relay`'s idle-session and idle-stream figures (listener, shard, broker).
 //!
 //! Invariants: every thread ends by the run's deadline; the router's threads are pinned to
@@ -264,7 +264,7 @@ fn render_throughput(r: &mut String, kv: &KvStream, cpus: Cpus, sides: &[Side]) 
         r,
         "bus-kv: {m} kv-events messages per side ({b:.1} MB on the wire; each stores {blocks} \
          blocks and, past the first {window}, evicts {blocks}), decoded, checked and applied to \
-         a KV index with the router's rules, the writer published after each",
+         a KV index with the router's rules (visible to other shards as applied)",
         m = kv.len(),
         b = kv.bytes() as f64 / 1e6,
         blocks = stream::BLOCKS,
@@ -338,8 +338,8 @@ fn render_throughput(r: &mut String, kv: &KvStream, cpus: Cpus, sides: &[Side]) 
 fn render_latency(r: &mut String, kv: &KvStream, rate: u64, sides: &[Side]) {
     let _ = writeln!(
         r,
-        "\nevent-to-visible: {} messages at {rate}/s, from the publisher's write to the index \
-         writer's publish (µs)\n",
+        "\nevent-to-visible: {} messages at {rate}/s, from the publisher's write to the end of \
+         its application to the index (µs)\n",
         kv.len()
     );
     let _ = writeln!(
