@@ -142,6 +142,15 @@ pub enum Upcoming<'a> {
     },
 }
 
+impl Upcoming<'_> {
+    /// The rank the event is for.
+    fn rank(&self) -> LoadKey {
+        match *self {
+            Upcoming::Store { rank, .. } | Upcoming::Remove { rank, .. } => rank,
+        }
+    }
+}
+
 /// Blocks or hashes per event [`IndexWriter::prefetch`] asks lines for.
 const PREFETCH_PER_EVENT: usize = 8;
 
@@ -294,65 +303,59 @@ impl IndexWriter {
     /// [`PREFETCH_PER_EVENT`] blocks of each event, [`PREFETCH_LINES`] lines per stage).
     pub fn prefetch<'a>(&self, events: impl Iterator<Item = Upcoming<'a>> + Clone) {
         let st = &self.st;
-        let rank = |k: LoadKey| st.slots.get(&k).and_then(|&s| st.rank(s));
+        let rank = |ev: &Upcoming<'_>| st.slots.get(&ev.rank()).and_then(|&s| st.rank(s));
         // Stage 1: the engine-hash buckets.
-        lines_bounded(events.clone(), |ev| match ev {
-            Upcoming::Store {
-                rank: k,
-                parent,
-                blocks,
-            } => {
-                let Some(rk) = rank(k) else { return 0 };
-                if let Some(eh) = parent {
-                    rk.entries.prefetch(eh.0);
+        lines_bounded(events.clone(), |ev| {
+            let Some(rk) = rank(&ev) else { return 0 };
+            match ev {
+                Upcoming::Store { parent, blocks, .. } => {
+                    if let Some(eh) = parent {
+                        rk.entries.prefetch(eh.0);
+                    }
+                    let head = blocks.get(..PREFETCH_PER_EVENT).unwrap_or(blocks);
+                    for b in head {
+                        rk.entries.prefetch(b.block_hash.0);
+                    }
+                    1 + head.len()
                 }
-                let head = blocks.get(..PREFETCH_PER_EVENT).unwrap_or(blocks);
-                for b in head {
-                    rk.entries.prefetch(b.block_hash.0);
+                Upcoming::Remove { hashes, .. } => {
+                    let head = hashes.get(..PREFETCH_PER_EVENT).unwrap_or(hashes);
+                    for eh in head {
+                        rk.entries.prefetch(eh.0);
+                    }
+                    head.len()
                 }
-                1 + head.len()
-            }
-            Upcoming::Remove { rank: k, hashes } => {
-                let Some(rk) = rank(k) else { return 0 };
-                let head = hashes.get(..PREFETCH_PER_EVENT).unwrap_or(hashes);
-                for eh in head {
-                    rk.entries.prefetch(eh.0);
-                }
-                head.len()
             }
         });
         // Stage 2: the node buckets, through what stage 1 asked for.
-        lines_bounded(events, |ev| match ev {
-            Upcoming::Store {
-                rank: k,
-                parent,
-                blocks,
-            } => {
-                let Some(rk) = rank(k) else { return 0 };
-                let mut prev = match parent {
-                    None => None,
-                    Some(eh) => match rk.entries.get(eh.0) {
-                        Some(p) => Some(BlockHash(p)),
-                        None => return 0,
-                    },
-                };
-                let head = blocks.get(..PREFETCH_PER_EVENT).unwrap_or(blocks);
-                for b in head {
-                    let path = path_hash(prev, b.tokens_hash);
-                    self.nodes.prefetch(path.0);
-                    prev = Some(path);
-                }
-                head.len()
-            }
-            Upcoming::Remove { rank: k, hashes } => {
-                let Some(rk) = rank(k) else { return 0 };
-                let head = hashes.get(..PREFETCH_PER_EVENT).unwrap_or(hashes);
-                for eh in head {
-                    if let Some(p) = rk.entries.get(eh.0) {
-                        self.nodes.prefetch(p);
+        lines_bounded(events, |ev| {
+            let Some(rk) = rank(&ev) else { return 0 };
+            match ev {
+                Upcoming::Store { parent, blocks, .. } => {
+                    let mut prev = match parent {
+                        None => None,
+                        Some(eh) => match rk.entries.get(eh.0) {
+                            Some(p) => Some(BlockHash(p)),
+                            None => return 0,
+                        },
+                    };
+                    let head = blocks.get(..PREFETCH_PER_EVENT).unwrap_or(blocks);
+                    for b in head {
+                        let path = path_hash(prev, b.tokens_hash);
+                        self.nodes.prefetch(path.0);
+                        prev = Some(path);
                     }
+                    head.len()
                 }
-                head.len()
+                Upcoming::Remove { hashes, .. } => {
+                    let head = hashes.get(..PREFETCH_PER_EVENT).unwrap_or(hashes);
+                    for eh in head {
+                        if let Some(p) = rk.entries.get(eh.0) {
+                            self.nodes.prefetch(p);
+                        }
+                    }
+                    head.len()
+                }
             }
         });
     }
@@ -458,7 +461,7 @@ impl State {
             Some(s) => s,
             None => self.open_slot(t, rank),
         };
-        let mut warm = self.prewarm_store(t, slot, parent_path, blocks);
+        let mut warm = 0u64;
         'chain: for (c, few) in blocks.chunks(BATCH).enumerate() {
             // The few's paths, then their lines warmed stage by stage (see `remove`).
             let mut paths = [0u64; BATCH];
@@ -487,27 +490,6 @@ impl State {
         self.settle();
         self.close_if_empty(slot);
         r
-    }
-
-    /// Loads what the first [`BATCH`] blocks of a [`Self::store`] will touch (plain loads).
-    fn prewarm_store(
-        &self,
-        t: &NodeWriter,
-        slot: u32,
-        parent: Option<BlockHash>,
-        blocks: &[StoredBlock],
-    ) -> u64 {
-        let Some(rk) = self.rank(slot) else {
-            return 0;
-        };
-        let mut prev = parent;
-        let mut warm = 0;
-        for b in blocks.iter().take(BATCH) {
-            let path = path_hash(prev, b.tokens_hash);
-            warm ^= rk.entries.touch(b.block_hash.0) ^ t.touch(path.0);
-            prev = Some(path);
-        }
-        warm
     }
 
     /// Admits one block; `false`: refused by a cap (nothing changed but a dropped old mapping of

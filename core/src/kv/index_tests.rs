@@ -519,3 +519,19 @@ fn a_prefetch_changes_nothing_whatever_it_is_given() {
     assert_eq!(before, after);
     assert_eq!(w.rank_blocks(ra), 6);
 }
+
+#[test]
+fn owners_per_node_is_clamped_to_what_a_bucket_counts() {
+    let huge = Caps {
+        blocks_per_rank: 8,
+        owners_per_node: usize::MAX,
+    };
+    let (w, _) = new_index_with_caps(Arc::new(Budget::new()), huge);
+    assert_eq!(w.caps().owners_per_node, 65_535);
+    let (w, _) = new_index_with_caps(Arc::new(Budget::new()), Caps::DEFAULT);
+    assert_eq!(
+        w.caps(),
+        Caps::DEFAULT,
+        "the spec's caps are below the clamp"
+    );
+}

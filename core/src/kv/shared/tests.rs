@@ -25,7 +25,9 @@ fn target(g: usize, k: usize) -> usize {
 /// Each rank's run as a reader reports it lies between the lengths it had before and after the
 /// batches that ran during the read (a batch moves a rank's chain one block at a time, stores
 /// growing it and removals cutting its tail), so no read ever sees a state the writer did not
-/// pass through: no torn node, no rank under another's name, nothing invented.
+/// pass through: no rank under another's name, nothing invented, no run beyond what the rank
+/// held. Real threads, whole walks; a torn bucket lasts nanoseconds, and the version check that
+/// prevents it is proven by the loom models (`nodes_loom.rs`), not by this test.
 #[test]
 fn readers_see_only_states_the_writer_passed_through() {
     let tokens: Vec<u64> = (0..L as u64).map(|t| 7000 + t).collect();
