@@ -34,8 +34,11 @@
 //! - **growing and widening build a new table** and publish it with one `ArcSwap::store`; a reader
 //!   on the old one sees the state of the moment of the copy, the old one is freed with its last
 //!   reader, and the writer writes only the new one from then on;
-//! - a reader retries a bucket a bounded number of times ([`MAX_RETRIES`]); past that it treats
-//!   the node as absent (a shorter match for one request, never a wrong owner);
+//! - a reader that meets a write or a shift in progress waits for it to end (spinning, then
+//!   yielding, as `crate::load::seqcell`'s readers do; the writer never waits, so it ends). A node
+//!   that changed under a read, or a miss that a finished shift may have caused, is read again
+//!   up to [`MAX_RETRIES`] times (each one a write the writer completed meanwhile); past that the
+//!   reader treats the node as absent (a shorter match for one request, never a wrong owner);
 //! - what readers see is per node, not per batch: a store or removal of many blocks becomes
 //!   visible block by block (as in Dynamo's own concurrent indexes). A reader's walk therefore
 //!   reports each rank's contiguous run as it stood at the moments it looked at each block.
@@ -268,9 +271,10 @@ impl Nodes {
         let mut spins = 0;
         loop {
             let e = self.shifts.0.load(Ordering::Acquire);
-            if e & 1 == 0 || spins >= MAX_RETRIES {
+            if e & 1 == 0 {
                 return e;
             }
+            // A shift is in progress: the writer finishes it without waiting for anyone.
             backoff(&mut spins);
         }
     }
@@ -286,8 +290,7 @@ impl Nodes {
         (m1 & 1 == 0 && m1 == m2).then_some((path, bits, m1))
     }
 
-    /// Bucket `i` read inside one even version: `(path, bits, meta)`; `None` after
-    /// [`MAX_RETRIES`] torn reads.
+    /// Bucket `i` read inside one even version: `(path, bits, meta)` (`None`: no such bucket).
     #[inline(always)]
     fn read(&self, i: usize) -> Option<(u64, u64, u64)> {
         let b = self.buckets.get(i)?;
@@ -297,18 +300,19 @@ impl Nodes {
         }
     }
 
-    /// [`Self::read`] after a torn read: waits for the writer, a bounded number of times.
+    /// [`Self::read`] after a torn read: waits for the writer's write to end.
     #[cold]
     #[inline(never)]
     fn read_again(b: &Bucket) -> Option<(u64, u64, u64)> {
         let mut spins = 0;
-        while spins < MAX_RETRIES {
+        loop {
+            // A write is in progress or just happened: the writer finishes each write without
+            // waiting for anyone, so this ends (as `crate::load::seqcell`'s reads do).
             backoff(&mut spins);
             if let Some(r) = Self::read_once(b) {
                 return Some(r);
             }
         }
-        None
     }
 
     /// One probe for `path`: `Ok(Some)` found, `Ok(None)` reached an empty bucket, `Err` a bucket
