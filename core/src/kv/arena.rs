@@ -3,8 +3,7 @@
 //!
 //! Role: [`KeyMap`] is a `u64 → u64` open-addressing map of 16-byte buckets that probes linearly,
 //! grows ×2 past [`KEY_LOAD`] eighths of load and deletes by backward shift (no tombstones, so
-//! probe runs never degrade). [`bit`] and [`word_mix`] are the owner-set helpers of the node
-//! table and the match walk.
+//! probe runs never degrade). [`bit`] is the owner-set helper of the node table.
 //!
 //! Invariants:
 //! - a bucket is empty iff its key is 0 (key 0 itself is kept beside the buckets);
@@ -186,17 +185,6 @@ impl KeyMap {
 /// The bit of `slot` in its word.
 pub(crate) fn bit(slot: u32) -> u64 {
     1u64 << (slot % 64)
-}
-
-/// The XOR of [`Keyed::slot_mix`] over the slots set in word `w` (bits `bits`).
-pub(crate) fn word_mix(keyed: Keyed, w: usize, mut bits: u64) -> u64 {
-    let base = u32::try_from(w).unwrap_or(0).wrapping_mul(64);
-    let mut fp = 0;
-    while bits != 0 {
-        fp ^= keyed.slot_mix(base.wrapping_add(bits.trailing_zeros()));
-        bits &= bits - 1;
-    }
-    fp
 }
 
 #[cfg(test)]

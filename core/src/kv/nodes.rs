@@ -7,7 +7,7 @@
 //! nodes' owners sit in one 64-slot word (one rank, or a few ranks of neighbouring slots): the set
 //! is that word and its word number (*inline*). A set spanning several words *spills* to a
 //! `words`-word chunk of a side arena (the bucket's word then holds the set's fingerprint, the
-//! XOR of [`Keyed::slot_mix`] over its slots, so a walk can tell an unchanged set without reading
+//! XOR of [`Keyed::word_mix`] over its words, so a walk can tell an unchanged set without reading
 //! the chunk) and comes back inline as soon as it fits one word again. Chunks are reused through
 //! a free list; a full arena is doubled by a rebuild (as a full table is grown), so after warm-up
 //! no change allocates. [`Nodes`] is what readers hold (through an `ArcSwap`, replaced only when the table
@@ -72,7 +72,7 @@ use std::{
 
 use arc_swap::ArcSwap;
 
-use super::arena::{bit, full, home, may_fill, word_mix};
+use super::arena::{bit, full, home, may_fill};
 use super::keyed::Keyed;
 
 /// A node's tag bit: its set is spilled (the rest is the chunk index), else inline (the rest is
@@ -191,7 +191,7 @@ pub(crate) struct Seen {
 pub(crate) enum Owners {
     /// Every owner is in word `at`, whose bits are `bits`.
     Inline { at: usize, bits: u64 },
-    /// A spilled set of `owners` slots whose [`Keyed::slot_mix`]es XOR to `fp`; its words are
+    /// A spilled set of `owners` slots whose words' [`Keyed::word_mix`]es XOR to `fp`; its words are
     /// read with [`Nodes::chunk_into`].
     Spilled { owners: u32, fp: u64, seen: Seen },
 }
@@ -610,7 +610,7 @@ impl NodeWriter {
             if old & bit(slot) != 0 {
                 return false;
             }
-            next.bits ^= keyed.slot_mix(slot);
+            next.bits ^= keyed.word_mix(w, old) ^ keyed.word_mix(w, old | bit(slot));
             next.owners = b.owners.saturating_add(1);
             let was = self.hold(i);
             x.store(old | bit(slot), Ordering::Relaxed);
@@ -637,7 +637,7 @@ impl NodeWriter {
             }
         }
         next.tag = c | SPILLED;
-        next.bits = word_mix(keyed, b.tag as usize, b.bits) ^ keyed.slot_mix(slot);
+        next.bits = keyed.word_mix(b.tag as usize, b.bits) ^ keyed.word_mix(w, bit(slot));
         next.owners = b.owners.saturating_add(1);
         // `hold`'s fence also orders the chunk's stores before the bucket's new contents.
         self.write(i, next);
@@ -712,7 +712,7 @@ impl NodeWriter {
             self.spill_free.push(c);
         } else {
             x.store(old & !bit(slot), Ordering::Relaxed);
-            next.bits ^= keyed.slot_mix(slot);
+            next.bits ^= keyed.word_mix(w, old) ^ keyed.word_mix(w, old & !bit(slot));
             self.release(i, was, next);
         }
         false
@@ -782,39 +782,36 @@ impl NodeWriter {
     }
 
     /// A new version with `cap` buckets, `words`-word sets and room for `chunks` spilled sets (at
-    /// least those it holds), holding every node, published; spilled sets are packed into the
-    /// first chunks.
+    /// least the chunks handed out so far), holding every node, published. Every spilled set
+    /// keeps its chunk number (and the free list stays as it is): chunks are handed out in the
+    /// order sets spill, which for a prompt's blocks is mostly their order in the prompt, so a
+    /// match walk reads them at rising addresses, which the hardware prefetcher follows
+    /// (re-packing them in bucket order, which is hash order, scattered them).
     fn rebuild(&mut self, cap: usize, words: usize, chunks: usize) {
         let old = Arc::clone(&self.cur);
-        let spilled = old
-            .buckets
-            .iter()
-            .filter(|b| meta_tag(b.meta.load(Ordering::Relaxed)) & SPILLED != 0)
-            .filter(|b| meta_owners(b.meta.load(Ordering::Relaxed)) != 0)
-            .count();
-        self.cur = Arc::new(Nodes::new(old.keyed, cap, words, chunks.max(spilled)));
+        let chunks = chunks.max(self.chunks as usize);
+        self.cur = Arc::new(Nodes::new(old.keyed, cap, words, chunks));
         self.len = 0;
-        self.chunks = 0;
-        self.spill_free.clear();
         for b in old.buckets.iter() {
             let m = b.meta.load(Ordering::Relaxed);
             if meta_owners(m) == 0 {
                 continue;
             }
-            let mut e = Entry {
+            let e = Entry {
                 path: b.path.load(Ordering::Relaxed),
                 bits: b.bits.load(Ordering::Relaxed),
                 tag: meta_tag(m),
                 owners: meta_owners(m),
             };
-            if e.tag & SPILLED != 0 {
-                let c = self.take_chunk();
-                if let (Some(from), Some(to)) = (old.spill.chunk(e.tag & !SPILLED), self.chunk(c)) {
-                    for (t, f) in to.iter().zip(from) {
-                        t.store(f.load(Ordering::Relaxed), Ordering::Relaxed);
-                    }
+            if e.tag & SPILLED != 0
+                && let (Some(from), Some(to)) = (
+                    old.spill.chunk(e.tag & !SPILLED),
+                    self.chunk(e.tag & !SPILLED),
+                )
+            {
+                for (t, f) in to.iter().zip(from) {
+                    t.store(f.load(Ordering::Relaxed), Ordering::Relaxed);
                 }
-                e.tag = c | SPILLED;
             }
             self.insert(e);
         }

@@ -181,7 +181,7 @@ fn loom_models_a_spilled_set_is_read_whole() {
                 let mut words = [0u64; 2];
                 if nodes.chunk_into(&seen, 0, 2, &mut words) {
                     let k = nodes.keyed();
-                    let mine = word_mix(k, 0, words[0]) ^ word_mix(k, 1, words[1]);
+                    let mine = k.word_mix(0, words[0]) ^ k.word_mix(1, words[1]);
                     let count = words[0].count_ones() + words[1].count_ones();
                     assert_eq!((count, mine), (owners, fp), "torn spilled set {words:?}");
                     return words;

@@ -19,20 +19,22 @@
 //! non-zero; per prompt block it looks the node up and visits the ranks of `active & !owners` at
 //! the current depth (they stop there) and keeps `active & owners`. Cheapest first:
 //! - an inline node over the one word `active` still has, with no rank stopping: one compare;
-//! - a spilled node with as many owners as `active` and the same fingerprint (the XOR of a keyed
-//!   64-bit mix of each slot, kept in the bucket; `active`'s is computed only when needed, after
-//!   ranks dropped): the same set, skipped without reading its chunk;
+//! - a spilled node with as many owners as `active` and the same fingerprint (the XOR over the
+//!   set's words of a keyed 64-bit mix of each non-zero word, kept in the bucket; `active`'s is
+//!   computed only when needed, after ranks dropped, at one mix per live word, not per rank):
+//!   the same set, skipped without reading its chunk;
 //! - otherwise the AND-NOT word by word over `active`'s live words (the chunk's words copied and
 //!   checked against the node's version first; a node that changed meanwhile is read again).
 //!
 //! Collision argument (the one inexact step): for a different set of the same size to pass, the
-//! XOR of the mixes over the symmetric difference of the two sets (non-empty) must be zero. The
-//! mix is the splitmix64 finaliser of the slot plus a per-index secret from `std`'s
-//! `RandomState`; slots are ours and the secret is unknown to the fleet, so no input can steer
-//! the mixes, and modelling the finaliser as a random function (the usual model for it), that
-//! XOR is uniform over 2^64 values: a false skip has probability 2^-64 per tested depth. Its only
-//! effect would be one rank's overlap miscounted for one request, never a panic or a rank of
-//! another index.
+//! XOR of the mixes of both sets' words, over the words where they differ (at least one), must
+//! be zero. A word's mix is the splitmix64 finaliser of the word XORed with a per-word key
+//! derived from a per-index secret from `std`'s `RandomState` (for each word a bijection; an
+//! empty word mixes to 0); slots are ours and the secret is unknown to the fleet, so no input
+//! can steer the mixes, and modelling the finaliser as a random function (the usual model for
+//! it), that XOR is uniform over 2^64 values: a false skip has probability 2^-64 per tested
+//! depth. Its only effect would be one rank's overlap miscounted for one request, never a panic
+//! or a rank of another index.
 //!
 //! Invariants:
 //! - readers take no lock and never write; the writer never waits for a reader;
@@ -52,7 +54,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use arc_swap::ArcSwap;
 
-use super::arena::word_mix;
 use super::nodes::{MAX_RETRIES, Nodes, Owners};
 use crate::load::LoadKey;
 use crate::picker::{
@@ -228,7 +229,7 @@ impl Walk<'_> {
             let active = &*self.active;
             let mine = *self.fp.get_or_insert_with(|| {
                 let words = active.iter().enumerate().take(hi).skip(lo);
-                words.fold(0, |f, (w, a)| f ^ word_mix(t.keyed(), w, *a))
+                words.fold(0, |f, (w, a)| f ^ t.keyed().word_mix(w, *a))
             });
             if mine == fp {
                 // The same set (fingerprint argument in the module docs): no rank stops here,
