@@ -37,7 +37,12 @@ impl Keyed {
         if bits == 0 {
             return 0;
         }
-        mix64(bits ^ mix64(self.k0.wrapping_add(w as u64)))
+        // Word `w`'s key: an odd multiple of the odd secret `k1`, so distinct for every word (one
+        // multiply where a second finaliser would cost three: the finaliser after it mixes).
+        let key = self
+            .k1
+            .wrapping_mul((w as u64).wrapping_mul(2).wrapping_add(1));
+        mix64(bits ^ key)
     }
 
     /// Fresh secret keys.
