@@ -106,6 +106,14 @@ fn path(tokens: &[u64]) -> Vec<BlockHash> {
         .collect()
 }
 
+/// Up to `n` engine hashes from the next bytes (16 distinct values, so events collide).
+fn engine_hashes(input: &mut Bytes<'_>, n: u8) -> Vec<EngineHash> {
+    (0..n)
+        .filter_map(|_| input.next())
+        .map(|b| EngineHash(u64::from(b % 16)))
+        .collect()
+}
+
 fuzz_target!(|data: &[u8]| {
     let mut input = Bytes(data);
     let (Some(c0), Some(c1)) = (input.next(), input.next()) else {
@@ -163,10 +171,7 @@ fuzz_target!(|data: &[u8]| {
                     break;
                 };
                 let k = rank(r, ranks);
-                let hashes: Vec<EngineHash> = (0..n % 5)
-                    .filter_map(|_| input.next())
-                    .map(|b| EngineHash(u64::from(b % 16)))
-                    .collect();
+                let hashes = engine_hashes(&mut input, n % 5);
                 let before = rig.writers[shard(k)].rank_blocks(k);
                 let gone = rig.writers[shard(k)].remove(k, &hashes) as usize;
                 assert!(gone <= hashes.len());
@@ -184,10 +189,7 @@ fuzz_target!(|data: &[u8]| {
                     break;
                 };
                 let k = rank(r, ranks);
-                let hashes: Vec<EngineHash> = (0..n % 9)
-                    .filter_map(|_| input.next())
-                    .map(|b| EngineHash(u64::from(b % 16)))
-                    .collect();
+                let hashes = engine_hashes(&mut input, n % 9);
                 let blocks: Vec<StoredBlock> = hashes
                     .iter()
                     .map(|&h| StoredBlock {

@@ -157,6 +157,12 @@ const PREFETCH_PER_EVENT: usize = 8;
 /// Lines [`IndexWriter::prefetch`] asks for per stage, at most (about what a core keeps in flight).
 const PREFETCH_LINES: usize = 32;
 
+/// The first [`PREFETCH_PER_EVENT`] items of an event's blocks or hashes (what a prefetch stage
+/// asks lines for).
+fn per_event<T>(items: &[T]) -> &[T] {
+    items.get(..PREFETCH_PER_EVENT).unwrap_or(items)
+}
+
 /// Runs `f` over `events` (it returns the lines it asked for) until [`PREFETCH_LINES`] are asked.
 fn lines_bounded<'a>(
     events: impl Iterator<Item = Upcoming<'a>>,
@@ -312,14 +318,14 @@ impl IndexWriter {
                     if let Some(eh) = parent {
                         rk.entries.prefetch(eh.0);
                     }
-                    let head = blocks.get(..PREFETCH_PER_EVENT).unwrap_or(blocks);
+                    let head = per_event(blocks);
                     for b in head {
                         rk.entries.prefetch(b.block_hash.0);
                     }
                     1 + head.len()
                 }
                 Upcoming::Remove { hashes, .. } => {
-                    let head = hashes.get(..PREFETCH_PER_EVENT).unwrap_or(hashes);
+                    let head = per_event(hashes);
                     for eh in head {
                         rk.entries.prefetch(eh.0);
                     }
@@ -339,7 +345,7 @@ impl IndexWriter {
                             None => return 0,
                         },
                     };
-                    let head = blocks.get(..PREFETCH_PER_EVENT).unwrap_or(blocks);
+                    let head = per_event(blocks);
                     for b in head {
                         let path = path_hash(prev, b.tokens_hash);
                         self.nodes.prefetch(path.0);
@@ -348,7 +354,7 @@ impl IndexWriter {
                     head.len()
                 }
                 Upcoming::Remove { hashes, .. } => {
-                    let head = hashes.get(..PREFETCH_PER_EVENT).unwrap_or(hashes);
+                    let head = per_event(hashes);
                     for eh in head {
                         if let Some(p) = rk.entries.get(eh.0) {
                             self.nodes.prefetch(p);
