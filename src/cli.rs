@@ -17,7 +17,8 @@ pub(crate) const USAGE: &str = "usage:
                                             serve in front of a simulated Dynamo fleet on loopback
                                             (N aggregated workers, default 3)
   continuum-router config validate --config FILE
-  continuum-router config show --config FILE";
+  continuum-router config show --config FILE
+  continuum-router version                  the version and the features this binary was built with";
 
 /// Most aggregated workers `demo --workers` accepts (the router subscribes to at most 1,024
 /// publishers per family; more still register and serve).
@@ -30,6 +31,7 @@ pub(crate) enum Command {
     Demo { port: u16, workers: usize },
     Validate { config: PathBuf },
     Show { config: PathBuf },
+    Version,
     Help,
 }
 
@@ -77,6 +79,7 @@ pub(crate) fn parse(args: impl Iterator<Item = String>) -> Result<Command, CliEr
                 i += 1;
             }
             "-h" | "--help" => return Ok(Command::Help),
+            "-V" | "--version" => return Ok(Command::Version),
             w if w.starts_with("--config=") => config = Some(PathBuf::from(&w[9..])),
             w => words.push(w.to_string()),
         }
@@ -103,8 +106,31 @@ pub(crate) fn parse(args: impl Iterator<Item = String>) -> Result<Command, CliEr
             config: need(config)?,
         }),
         ["help"] => Ok(Command::Help),
+        ["version"] => Ok(Command::Version),
         [first, ..] => Err(CliError::Unexpected((*first).to_string())),
     }
+}
+
+/// `continuum-router version`: the version, then the optional features built in (an operator's
+/// check that a binary is the official release build, BUILD-03).
+fn version_text(build: continuum_core::config::Build) -> String {
+    let features: Vec<&str> = [
+        (build.dynamo, "dynamo"),
+        (build.dynamo_kv, "dynamo-kv"),
+        (build.event_bus, "dynamo-event-bus"),
+    ]
+    .into_iter()
+    .filter_map(|(on, name)| on.then_some(name))
+    .collect();
+    let features = if features.is_empty() {
+        "none (plain routing only; scripts/build-release.sh builds the release binary)".to_string()
+    } else {
+        features.join(" ")
+    };
+    format!(
+        "continuum-router {}\nfeatures: {features}",
+        env!("CARGO_PKG_VERSION")
+    )
 }
 
 /// Run a parsed command.
@@ -112,6 +138,10 @@ pub(crate) fn execute(cmd: Command) -> ExitCode {
     match cmd {
         Command::Help => {
             println!("{USAGE}");
+            ExitCode::SUCCESS
+        }
+        Command::Version => {
+            println!("{}", version_text(continuum_control::BUILD));
             ExitCode::SUCCESS
         }
         Command::Run { config } => crate::serve::run_file(&config),
@@ -149,6 +179,8 @@ pub(crate) fn execute(cmd: Command) -> ExitCode {
             };
             match continuum_control::load_config(&text, &ProcessEnv) {
                 Ok(l) => {
+                    // What this build switched off (CFG-04) is shown off; say why on stderr.
+                    eprint!("{}", report::render_lines(&[], &l.warnings));
                     print!("{}", l.config.show_masked());
                     ExitCode::SUCCESS
                 }
@@ -213,5 +245,29 @@ mod tests {
             p(&["frobnicate"]),
             Err(CliError::Unexpected("frobnicate".into()))
         );
+        assert_eq!(p(&["version"]), Ok(Command::Version));
+        assert_eq!(p(&["--version"]), Ok(Command::Version));
+    }
+
+    #[test]
+    fn version_names_the_features_built_in() {
+        let full = version_text(continuum_core::config::Build::FULL);
+        assert!(full.starts_with("continuum-router "), "{full}");
+        assert!(
+            full.ends_with("features: dynamo dynamo-kv dynamo-event-bus"),
+            "{full}"
+        );
+        let none = version_text(continuum_core::config::Build {
+            dynamo: false,
+            dynamo_kv: false,
+            event_bus: false,
+        });
+        assert!(none.contains("features: none"), "{none}");
+        let kv = version_text(continuum_core::config::Build {
+            dynamo: true,
+            dynamo_kv: true,
+            event_bus: false,
+        });
+        assert!(kv.ends_with("features: dynamo dynamo-kv"), "{kv}");
     }
 }

@@ -28,4 +28,12 @@ tests/fleet/install.sh
 # NVIDIA's AIPerf, pinned in its own venv (tests/openai_fleet.rs; also the bench's client).
 bench/aiperf/install.sh
 
+# The build without the Dynamo features (CFG-04: it validates a Dynamo config the same, warns and
+# serves plain routing; tests/featureless.rs runs it). Copied aside: the test build below replaces
+# target/debug/continuum-router with the all-features one.
+target=${CARGO_TARGET_DIR:-target}
+cargo build -p continuum-router
+mkdir -p "$target/featureless"
+cp "$target/debug/continuum-router" "$target/featureless/continuum-router"
+
 cargo test --workspace --all-targets --all-features "$@"

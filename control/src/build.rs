@@ -1,6 +1,7 @@
 //! The features this binary was compiled with, and the one config loader every entry point uses
-//! (`config validate`, startup, reload), so a config needing a feature the build lacks, or
-//! naming trust anchors that cannot be loaded, is refused the same way everywhere (BUILD-01..03).
+//! (`config validate`, startup, reload): a config validates the same in every build, what this
+//! build lacks is switched off with a warning the same way everywhere (CFG-04), and trust anchors
+//! that cannot be loaded are refused everywhere.
 
 use continuum_core::config::{Build, Config, ConfigErrors, EnvLookup, Warning};
 use continuum_core::tls::BackendTlsTable;
@@ -23,14 +24,13 @@ pub struct Loaded {
     pub warnings: Vec<Warning>,
 }
 
-/// Parse and validate `text`, refuse what this build cannot do ([`Config::check_build`]), then
-/// load the `https://` backends' trust anchors ([`crate::tls::load`]).
+/// Parse and validate `text`, switch off what this build lacks with a warning each
+/// ([`Config::fit_build`]), then load the `https://` backends' trust anchors
+/// ([`crate::tls::load`]).
 pub fn load_config(text: &str, env: &dyn EnvLookup) -> Result<Loaded, ConfigErrors> {
-    let (config, warnings) = Config::from_yaml(text, env)?;
-    let errors = config.check_build(BUILD);
-    if !errors.is_empty() {
-        return Err(ConfigErrors { errors, warnings });
-    }
+    let (config, mut warnings) = Config::from_yaml(text, env)?;
+    let (config, unbuilt) = config.fit_build(BUILD);
+    warnings.extend(unbuilt);
     match crate::tls::load(&config) {
         Ok(tls) => Ok(Loaded {
             config,

@@ -9,8 +9,8 @@
 //! once (a removed one revoked, sessions no longer allowed ended `forbidden`), limits for what
 //! comes next, heartbeat and idle settings for sessions opened after the reload.
 //!
-//! In a build without the `dynamo-event-bus` feature it does nothing; such a build refuses a
-//! config that enables the bus (`Config::check_build`).
+//! In a build without the `dynamo-event-bus` feature it does nothing; such a build runs a config
+//! that enables the bus with the bus switched off and a warning (`Config::fit_build`, CFG-04).
 
 use std::sync::Arc;
 

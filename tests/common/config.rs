@@ -71,6 +71,9 @@ pub struct RouterConfig {
     /// Raw YAML appended after the rendered sections (whole top-level sections such as
     /// `dynamo:`; must not repeat `server`, `admin`, `backends` or `disaggregated_serving`).
     pub extra_yaml: String,
+    /// Run this binary instead of the one under test (tests/featureless.rs: the build without
+    /// the Dynamo features).
+    pub binary: Option<std::path::PathBuf>,
 }
 
 impl Default for RouterConfig {
@@ -95,6 +98,7 @@ impl Default for RouterConfig {
             disaggregated_serving: false,
             fallback_to_unified: true,
             extra_yaml: String::new(),
+            binary: None,
         }
     }
 }

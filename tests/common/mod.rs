@@ -59,7 +59,7 @@ use std::time::Duration;
 pub use backend::{MockBackend, RecordedRequest, Reply, SseSender, refusing_url};
 pub use client::{Conn, Response, chat, chat_body, chat_bytes, get, get_with, request_bytes};
 pub use config::{ADMIN_TOKEN, ADMIN_TOKEN_HASH, RouterConfig, TempDir};
-pub use router::{RouterProcess, metric_value, run_cli};
+pub use router::{CliOutput, RouterProcess, metric_value, run_cli, run_cli_of};
 
 /// A generous bound for one step of a test (a response, an event, a reload).
 pub const STEP: Duration = Duration::from_secs(10);

@@ -62,15 +62,17 @@ impl RouterProcess {
         let stderr = File::create(&stderr_path).map_err(|e| (e.to_string(), false))?;
         let stdout = File::create(dir.path().join("router.stdout.log"))
             .map_err(|e| (e.to_string(), false))?;
+        let bin: &std::path::Path = cfg
+            .binary
+            .as_deref()
+            .unwrap_or(std::path::Path::new(router_bin()));
         let mut cmd = match cfg.nofile {
             Some((soft, hard)) => {
                 let mut c = Command::new("prlimit");
-                c.arg(format!("--nofile={soft}:{hard}"))
-                    .arg("--")
-                    .arg(router_bin());
+                c.arg(format!("--nofile={soft}:{hard}")).arg("--").arg(bin);
                 c
             }
-            None => Command::new(router_bin()),
+            None => Command::new(bin),
         };
         cmd.arg("--config")
             .arg(&config_path)
@@ -85,7 +87,7 @@ impl RouterProcess {
         }
         let child = cmd
             .spawn()
-            .map_err(|e| (format!("cannot spawn {}: {e}", router_bin()), false))?;
+            .map_err(|e| (format!("cannot spawn {}: {e}", bin.display()), false))?;
         let mut router = RouterProcess {
             child,
             addr,
@@ -341,16 +343,21 @@ pub struct CliOutput {
 
 /// Runs the router binary with `args` (bounded to 30 s; killed after that).
 pub fn run_cli(args: &[&str]) -> CliOutput {
+    run_cli_of(std::path::Path::new(router_bin()), args)
+}
+
+/// Runs `bin` (a router binary) with `args` (bounded to 30 s; killed after that).
+pub fn run_cli_of(bin: &std::path::Path, args: &[&str]) -> CliOutput {
     let dir = TempDir::new("cli");
     let out_path = dir.path().join("stdout");
     let err_path = dir.path().join("stderr");
-    let mut child = Command::new(router_bin())
+    let mut child = Command::new(bin)
         .args(args)
         .stdin(Stdio::null())
         .stdout(File::create(&out_path).expect("stdout file"))
         .stderr(File::create(&err_path).expect("stderr file"))
         .spawn()
-        .unwrap_or_else(|e| panic!("cannot spawn {}: {e}", router_bin()));
+        .unwrap_or_else(|e| panic!("cannot spawn {}: {e}", bin.display()));
     let Some(status) = super::wait_bounded(&mut child, Duration::from_secs(30)) else {
         panic!(
             "`continuum-router {}` did not exit within 30s",

@@ -1,14 +1,19 @@
-//! What this binary was built with, and the refusal of configs that need more (BUILD-01..03).
+//! What this binary was built with, and what a config asks of a build that lacks it (CFG-04,
+//! BUILD-01..03).
 //!
-//! A config that validates must do what it says: `dynamo.enabled` in a build without the `dynamo`
-//! feature or `dynamo.kv.enabled` without `dynamo-kv` is an error of `config validate`, of
-//! startup and of every reload — never a log line and a silently disabled feature. (Every
-//! discovery source is implemented in a `dynamo` build.) `dynamo.event_bus.enabled` needs
-//! `dynamo-event-bus`.
+//! A build without a feature parses and validates its config section exactly as a full build
+//! does; what it cannot do is then switched off in the config it runs, with one loud warning per
+//! feature (printed by `config validate`, logged at startup and on every reload). So a config
+//! that validates anywhere validates everywhere, and a featureless build serves plain routing:
+//! - `dynamo.enabled` without `dynamo`: discovery, load ingest and the shim pins are off (such a
+//!   build also lacks the two features below, which imply `dynamo`);
+//! - `dynamo.kv.enabled` without `dynamo-kv`: load-based picks, no prompt pipeline;
+//! - `dynamo.event_bus.enabled` without `dynamo-event-bus`: no listener.
 //!
-//! Invariant: [`Config::check_build`] only reads the config; it never changes what validated.
+//! Invariant: [`Config::fit_build`] only ever switches features off; every other field is the
+//! file's, so a full build's config is returned unchanged and without warnings.
 
-use super::{Config, FieldError};
+use super::{Config, Warning};
 
 /// The optional features compiled into the running binary.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -22,7 +27,7 @@ pub struct Build {
 }
 
 impl Build {
-    /// A build with every feature (tests of the refusal rules use narrower ones).
+    /// A build with every feature (the official release binaries, BUILD-03).
     pub const FULL: Build = Build {
         dynamo: true,
         dynamo_kv: true,
@@ -30,33 +35,47 @@ impl Build {
     };
 }
 
+/// The warning for `field`, set in the file, that needs `feature`, which this build lacks.
+fn unbuilt(field: &str, feature: &str, effect: &str) -> Warning {
+    Warning {
+        field: field.into(),
+        message: format!(
+            "this binary was built without the `{feature}` feature: {effect} (the official release build has it: scripts/build-release.sh)"
+        ),
+    }
+}
+
 impl Config {
-    /// Every setting of this config that `build` cannot honour, as field errors.
-    pub fn check_build(&self, build: Build) -> Vec<FieldError> {
-        let mut errors = Vec::new();
-        let d = &self.dynamo;
-        if d.enabled && !build.dynamo {
-            errors.push(FieldError {
-                field: "dynamo.enabled".into(),
-                value: "true".into(),
-                reason: "this binary was built without the `dynamo` feature".into(),
-            });
+    /// This config as `build` can run it: every feature the build lacks switched off, with one
+    /// warning per setting that asked for it (CFG-04). Nothing else changes.
+    pub fn fit_build(mut self, build: Build) -> (Config, Vec<Warning>) {
+        let mut warnings = Vec::new();
+        let d = &mut self.dynamo;
+        if !build.dynamo && d.enabled {
+            warnings.push(unbuilt(
+                "dynamo.enabled",
+                "dynamo",
+                "discovery is disabled and requests are routed to the configured backends without pins",
+            ));
+            d.enabled = false;
         }
-        if d.kv.enabled && !build.dynamo_kv {
-            errors.push(FieldError {
-                field: "dynamo.kv.enabled".into(),
-                value: "true".into(),
-                reason: "this binary was built without the `dynamo-kv` feature".into(),
-            });
+        if !build.dynamo_kv && d.kv.enabled {
+            warnings.push(unbuilt(
+                "dynamo.kv.enabled",
+                "dynamo-kv",
+                "kv-events are not indexed and picks are load-based",
+            ));
+            d.kv.enabled = false;
         }
-        if d.event_bus.enabled && !build.event_bus {
-            errors.push(FieldError {
-                field: "dynamo.event_bus.enabled".into(),
-                value: "true".into(),
-                reason: "this binary was built without the `dynamo-event-bus` feature".into(),
-            });
+        if !build.event_bus && d.event_bus.enabled {
+            warnings.push(unbuilt(
+                "dynamo.event_bus.enabled",
+                "dynamo-event-bus",
+                "the event bus listener is not started and no broker can dial this router",
+            ));
+            d.event_bus.enabled = false;
         }
-        errors
+        (self, warnings)
     }
 }
 
@@ -69,87 +88,142 @@ mod tests {
         Config::from_yaml(yaml, &NoEnv).expect("valid").0
     }
 
-    const BASE: &str = "backends: []\n";
+    /// Every combination of the three features.
+    fn builds() -> impl Iterator<Item = Build> {
+        (0..8u8).map(|b| Build {
+            dynamo: b & 1 != 0,
+            dynamo_kv: b & 2 != 0,
+            event_bus: b & 4 != 0,
+        })
+    }
+
+    const ETCD: &str = "dynamo:\n  enabled: true\n  discovery:\n    source: etcd\n    etcd:\n      endpoints: [\"http://127.0.0.1:2379\"]\n";
+
+    const BUS: &str = "  event_bus:\n    enabled: true\n    listen: \"0.0.0.0:7443\"\n    tls: { cert: /c, key: /k }\n    \
+         brokers: [ { id: b.dynamo, token_hash: \"sha256:0000000000000000000000000000000000000000000000000000000000000000\", namespaces: [dynamo] } ]\n";
 
     #[test]
-    fn a_plain_config_fits_every_build() {
-        let c = config(BASE);
-        for dynamo in [false, true] {
-            for dynamo_kv in [false, true] {
-                assert!(
-                    c.check_build(Build {
-                        dynamo,
-                        dynamo_kv,
-                        event_bus: false
-                    })
-                    .is_empty()
-                );
-            }
+    fn a_plain_config_fits_every_build_unchanged() {
+        let c = config("backends: []\n");
+        for build in builds() {
+            let (fitted, warnings) = c.clone().fit_build(build);
+            assert_eq!(fitted, c, "{build:?}");
+            assert!(warnings.is_empty(), "{build:?}: {warnings:?}");
         }
     }
 
     #[test]
-    fn dynamo_without_the_feature_is_refused_with_field_value_and_reason() {
-        let c = config(
-            "dynamo:\n  enabled: true\n  discovery:\n    source: etcd\n    etcd:\n      endpoints: [\"http://127.0.0.1:2379\"]\n",
-        );
-        assert!(c.check_build(Build::FULL).is_empty());
-        let errs = c.check_build(Build {
+    fn the_full_build_runs_every_feature_as_written() {
+        let c = config(&format!("{ETCD}  kv:\n    enabled: true\n{BUS}"));
+        let (fitted, warnings) = c.clone().fit_build(Build::FULL);
+        assert_eq!(fitted, c);
+        assert!(warnings.is_empty(), "{warnings:?}");
+    }
+
+    /// CFG-04: without `dynamo` the section validates the same, discovery is off with a warning
+    /// naming the field, the feature and the release build, and nothing else changes.
+    #[test]
+    fn dynamo_without_the_feature_warns_and_switches_only_discovery_off() {
+        let c = config(ETCD);
+        assert!(c.dynamo.enabled);
+        let (fitted, warnings) = c.clone().fit_build(Build {
             dynamo: false,
             dynamo_kv: false,
             event_bus: false,
         });
-        assert_eq!(errs.len(), 1, "{errs:?}");
-        assert_eq!(errs[0].field, "dynamo.enabled");
-        assert_eq!(errs[0].value, "true");
-        assert!(errs[0].reason.contains("`dynamo` feature"));
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert_eq!(warnings[0].field, "dynamo.enabled");
+        assert!(
+            warnings[0].message.contains("`dynamo` feature"),
+            "{warnings:?}"
+        );
+        assert!(
+            warnings[0].message.contains("discovery is disabled"),
+            "{warnings:?}"
+        );
+        assert!(
+            warnings[0].message.contains("build-release"),
+            "{warnings:?}"
+        );
+        assert!(!fitted.dynamo.enabled);
+        let mut expected = c;
+        expected.dynamo.enabled = false;
+        assert_eq!(fitted, expected);
     }
 
     #[test]
-    fn kv_without_its_feature_is_refused() {
-        let c = config(
-            "dynamo:\n  enabled: true\n  discovery:\n    source: etcd\n    etcd:\n      endpoints: [\"http://127.0.0.1:2379\"]\n  kv:\n    enabled: true\n",
-        );
-        assert!(c.check_build(Build::FULL).is_empty());
-        let errs = c.check_build(Build {
+    fn kv_without_its_feature_picks_by_load() {
+        let c = config(&format!("{ETCD}  kv:\n    enabled: true\n"));
+        let (fitted, warnings) = c.clone().fit_build(Build {
             dynamo: true,
             dynamo_kv: false,
             event_bus: true,
         });
-        assert_eq!(errs.len(), 1, "{errs:?}");
-        assert_eq!(errs[0].field, "dynamo.kv.enabled");
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert_eq!(warnings[0].field, "dynamo.kv.enabled");
+        assert!(warnings[0].message.contains("load-based"), "{warnings:?}");
+        assert!(fitted.dynamo.enabled, "discovery stays");
+        assert!(!fitted.dynamo.kv.enabled);
+        // Every other kv setting is the file's.
+        let mut expected = c;
+        expected.dynamo.kv.enabled = false;
+        assert_eq!(fitted, expected);
     }
 
-    /// BUS-01: the listener needs `dynamo-event-bus`; the section itself is validated the same in
-    /// every build.
+    /// BUS-01: the listener needs `dynamo-event-bus`; the section is validated the same in every
+    /// build.
     #[test]
-    fn an_enabled_event_bus_needs_its_feature() {
-        let c = config(
-            "dynamo:\n  event_bus:\n    enabled: true\n    listen: \"0.0.0.0:7443\"\n    tls: { cert: /c, key: /k }\n    \
-             brokers: [ { id: b.dynamo, token_hash: \"sha256:0000000000000000000000000000000000000000000000000000000000000000\", namespaces: [dynamo] } ]\n",
-        );
-        assert!(c.check_build(Build::FULL).is_empty());
-        let errs = c.check_build(Build {
+    fn an_enabled_event_bus_without_its_feature_is_not_started() {
+        let c = config(&format!("dynamo:\n{BUS}"));
+        let (fitted, warnings) = c.clone().fit_build(Build {
             dynamo: true,
             dynamo_kv: true,
             event_bus: false,
         });
-        assert_eq!(errs.len(), 1, "{errs:?}");
-        assert_eq!(errs[0].field, "dynamo.event_bus.enabled");
-        assert!(errs[0].reason.contains("`dynamo-event-bus` feature"));
-        let off = config("dynamo:\n  event_bus:\n    enabled: false\n");
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert_eq!(warnings[0].field, "dynamo.event_bus.enabled");
         assert!(
-            off.check_build(Build {
-                dynamo: false,
-                dynamo_kv: false,
-                event_bus: false
-            })
-            .is_empty()
+            warnings[0].message.contains("`dynamo-event-bus` feature"),
+            "{warnings:?}"
         );
+        assert!(!fitted.dynamo.event_bus.enabled);
+        assert_eq!(fitted.dynamo.event_bus.listen, c.dynamo.event_bus.listen);
+    }
+
+    /// A warning per setting the build cannot honour, whichever features it lacks; a feature the
+    /// build has is never touched.
+    #[test]
+    fn each_missing_feature_warns_once_and_only_for_what_the_file_enables() {
+        let c = config(&format!("{ETCD}  kv:\n    enabled: true\n{BUS}"));
+        for build in builds() {
+            let (fitted, warnings) = c.clone().fit_build(build);
+            let fields: Vec<&str> = warnings.iter().map(|w| w.field.as_str()).collect();
+            let mut expected = Vec::new();
+            if !build.dynamo {
+                expected.push("dynamo.enabled");
+            }
+            if !build.dynamo_kv {
+                expected.push("dynamo.kv.enabled");
+            }
+            if !build.event_bus {
+                expected.push("dynamo.event_bus.enabled");
+            }
+            assert_eq!(fields, expected, "{build:?}");
+            assert_eq!(fitted.dynamo.enabled, build.dynamo, "{build:?}");
+            assert_eq!(fitted.dynamo.kv.enabled, build.dynamo_kv, "{build:?}");
+            assert_eq!(
+                fitted.dynamo.event_bus.enabled, build.event_bus,
+                "{build:?}"
+            );
+            // Fitting twice changes nothing more and warns no more.
+            let (again, more) = fitted.clone().fit_build(build);
+            assert_eq!(again, fitted);
+            assert!(more.is_empty(), "{build:?}: {more:?}");
+        }
     }
 
     #[test]
-    fn both_kubernetes_sources_fit_a_dynamo_build() {
+    fn both_kubernetes_sources_validate_in_a_build_without_dynamo() {
         let kube = |source: &str, extra: &str| {
             config(&format!(
                 "backends:\n  - {{ name: fe, type: openai, url: \"http://127.0.0.1:9\" }}\n\
@@ -161,14 +235,15 @@ mod tests {
             kube("kubernetes_pods", "      model: m\n"),
             kube("kubernetes", ""),
         ] {
-            assert!(c.check_build(Build::FULL).is_empty());
-            let errs = c.check_build(Build {
+            assert!(c.clone().fit_build(Build::FULL).1.is_empty());
+            let (fitted, warnings) = c.fit_build(Build {
                 dynamo: false,
                 dynamo_kv: false,
                 event_bus: false,
             });
-            assert_eq!(errs.len(), 1, "{errs:?}");
-            assert_eq!(errs[0].field, "dynamo.enabled");
+            assert_eq!(warnings.len(), 1, "{warnings:?}");
+            assert_eq!(warnings[0].field, "dynamo.enabled");
+            assert!(!fitted.dynamo.enabled);
         }
     }
 }
