@@ -3,41 +3,20 @@
 //! config exactly as the release build does, warns loudly for each feature it lacks, and serves
 //! plain routing; `/admin/dynamo/*` is not mounted there.
 //!
-//! The featureless binary: `$CONTINUUM_FEATURELESS_BIN`, else `target/featureless/continuum-router`
-//! (tests/run.sh builds it before the test build replaces `target/debug/continuum-router`).
+//! The featureless binary: [`featureless_bin`].
 #![allow(clippy::disallowed_methods)] // end-to-end tests time real processes and sockets
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
 
 use common::client::post;
+use common::router::featureless_bin;
 use common::{
     CliOutput, MockBackend, RouterConfig, RouterProcess, TempDir, free_port, get, run_cli,
     run_cli_of,
 };
-
-fn featureless_bin() -> PathBuf {
-    let bin = std::env::var_os("CONTINUUM_FEATURELESS_BIN").map_or_else(
-        || {
-            let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(
-                || Path::new(env!("CARGO_MANIFEST_DIR")).join("target"),
-                PathBuf::from,
-            );
-            target.join("featureless/continuum-router")
-        },
-        PathBuf::from,
-    );
-    assert!(
-        bin.exists(),
-        "{} is missing: tests/run.sh builds it (cargo build -p continuum-router, then a copy to \
-         target/featureless/)",
-        bin.display()
-    );
-    bin
-}
 
 /// Discovery on an etcd nobody listens on, the shim on the one backend, KV-aware picks and the
 /// event bus: every feature a featureless build lacks.

@@ -22,6 +22,29 @@ pub fn router_bin() -> &'static str {
     env!("CARGO_BIN_EXE_continuum-router")
 }
 
+/// The router built without the Dynamo features: `$CONTINUUM_FEATURELESS_BIN`, else
+/// `<target>/featureless/continuum-router`, which tests/run.sh builds (`cargo build -p
+/// continuum-router`) and copies there before the test build replaces the one under test.
+pub fn featureless_bin() -> PathBuf {
+    let bin = std::env::var_os("CONTINUUM_FEATURELESS_BIN").map_or_else(
+        || {
+            let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(
+                || std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target"),
+                PathBuf::from,
+            );
+            target.join("featureless/continuum-router")
+        },
+        PathBuf::from,
+    );
+    assert!(
+        bin.exists(),
+        "{} is missing: tests/run.sh builds it (cargo build -p continuum-router, then a copy to \
+         target/featureless/)",
+        bin.display()
+    );
+    bin
+}
+
 /// A running router; killed on drop.
 #[derive(Debug)]
 pub struct RouterProcess {
@@ -38,9 +61,15 @@ impl RouterProcess {
     /// Writes `cfg` (bound to a free loopback port), spawns the router and waits until
     /// `GET /health` answers 200. Retries with another port if the first one was taken.
     pub fn start(cfg: &RouterConfig) -> RouterProcess {
+        RouterProcess::start_yaml(cfg, &|addr| cfg.to_yaml(addr))
+    }
+
+    /// Like [`RouterProcess::start`], with the config file `yaml(bind address)` instead of
+    /// `cfg`'s (which still gives the binary, environment and limits): a template's text.
+    pub fn start_yaml(cfg: &RouterConfig, yaml: &dyn Fn(SocketAddr) -> String) -> RouterProcess {
         let mut last = String::new();
         for _ in 0..3 {
-            match RouterProcess::try_start(cfg) {
+            match RouterProcess::try_start(cfg, yaml) {
                 Ok(r) => return r,
                 Err((e, retry)) => {
                     last = e;
@@ -54,10 +83,13 @@ impl RouterProcess {
     }
 
     /// One attempt; `Err((message, worth_retrying))`.
-    fn try_start(cfg: &RouterConfig) -> Result<RouterProcess, (String, bool)> {
+    fn try_start(
+        cfg: &RouterConfig,
+        yaml: &dyn Fn(SocketAddr) -> String,
+    ) -> Result<RouterProcess, (String, bool)> {
         let dir = TempDir::new("router");
         let addr: SocketAddr = ([127, 0, 0, 1], super::free_port()).into();
-        let config_path = dir.write("router.yaml", &cfg.to_yaml(addr));
+        let config_path = dir.write("router.yaml", &yaml(addr));
         let stderr_path = dir.path().join("router.stderr.log");
         let stderr = File::create(&stderr_path).map_err(|e| (e.to_string(), false))?;
         let stdout = File::create(dir.path().join("router.stdout.log"))
