@@ -19,6 +19,12 @@ pub fn now() -> Instant {
     Instant::from_origin(origin.elapsed())
 }
 
+/// `at` (a `std` instant of this process) on the process clock, without another clock reading.
+pub(crate) fn at(at: StdInstant) -> Instant {
+    let origin = *ORIGIN.get_or_init(instant);
+    Instant::from_origin(at.saturating_duration_since(origin))
+}
+
 /// A process-clock instant as a `std` instant (to sleep until it).
 pub fn to_std(at: Instant) -> StdInstant {
     let origin = *ORIGIN.get_or_init(instant);

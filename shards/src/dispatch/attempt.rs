@@ -196,7 +196,9 @@ impl Dispatcher {
             .await
             {
                 Ok(()) => {
-                    let timing = Timing::new(timeouts, ex.started, clock::instant());
+                    let sent = clock::instant();
+                    ex.times.sent = Some(sent);
+                    let timing = Timing::new(timeouts, ex.started, sent);
                     relay::relay(&timing, ex, &mut up, backend, attempt, reused)
                         .await
                         .map(|answer| (answer, timing.sent()))

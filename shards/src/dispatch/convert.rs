@@ -212,6 +212,7 @@ pub(super) async fn relay_converted(
             .extend_from_slice(b"transfer-encoding: chunked\r\n");
     }
     end_head(ex, backend, attempt, keep_alive);
+    let head_len = ex.sink.buf.len();
     let mut conv = StreamConv::new(conv);
     let mut body = BodyState::new(parsed, true);
     let mut plain = Vec::new();
@@ -220,6 +221,9 @@ pub(super) async fn relay_converted(
     match body.forward(&ex.bufs.ubuf[first], &mut plain) {
         Ok(_) => feed(&mut conv, &plain, &mut ex.sink.buf, chunked, &mut failed),
         Err(_) => failed = Some(ErrorClass::UpstreamProtocol),
+    }
+    if ex.sink.buf.len() > head_len {
+        ex.times.event_written(crate::clock::instant);
     }
     write_client(ex).await?;
     while failed.is_none() && !body.done && !conv.is_done() {
@@ -241,6 +245,9 @@ pub(super) async fn relay_converted(
         match body.forward(&ex.bufs.ubuf, &mut plain) {
             Ok(_) => feed(&mut conv, &plain, &mut ex.sink.buf, chunked, &mut failed),
             Err(_) => failed = Some(ErrorClass::UpstreamProtocol),
+        }
+        if !ex.sink.buf.is_empty() {
+            ex.times.event_written(crate::clock::instant);
         }
         write_client(ex).await?;
     }

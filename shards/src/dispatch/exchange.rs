@@ -28,6 +28,7 @@ use continuum_core::ingress::responses::{ResponsesContext, chat_to_responses};
 use super::{CHAT_PATH, Ingress};
 use crate::http::respond::{ErrorShape, LocalError};
 use crate::http::{Outcome, Request, ResponseSink, write_lent};
+use crate::metrics::phases::PhaseTimes;
 
 /// Buffers of the upstream side, kept per connection and reused by its exchanges.
 #[derive(Debug, Default)]
@@ -89,6 +90,8 @@ pub(crate) struct Exchange<'a> {
     /// The client's API key when `auth` is on: its `allowed_backends` filter every replica
     /// choice, and its credential headers are not forwarded.
     pub(crate) key: Option<&'a KeyEntry>,
+    /// Where this request's time went, filed when it ends.
+    pub(crate) times: PhaseTimes,
 }
 
 impl<'a> Exchange<'a> {
@@ -112,6 +115,7 @@ impl<'a> Exchange<'a> {
             responses_ctx: None,
             started,
             key: None,
+            times: PhaseTimes::default(),
         }
     }
 

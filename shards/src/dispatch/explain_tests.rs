@@ -171,6 +171,7 @@ fn plan(d: &Dispatcher, snap: &RouterSnapshot, b: &str) -> u64 {
         Some(BodyFormat::Chat),
         None,
         &mut Vec::new(),
+        &mut crate::metrics::phases::PhaseTimes::default(),
     ) {
         Plan::Pinned(p) => {
             let id = p.pins.worker;

@@ -223,6 +223,20 @@ impl Dispatcher {
     ) -> Outcome {
         self.deposit(&snap.config.server.retry_budget, clock::ms_at(req.started));
         let mut ex = Exchange::new(req, sink, bufs, ingress);
+        let outcome = self.exchange(snap, &mut ex, ingress).await;
+        self.metrics
+            .phases
+            .record(ex.req.route, ex.started, &ex.times);
+        outcome
+    }
+
+    /// [`Dispatcher::serve`]'s exchange, from the API key to the answer.
+    async fn exchange<'a>(
+        &self,
+        snap: &'a RouterSnapshot,
+        ex: &mut Exchange<'a>,
+        ingress: Ingress,
+    ) -> Outcome {
         if let Some(auth) = &snap.auth {
             match keys::identify(auth, ex.req) {
                 Ok(k) => ex.key = Some(k),
@@ -236,7 +250,7 @@ impl Dispatcher {
                 }
             }
         }
-        let prepared = match prepare::prepare(&mut ex) {
+        let prepared = match prepare::prepare(ex) {
             Ok(p) => p,
             Err(outcome) => return outcome,
         };
@@ -267,6 +281,7 @@ impl Dispatcher {
                                 ingress.prompt_format(),
                                 tenant_id(ex.req),
                                 shim_body,
+                                &mut ex.times,
                             ),
                         };
                         if route.is_none() && planned.is_none() {
@@ -288,7 +303,7 @@ impl Dispatcher {
                     route,
                     mode: prepared.mode,
                 };
-                self.dispatch_pinned(snap, &mut ex, p, req).await
+                self.dispatch_pinned(snap, ex, p, req).await
             }
             plan::Plan::NoWorker => {
                 // SHIM-08: no worker serves the model; plain routing, unpinned.
@@ -301,15 +316,14 @@ impl Dispatcher {
                     }),
                     ..Attempt::PLAIN
                 };
-                self.plain(snap, &mut ex, route, &attempt, clock::instant())
+                self.plain(snap, ex, route, &attempt, clock::instant())
                     .await
             }
             // Nothing ran between the request's start and its dispatch: the first attempt
             // begins with the request, on its clock reading.
             plan::Plan::Off => {
                 let begun = ex.started;
-                self.plain(snap, &mut ex, route, &Attempt::PLAIN, begun)
-                    .await
+                self.plain(snap, ex, route, &Attempt::PLAIN, begun).await
             }
         }
     }

@@ -33,6 +33,7 @@ use super::Dispatcher;
 use super::exchange::Body;
 use super::prompt::{Deferral, Prepared, ShardPrompts};
 use super::token_data::write_shim_body;
+use crate::metrics::phases::PhaseTimes;
 use crate::signals::Signals;
 
 /// What a picker factory may use of its shard.
@@ -343,12 +344,14 @@ impl Dispatcher {
         format: Option<BodyFormat>,
         tenant: Option<&str>,
         shim_body: &mut Vec<u8>,
+        times: &mut PhaseTimes,
     ) -> Plan<'s> {
         if !snap.shim.any_usable() {
             return Plan::Off;
         }
         let fleet: &'s FleetView = &snap.fleet;
-        let now = crate::clock::now();
+        let planned = crate::clock::instant();
+        let now = crate::clock::at(planned);
         let view = self.signals.store.view();
         let reader = InflightReader::new(&self.signals.inflight);
         let model = snap.shim.dynamo_model(client_model);
@@ -366,6 +369,13 @@ impl Dispatcher {
         } = &mut *st;
         let loads = StoreLoads::memoised(&view, &reader, memo);
         let prepared = prompts.prepare(snap, model, body, format, tenant, Deferral::Encode);
+        let picking = if matches!(prepared, Prepared::Off) {
+            planned
+        } else {
+            let t = crate::clock::instant();
+            times.prompt = Some(t.saturating_duration_since(planned));
+            t
+        };
         let prompt = prompt_size(&prepared, body);
         let mut blocks = NO_BLOCKS;
         let n = prepared.blocks(&mut blocks);
@@ -381,7 +391,9 @@ impl Dispatcher {
         );
         // One candidate: a pinned request is never re-picked (SHIM-16/17).
         let mut picks = Picks::new(1);
-        if picker.pick(&input, &mut picks).is_err() {
+        let picked = picker.pick(&input, &mut picks);
+        times.pick = Some(crate::clock::instant().saturating_duration_since(picking));
+        if picked.is_err() {
             return Plan::NoWorker;
         }
         let Some(pick) = picks.first().copied() else {

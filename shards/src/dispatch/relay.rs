@@ -22,8 +22,10 @@ use super::upstream::{
     BodyState, Framing, MAX_RESPONSE_HEAD, ParsedHead, Timing, UPSTREAM_BUF, end_head, hold,
     parse_head, read_continued, read_upstream, write_client,
 };
+use crate::clock;
 use crate::http::respond;
 use crate::http::{Outcome, push_decimal};
+use crate::metrics::phases::DispatchPath;
 
 /// Largest non-2xx body held back for the shim decision (error bodies are small; a larger one
 /// is treated as an unusable answer).
@@ -86,6 +88,13 @@ pub(super) async fn relay(
             Some(p) => break p,
         }
     };
+    let head_at = clock::instant();
+    ex.times.head = Some(head_at);
+    ex.times.path = if attempt.pins.is_some() {
+        DispatchPath::Shim
+    } else {
+        DispatchPath::Plain
+    };
     if attempt.on_failure == FailureHandling::Hold && !(200..300).contains(&parsed.status) {
         let reusable = hold(ex, up, &parsed, timing, MAX_HELD_BODY).await?;
         return Ok((Answer::Held(parsed.status), reusable));
@@ -102,9 +111,14 @@ pub(super) async fn relay(
     // Body bytes that came with the head.
     let first = parsed.head_len..ex.bufs.ubuf.len();
     let mut body = BodyState::new(&parsed, dechunk);
+    let head_len = ex.sink.buf.len();
     let consumed = body.forward(&ex.bufs.ubuf[first.clone()], &mut ex.sink.buf)?;
     if consumed < first.len() {
         reusable = false; // bytes beyond the response: do not trust this connection
+    }
+    let events = is_event_stream(ex, &parsed);
+    if events && ex.sink.buf.len() > head_len {
+        ex.times.event_written(|| head_at);
     }
     write_client(ex).await?;
     // From here on the client has part of the answer: nothing can be retried or answered any
@@ -124,6 +138,9 @@ pub(super) async fn relay(
         if forwarded < ex.bufs.ubuf.len() {
             reusable = false;
         }
+        if events && !ex.sink.buf.is_empty() {
+            ex.times.event_written(clock::instant);
+        }
         write_client(ex).await?;
     }
     let reusable = reusable && parsed.framing != Framing::UntilClose;
@@ -134,6 +151,18 @@ pub(super) async fn relay(
         }),
         reusable,
     ))
+}
+
+/// Whether the answer `p` is a 2xx event stream (`content-type: text/event-stream`): its first
+/// body bytes are its first event (`continuum_time_to_first_event_seconds`).
+fn is_event_stream(ex: &Exchange<'_>, p: &ParsedHead) -> bool {
+    (200..300).contains(&p.status)
+        && ex.bufs.resp_spans.iter().any(|h| {
+            ex.bufs.ubuf[h.name.clone()].eq_ignore_ascii_case(b"content-type")
+                && ex.bufs.ubuf[h.value.clone()]
+                    .get(..17)
+                    .is_some_and(|v| v.eq_ignore_ascii_case(b"text/event-stream"))
+        })
 }
 
 /// Write a held answer to `ex.sink.buf` as a complete response with the routing headers, for the

@@ -13,6 +13,7 @@
 mod bus;
 pub(crate) mod dynamo;
 pub(crate) mod kv_select;
+pub(crate) mod phases;
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -83,6 +84,8 @@ pub struct ShardMetrics {
     pub(crate) dynamo: dynamo::DynamoCounters,
     /// `continuum_dynamo_kv_selection_total{result}` of this shard (KV-PICK-09).
     pub(crate) kv_selection: kv_select::KvSelectionCounters,
+    /// Where proxied requests' time goes ([`phases`]).
+    pub(crate) phases: phases::PhaseHistograms,
 }
 
 impl ShardMetrics {
@@ -106,6 +109,7 @@ impl ShardMetrics {
             inflight: AtomicU64::new(0),
             dynamo: Default::default(),
             kv_selection: Default::default(),
+            phases: Default::default(),
         }
     }
 
@@ -305,6 +309,7 @@ pub fn render(shards: &[std::sync::Arc<ShardMetrics>], control: &ControlStats) -
     let mut out = String::with_capacity(4096);
     render_requests(&mut out, shards);
     render_latency(&mut out, shards);
+    phases::render(&mut out, shards.iter().map(|s| &s.phases));
     let _ = writeln!(
         out,
         "# HELP continuum_upstream_errors_total Upstream failures by class.\n\
