@@ -65,6 +65,9 @@ pub(crate) struct HopOptions {
     pub(crate) against_label: String,
     /// The router config; `None`: operator, or plain when `against_bin` refuses operator.
     pub(crate) profile: Option<crate::servers::RouterProfile>,
+    /// A tuning variant of the same router measured beside it in every round (instead of
+    /// another binary): the node tuning figures of docs/tuning.md.
+    pub(crate) variant: Option<crate::servers::RouterVariant>,
     /// nginx binary.
     pub(crate) nginx_bin: PathBuf,
     /// wrk binary.
@@ -85,6 +88,7 @@ impl Default for HopOptions {
             router_bin: None,
             against_bin: None,
             against_label: "old".to_owned(),
+            variant: None,
             profile: None,
             nginx_bin: PathBuf::from("nginx"),
             wrk_bin: PathBuf::from("wrk"),
@@ -256,11 +260,19 @@ fn parse_hop(mut args: impl Iterator<Item = String>) -> Result<HopOptions, Usage
             "--against-bin" => opts.against_bin = Some(PathBuf::from(v?)),
             "--against-label" => opts.against_label = label(&flag, v?)?,
             "--profile" => opts.profile = Some(profile(&flag, v?)?),
+            "--variant" => opts.variant = Some(variant(&flag, v?)?),
             "--nginx-bin" => opts.nginx_bin = PathBuf::from(v?),
             "--wrk-bin" => opts.wrk_bin = PathBuf::from(v?),
             "--ready-timeout" => opts.ready_timeout_secs = number(&flag, v?, 1, 300)?,
             _ => return Err(UsageError::UnknownFlag(flag)),
         }
+    }
+    if let (Some(v), Some(_)) = (opts.variant, &opts.against_bin) {
+        return Err(UsageError::BadValue {
+            flag: "--variant".into(),
+            value: v.name().into(),
+            reason: "measures a variant of this router beside it; not with --against",
+        });
     }
     if opts.connections < opts.threads {
         return Err(UsageError::BadValue {
@@ -282,6 +294,19 @@ fn label(flag: &str, value: String) -> Result<String, UsageError> {
             value,
             reason: "1 to 24 printable characters, no spaces",
         })
+    }
+}
+
+fn variant(flag: &str, value: String) -> Result<crate::servers::RouterVariant, UsageError> {
+    use crate::servers::RouterVariant;
+    match value.as_str() {
+        "unpinned" => Ok(RouterVariant::Unpinned),
+        "epoll" => Ok(RouterVariant::Epoll),
+        _ => Err(UsageError::BadValue {
+            flag: flag.into(),
+            value,
+            reason: "unpinned or epoll",
+        }),
     }
 }
 
@@ -538,9 +563,15 @@ mod tests {
             "http-hop --rounds 21",
             "http-hop --profile fast",
             "http-hop --against-label",
+            "http-hop --variant pinned",
+            "http-hop --variant epoll --against-bin /x/old",
         ] {
             assert!(parse(args(bad)).is_err(), "{bad}");
         }
+        let Ok(Command::HttpHop(o)) = parse(args("http-hop --variant unpinned")) else {
+            panic!("expected http-hop");
+        };
+        assert_eq!(o.variant, Some(crate::servers::RouterVariant::Unpinned));
     }
 
     #[test]

@@ -24,7 +24,7 @@ use crate::cpu;
 use crate::error::BenchError;
 use crate::probe;
 use crate::report::{self, Measurement};
-use crate::servers::{self, Placement, RouterProfile};
+use crate::servers::{self, Placement, RouterProfile, RouterVariant};
 use crate::tempdir::TempDir;
 use crate::wrk::{self, WrkRun};
 
@@ -34,8 +34,8 @@ const LOAD_CPU: usize = 1;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Server<'a> {
     Nginx,
-    /// A router binary and its name in the report.
-    Router(&'a Path, &'a str),
+    /// A router binary, its name in the report and the tuning variant it runs as.
+    Router(&'a Path, &'a str, Option<RouterVariant>),
 }
 
 /// Shared state of one `http-hop` run.
@@ -63,7 +63,11 @@ pub(crate) fn run(opts: &HopOptions) -> Result<(), BenchError> {
     if let Some(why) = &router_missing {
         eprintln!("router: {why}. Reporting the nginx baseline only.");
     }
-    let against = opts.against_bin.as_deref();
+    // A variant is the same binary in the other revision's place.
+    let against = match opts.variant {
+        Some(_) => Some(router_bin.as_path()),
+        None => opts.against_bin.as_deref(),
+    };
     let against_missing = against.and_then(|b| {
         missing(
             b,
@@ -101,7 +105,10 @@ pub(crate) fn run(opts: &HopOptions) -> Result<(), BenchError> {
         cpu::loadavg().map_or("?".into(), |l| format!("{l:.2}")),
     )
     .map_err(w)?;
-    let label = opts.against_label.as_str();
+    let label: &str = match opts.variant {
+        Some(v) => v.name(),
+        None => &opts.against_label,
+    };
     for &shards in &opts.shards {
         let title = title(shards);
         let mut rounds = Vec::new();
@@ -111,9 +118,9 @@ pub(crate) fn run(opts: &HopOptions) -> Result<(), BenchError> {
             }
             eprintln!("{title}, round {round}: nginx ...");
             let nginx = hop.measure(Server::Nginx, shards)?;
-            let mut routers = vec![(Server::Router(&router_bin, "router"), &router_missing)];
+            let mut routers = vec![(Server::Router(&router_bin, "router", None), &router_missing)];
             if let Some(bin) = against {
-                routers.push((Server::Router(bin, label), &against_missing));
+                routers.push((Server::Router(bin, label, opts.variant), &against_missing));
                 // The two revisions alternate which runs first, so neither always follows nginx.
                 if round % 2 == 0 {
                     routers.reverse();
@@ -121,7 +128,7 @@ pub(crate) fn run(opts: &HopOptions) -> Result<(), BenchError> {
             }
             let mut measured = Vec::new();
             for (server, why_missing) in routers {
-                let Server::Router(_, name) = server else {
+                let Server::Router(_, name, _) = server else {
                     continue;
                 };
                 let m = match why_missing {
@@ -208,8 +215,8 @@ impl Hop<'_> {
         let ready = Duration::from_secs(o.ready_timeout_secs);
         let mut srv = match server {
             Server::Nginx => servers::start_nginx(&o.nginx_bin, self.dir, &p, ready)?,
-            Server::Router(bin, _) => {
-                servers::start_router(bin, self.dir, &p, self.profile, ready)?
+            Server::Router(bin, _, variant) => {
+                servers::start_router(bin, self.dir, &p, self.profile, variant, ready)?
             }
         };
         let load_cpus = [LOAD_CPU];
@@ -248,7 +255,7 @@ impl Hop<'_> {
         Ok(Measurement {
             server: match server {
                 Server::Nginx => "nginx".to_owned(),
-                Server::Router(_, name) => name.to_owned(),
+                Server::Router(_, name, _) => name.to_owned(),
             },
             server_cpus: p.cpus.len(),
             wrk,

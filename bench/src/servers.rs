@@ -95,18 +95,50 @@ impl RouterProfile {
     }
 }
 
+/// A tuning variant of the router, measured beside the default (pinned shards, io_uring) with
+/// `http-hop --variant` for docs/tuning.md.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RouterVariant {
+    /// No `cpu_affinity` or `control_cpu`, and the process allowed on every CPU: the threads go
+    /// where the scheduler puts them.
+    Unpinned,
+    /// `CONTINUUM_DRIVER=epoll`: monoio's epoll driver instead of io_uring.
+    Epoll,
+}
+
+impl RouterVariant {
+    /// The variant's name in the report.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            RouterVariant::Unpinned => "unpinned",
+            RouterVariant::Epoll => "epoll",
+        }
+    }
+}
+
 /// Router YAML for `p` under `profile`. The operator profile carries a client API key (with a
 /// rate budget) and an active health check on the backend, so the hop pays for what an operator
 /// would turn on.
-pub(crate) fn router_yaml(p: &Placement, profile: RouterProfile) -> String {
+pub(crate) fn router_yaml(
+    p: &Placement,
+    profile: RouterProfile,
+    variant: Option<RouterVariant>,
+) -> String {
     let cpus: Vec<String> = p.cpus.iter().map(usize::to_string).collect();
+    let pinning = if variant == Some(RouterVariant::Unpinned) {
+        String::new()
+    } else {
+        format!(
+            "  cpu_affinity: [{}]\n  control_cpu: {}\n",
+            cpus.join(", "),
+            p.cpus.first().copied().unwrap_or(0)
+        )
+    };
     let mut yaml = format!(
         "server:
   bind_address: \"127.0.0.1:{port}\"
   shards: {workers}
-  cpu_affinity: [{cpus}]
-  control_cpu: {control}
-backends:
+{pinning}backends:
   - name: fast
     type: openai
     url: \"http://127.0.0.1:{backend}\"
@@ -114,8 +146,6 @@ backends:
 ",
         port = p.port,
         workers = p.workers,
-        cpus = cpus.join(", "),
-        control = p.cpus.first().copied().unwrap_or(0),
         backend = p.backend_port,
     );
     if profile == RouterProfile::Operator {
@@ -144,7 +174,7 @@ pub(crate) fn router_accepts(
         port: 1,
         backend_port: 2,
     };
-    let conf = dir.write("validate.yaml", &router_yaml(&p, profile))?;
+    let conf = dir.write("validate.yaml", &router_yaml(&p, profile, None))?;
     let status = Command::new(bin)
         .args(["config", "validate", "--config"])
         .arg(&conf)
@@ -187,12 +217,22 @@ pub(crate) fn start_router(
     dir: &TempDir,
     p: &Placement,
     profile: RouterProfile,
+    variant: Option<RouterVariant>,
     ready: Duration,
 ) -> Result<Supervised, BenchError> {
-    let conf = dir.write("router.yaml", &router_yaml(p, profile))?;
+    let conf = dir.write("router.yaml", &router_yaml(p, profile, variant))?;
     let log = dir.path().join("router.log");
-    let cmd = router_command(bin, &conf, &log)?;
-    let mut router = Supervised::spawn("router", cmd, &p.cpus, Some(&log))?;
+    let mut cmd = router_command(bin, &conf, &log)?;
+    let every_cpu: Vec<usize> = (0..crate::child::available_cpus()).collect();
+    let cpus = match variant {
+        Some(RouterVariant::Unpinned) => &every_cpu,
+        Some(RouterVariant::Epoll) => {
+            cmd.env("CONTINUUM_DRIVER", "epoll");
+            &p.cpus
+        }
+        None => &p.cpus,
+    };
+    let mut router = Supervised::spawn("router", cmd, cpus, Some(&log))?;
     probe::wait_ready(&mut router, p.port, probe::HEALTH, ready)?;
     probe::wait_ready(&mut router, p.port, probe::CHAT, ready)?;
     Ok(router)
@@ -246,7 +286,7 @@ mod tests {
 
     #[test]
     fn router_yaml_shape() {
-        let y = router_yaml(&placement(vec![0, 1]), RouterProfile::Operator);
+        let y = router_yaml(&placement(vec![0, 1]), RouterProfile::Operator, None);
         assert!(y.contains("shards: 2\n  cpu_affinity: [0, 1]\n  control_cpu: 0\n"));
         assert!(y.contains("url: \"http://127.0.0.1:9000\""));
         // The hop runs with auth and health checks on, and the key wrk sends is the configured one.
@@ -264,10 +304,35 @@ mod tests {
             "the rate budget is exercised too"
         );
         // The plain profile: the same server and backend, no keys and no health check.
-        let y = router_yaml(&placement(vec![0]), RouterProfile::Plain);
+        let y = router_yaml(&placement(vec![0]), RouterProfile::Plain, None);
         let (c, _) = continuum_core::config::Config::from_yaml(&y, &continuum_core::config::NoEnv)
             .unwrap_or_else(|e| panic!("plain router config invalid: {:?}", e.errors));
         assert!(c.backends[0].health_check.is_none() && c.auth.is_none());
+        // The unpinned variant: the same config without the CPUs.
+        let y = router_yaml(
+            &placement(vec![0, 1]),
+            RouterProfile::Operator,
+            Some(RouterVariant::Unpinned),
+        );
+        assert!(
+            y.contains(
+                "shards: 2
+backends:"
+            ),
+            "{y}"
+        );
+        let (c, _) = continuum_core::config::Config::from_yaml(&y, &continuum_core::config::NoEnv)
+            .unwrap_or_else(|e| panic!("unpinned router config invalid: {:?}", e.errors));
+        assert!(c.server.cpu_affinity.is_empty() && c.server.control_cpu.is_none());
+        let epoll = router_yaml(
+            &placement(vec![0, 1]),
+            RouterProfile::Operator,
+            Some(RouterVariant::Epoll),
+        );
+        assert_eq!(
+            epoll,
+            router_yaml(&placement(vec![0, 1]), RouterProfile::Operator, None)
+        );
         assert!(y.contains("url: \"http://127.0.0.1:9000\""));
     }
 }

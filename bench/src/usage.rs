@@ -42,6 +42,11 @@ http-hop options:
   --profile NAME       the router's config: operator (a client API key with a rate budget and a
                        1 s health check, the default) or plain (neither); with --against-bin and
                        no --profile, plain when the other binary refuses the operator config
+  --variant NAME       measure a tuning variant of the same router beside it in every round, as
+                       --against-bin does another binary: unpinned (no cpu_affinity or
+                       control_cpu, the process free on every CPU) or epoll
+                       (CONTINUUM_DRIVER=epoll); the summary's new/NAME ratios are the figures of
+                       docs/tuning.md (not with --against-bin)
   --nginx-bin PATH     nginx binary (default: nginx on PATH)
   --wrk-bin PATH       wrk binary (default: wrk on PATH)
   --ready-timeout SECS how long a server may take to pass its probe (default 15)

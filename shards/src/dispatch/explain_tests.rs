@@ -170,8 +170,10 @@ fn plan(d: &Dispatcher, snap: &RouterSnapshot, b: &str) -> u64 {
         b.as_bytes(),
         Some(BodyFormat::Chat),
         None,
-        &mut Vec::new(),
-        &mut crate::metrics::phases::PhaseTimes::default(),
+        super::plan::PlanOut {
+            shim_body: &mut Vec::new(),
+            times: &mut crate::metrics::phases::PhaseTimes::default(),
+        },
     ) {
         Plan::Pinned(p) => {
             let id = p.pins.worker;

@@ -280,8 +280,10 @@ impl Dispatcher {
                                 body,
                                 ingress.prompt_format(),
                                 tenant_id(ex.req),
-                                shim_body,
-                                &mut ex.times,
+                                plan::PlanOut {
+                                    shim_body,
+                                    times: &mut ex.times,
+                                },
                             ),
                         };
                         if route.is_none() && planned.is_none() {

@@ -318,6 +318,15 @@ impl Plan<'_> {
     }
 }
 
+/// What a plan writes besides its answer.
+#[derive(Debug)]
+pub(super) struct PlanOut<'x> {
+    /// The shim attempts' body, when it carries `nvext.token_data` (KV-PICK-10).
+    pub(super) shim_body: &'x mut Vec<u8>,
+    /// The request's phase times: the prompt pipeline's and the pick's are filed here.
+    pub(super) times: &'x mut PhaseTimes,
+}
+
 /// A pick, as the dispatch needs it.
 #[derive(Debug)]
 pub(super) struct Pinned<'s> {
@@ -335,7 +344,8 @@ impl Dispatcher {
     /// reads (`format`) goes through the model's prompt pipeline when `dynamo.kv` is on
     /// (KV-TOK-11..17), else it gives the prompt-size estimate (PICK-02). `tenant` is the
     /// request's `x-tenant-id` (the cache salt's override). With `dynamo.kv.send_token_data` and a prepared prompt, the
-    /// pinned request's body with `nvext.token_data` is written to `shim_body` (KV-PICK-10).
+    /// pinned request's body with `nvext.token_data` is written to `out.shim_body` (KV-PICK-10);
+    /// the pick's and the pipeline's durations to `out.times`.
     pub(super) fn plan<'s>(
         &self,
         snap: &'s RouterSnapshot,
@@ -343,9 +353,9 @@ impl Dispatcher {
         body: &[u8],
         format: Option<BodyFormat>,
         tenant: Option<&str>,
-        shim_body: &mut Vec<u8>,
-        times: &mut PhaseTimes,
+        out: PlanOut<'_>,
     ) -> Plan<'s> {
+        let PlanOut { shim_body, times } = out;
         if !snap.shim.any_usable() {
             return Plan::Off;
         }
