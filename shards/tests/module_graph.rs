@@ -1,5 +1,6 @@
-//! Module-graph check: the modules of `continuum-shards`, `continuum-core`, the event bus
-//! listener (`continuum-bus`), its wire contract (`continuum-event-bus`) and the broker
+//! Module-graph check: the modules of `continuum-shards`, `continuum-core`, `continuum-control`,
+//! the binary (`src/`), the simulator (`sim/`), the bench, the event bus listener
+//! (`continuum-bus`), its wire contract (`continuum-event-bus`) and the broker
 //! (`continuum-event-broker`) must not depend on each other in a cycle.
 //!
 //! The rule, checked at every level of each crate's module tree (the crate root `lib.rs` is the
@@ -574,6 +575,17 @@ fn core_has_no_module_cycles() {
 #[test]
 fn bench_has_no_module_cycles() {
     assert_acyclic("bench", "../bench/src/main.rs");
+}
+
+#[test]
+fn the_binary_and_the_simulator_have_no_module_cycles() {
+    assert_acyclic("continuum-router", "../src/main.rs");
+    assert_acyclic("sim", "../sim/src/lib.rs");
+}
+
+#[test]
+fn control_has_no_module_cycles() {
+    assert_acyclic("control", "../control/src/lib.rs");
 }
 
 #[test]
