@@ -17,6 +17,9 @@ command -v etcdctl >/dev/null 2>&1 || need+=(etcd-client)
 command -v kubectl >/dev/null 2>&1 || need+=(kubernetes-client)
 command -v curl >/dev/null 2>&1 || need+=(curl)
 command -v openssl >/dev/null 2>&1 || need+=(openssl)
+# promtool and prometheus (Debian package prometheus) check the alerting rules and evaluate them
+# and the Grafana dashboard against live routers (tests/prometheus.rs).
+command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 # systemd-analyze checks the router node's unit (tests/deploy_systemd.rs).
 command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
 if [ ${#need[@]} -gt 0 ] && command -v apt-get >/dev/null 2>&1; then

@@ -46,6 +46,7 @@ pub mod kube;
 pub mod kv;
 pub mod kv_pick;
 pub mod pki;
+pub mod prometheus;
 pub mod pyclient;
 pub mod router;
 pub mod shim;
