@@ -1,7 +1,9 @@
 //! Metrics hooks of the load store: per-key gauges and the `load_events_total` counters.
 //!
 //! Role: [`LoadStore::render_gauges`] renders the three per-key gauges from the store itself, so a
-//! series exists exactly while its key is live and its last sample carries the field;
+//! series exists exactly while its key is live and its last sample carries the field, and each
+//! live key's sample age (`continuum_dynamo_worker_load_sample_age_seconds`, the freshness an
+//! operator alerts on; the clock is the caller's);
 //! [`LoadEventCounters`] are per-shard single-writer counters that [`render_load_events`] merges
 //! at scrape time; [`ApplyOutcome::result`] and [`Refusal::result`] map the store's outcomes to
 //! their `result` label. This module builds on `store`, never the reverse.
@@ -20,6 +22,7 @@ use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use super::store::{ApplyOutcome, LoadStore, Refusal};
+use crate::clock::Instant;
 
 /// The `result` label of `continuum_dynamo_load_events_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -182,11 +185,34 @@ pub fn escape_label(out: &mut String, v: &str) {
     }
 }
 
+/// The freshness gauge: seconds since the last applied sample per worker rank.
+const AGE: (&str, &str) = (
+    "continuum_dynamo_worker_load_sample_age_seconds",
+    "Seconds since this router applied the last kv_metrics sample of the worker rank (fresh while at most dynamo.load.max_staleness).",
+);
+
 impl LoadStore {
-    /// Renders the per-key gauges of the current generation (Prometheus text). Scrape path:
-    /// allocates only by growing `out`.
-    pub fn render_gauges(&self, out: &mut String) {
+    /// Renders the per-key gauges of the current generation (Prometheus text), the ages as of
+    /// `now`. Scrape path: allocates only by growing `out`.
+    pub fn render_gauges(&self, out: &mut String, now: Instant) {
         let view = self.view();
+        // Every rank with a sample has an age (not a sample field: LOAD-MET-02 does not apply).
+        let (name, help) = AGE;
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
+        for (e, ns) in view.entries() {
+            let Some(s) = view.read_entry(e).sample else {
+                continue;
+            };
+            let age = now.saturating_since(s.received_at).as_secs_f64();
+            let _ = write!(out, "{name}{{namespace=\"");
+            escape_label(out, ns);
+            let _ = writeln!(
+                out,
+                "\",worker=\"{:x}\",dp_rank=\"{}\"}} {age}",
+                e.key.worker_id.get(),
+                e.key.dp_rank
+            );
+        }
         for (g, (name, help)) in GAUGES.iter().enumerate() {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
             for (e, ns) in view.entries() {

@@ -244,8 +244,12 @@ fn cap_exactly_at_and_one_over() {
 }
 
 fn render(s: &LoadStore) -> String {
+    render_at(s, at_ms(0))
+}
+
+fn render_at(s: &LoadStore, now: crate::clock::Instant) -> String {
     let mut out = String::new();
-    s.render_gauges(&mut out);
+    s.render_gauges(&mut out, now);
     out
 }
 
@@ -274,11 +278,20 @@ fn set_live_and_retain_removes_samples_and_series_in_one_step() {
         "continuum_dynamo_worker_kv_used_blocks{namespace=\"prod\",worker=\"ab\",dp_rank=\"1\"} 7\n"
     ));
     assert!(
-        !out.contains("worker=\"cd\""),
+        !out.contains("_blocks{namespace=\"canary\",worker=\"cd\"")
+            && !out.contains("_tokens{namespace=\"canary\",worker=\"cd\""),
         "all-nil sample: no series (LOAD-MET-02)"
     );
+    // Every sampled rank has an age, the all-nil one too; as of the scrape's clock.
+    assert!(out.contains(
+        "continuum_dynamo_worker_load_sample_age_seconds{namespace=\"canary\",worker=\"cd\",dp_rank=\"0\"} 0\n"
+    ));
+    let later = render_at(&s, at_ms(2_500));
+    assert!(later.contains(
+        "continuum_dynamo_worker_load_sample_age_seconds{namespace=\"prod\",worker=\"ab\",dp_rank=\"1\"} 2.5\n"
+    ), "{later}");
     assert!(
-        !out.contains("dp_rank=\"0\""),
+        !out.contains("worker=\"ab\",dp_rank=\"0\""),
         "rank 0 of ab never published"
     );
     let view_before = s.view();

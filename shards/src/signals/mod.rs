@@ -110,7 +110,7 @@ impl Signals {
                 }
             }
         }
-        self.store.render_gauges(out);
+        self.store.render_gauges(out, crate::clock::now());
         self.kv.render_metrics(out);
     }
 }
