@@ -1,7 +1,6 @@
 //! Command-line parsing and the `config` subcommands.
 //!
 //! This is the one module that writes to stdout: its output is the command's result.
-#![allow(clippy::print_stdout)]
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -133,15 +132,26 @@ fn version_text(build: continuum_core::config::Build) -> String {
     )
 }
 
+/// Write a command's result to stdout. A reader that went away (`| head`) is its choice, not an
+/// error: the write stops quietly instead of panicking (which `print!` does, and which the
+/// release profile's `panic = "abort"` turns into SIGABRT).
+fn out(text: &str) {
+    use std::io::Write as _;
+    let mut stdout = std::io::stdout().lock();
+    let _ = stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush());
+}
+
 /// Run a parsed command.
 pub(crate) fn execute(cmd: Command) -> ExitCode {
     match cmd {
         Command::Help => {
-            println!("{USAGE}");
+            out(&format!("{USAGE}\n"));
             ExitCode::SUCCESS
         }
         Command::Version => {
-            println!("{}", version_text(continuum_control::BUILD));
+            out(&format!("{}\n", version_text(continuum_control::BUILD)));
             ExitCode::SUCCESS
         }
         Command::Run { config } => crate::serve::run_file(&config),
@@ -161,12 +171,12 @@ pub(crate) fn execute(cmd: Command) -> ExitCode {
             };
             let result = continuum_control::load_config(&text, &ProcessEnv);
             match &result {
-                Ok(l) => print!("{}", report::render_lines(&[], &l.warnings)),
-                Err(e) => print!("{}", report::render_lines(&e.errors, &e.warnings)),
+                Ok(l) => out(&report::render_lines(&[], &l.warnings)),
+                Err(e) => out(&report::render_lines(&e.errors, &e.warnings)),
             }
             match result {
                 Ok(_) => {
-                    println!("{}: valid", config.display());
+                    out(&format!("{}: valid\n", config.display()));
                     ExitCode::SUCCESS
                 }
                 Err(_) => ExitCode::from(1),
@@ -181,7 +191,7 @@ pub(crate) fn execute(cmd: Command) -> ExitCode {
                 Ok(l) => {
                     // What this build switched off (CFG-04) is shown off; say why on stderr.
                     eprint!("{}", report::render_lines(&[], &l.warnings));
-                    print!("{}", l.config.show_masked());
+                    out(&l.config.show_masked());
                     ExitCode::SUCCESS
                 }
                 Err(e) => {

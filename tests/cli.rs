@@ -153,3 +153,35 @@ fn admin_config_without_token_hash_answers_loopback() {
     let v = resp.json();
     assert!(v["backends"].is_array(), "{v}");
 }
+
+/// `continuum-router version | head -0`: a reader that is gone is not an error. The command
+/// exits 0 instead of panicking on the broken pipe (an abort in the release profile).
+#[test]
+fn a_closed_stdout_is_not_a_crash() {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let dir = TempDir::new("cli");
+    let path = dir.write("ok.yaml", &sample_config().to_yaml(loopback()));
+    for args in [
+        vec!["version"],
+        vec!["config", "show", "--config", path.to_str().unwrap()],
+    ] {
+        let mut fds = [0; 2];
+        // SAFETY: `fds` is a valid array of two ints for pipe(2) to fill.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        // SAFETY: both descriptors were just created by pipe(2) and are owned here only.
+        let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        drop(read);
+        let mut child = std::process::Command::new(common::router::router_bin())
+            .args(&args)
+            .stdout(std::process::Stdio::from(write))
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let status =
+            common::wait_bounded(&mut child, std::time::Duration::from_secs(30)).expect("exits");
+        let mut err = String::new();
+        std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
+        assert_eq!(status.code(), Some(0), "{args:?}: {status:?} {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+}

@@ -264,11 +264,13 @@ fn the_kubernetes_templates_watch_the_api_server() {
             true,
         ),
     );
-    let mut cfg = RouterConfig::default();
-    cfg.env = vec![(
-        "KUBECONFIG".into(),
-        api.kubeconfig().to_string_lossy().into_owned(),
-    )];
+    let cfg = RouterConfig {
+        env: vec![(
+            "KUBECONFIG".into(),
+            api.kubeconfig().to_string_lossy().into_owned(),
+        )],
+        ..RouterConfig::default()
+    };
     let cidr = || vec![("10.0.0.0/8", "127.0.0.0/8".to_string())];
 
     let meta = RouterProcess::start_yaml(&cfg, &filled("discovery-kubernetes.yaml", cidr()));
