@@ -185,6 +185,18 @@ pub fn escape_label(out: &mut String, v: &str) {
     }
 }
 
+/// `name{namespace="ns",worker="<hex>",dp_rank="<n>"}`, the series of a worker rank (LOAD-MET-01).
+fn series(out: &mut String, name: &str, ns: &str, key: super::LoadKey) {
+    let _ = write!(out, "{name}{{namespace=\"");
+    escape_label(out, ns);
+    let _ = write!(
+        out,
+        "\",worker=\"{:x}\",dp_rank=\"{}\"}}",
+        key.worker_id.get(),
+        key.dp_rank
+    );
+}
+
 /// The freshness gauge: seconds since the last applied sample per worker rank.
 const AGE: (&str, &str) = (
     "continuum_dynamo_worker_load_sample_age_seconds",
@@ -204,14 +216,8 @@ impl LoadStore {
                 continue;
             };
             let age = now.saturating_since(s.received_at).as_secs_f64();
-            let _ = write!(out, "{name}{{namespace=\"");
-            escape_label(out, ns);
-            let _ = writeln!(
-                out,
-                "\",worker=\"{:x}\",dp_rank=\"{}\"}} {age}",
-                e.key.worker_id.get(),
-                e.key.dp_rank
-            );
+            series(out, name, ns, e.key);
+            let _ = writeln!(out, " {age}");
         }
         for (g, (name, help)) in GAUGES.iter().enumerate() {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
@@ -227,14 +233,8 @@ impl LoadStore {
                 let Some(v) = value else {
                     continue;
                 };
-                let _ = write!(out, "{name}{{namespace=\"");
-                escape_label(out, ns);
-                let _ = writeln!(
-                    out,
-                    "\",worker=\"{:x}\",dp_rank=\"{}\"}} {v}",
-                    e.key.worker_id.get(),
-                    e.key.dp_rank
-                );
+                series(out, name, ns, e.key);
+                let _ = writeln!(out, " {v}");
             }
         }
     }

@@ -53,31 +53,19 @@ const BOUNDS: [f64; 23] = [
     120.0,
 ];
 /// [`BOUNDS`] in nanoseconds.
-const BOUNDS_NS: [u64; 23] = [
-    2_500,
-    5_000,
-    10_000,
-    25_000,
-    50_000,
-    100_000,
-    250_000,
-    500_000,
-    1_000_000,
-    2_500_000,
-    5_000_000,
-    10_000_000,
-    25_000_000,
-    50_000_000,
-    100_000_000,
-    250_000_000,
-    500_000_000,
-    1_000_000_000,
-    2_500_000_000,
-    5_000_000_000,
-    10_000_000_000,
-    30_000_000_000,
-    120_000_000_000,
-];
+const BOUNDS_NS: [u64; BOUNDS.len()] = nanos(BOUNDS);
+
+/// Each of `secs` in whole nanoseconds (rounded).
+const fn nanos<const N: usize>(secs: [f64; N]) -> [u64; N] {
+    let mut out = [0; N];
+    let mut i = 0;
+    while i < N {
+        out[i] = (secs[i] * 1e9 + 0.5) as u64;
+        i += 1;
+    }
+    out
+}
+
 /// Cells per series: the buckets (not cumulative; `+Inf` is the count), the sum (ns), the count.
 const CELLS: usize = BOUNDS.len() + 2;
 const ROUTES: usize = Route::ALL.len();
@@ -305,7 +293,10 @@ mod tests {
     }
 
     #[test]
-    fn bounds_agree_and_rise() {
+    fn bounds_are_exact_in_nanoseconds_and_rise() {
+        assert_eq!(BOUNDS_NS[0], 2_500);
+        assert_eq!(BOUNDS_NS[8], 1_000_000);
+        assert_eq!(BOUNDS_NS[BOUNDS.len() - 1], 120_000_000_000);
         for (s, ns) in BOUNDS.iter().zip(BOUNDS_NS) {
             assert_eq!((s * 1e9).round() as u64, ns);
         }
