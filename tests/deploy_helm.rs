@@ -7,6 +7,8 @@
 //! workers' publishers (DISC-K8S-META-24). The router config each mode ships passes the router's
 //! own `config validate`, and each mode renders the same objects, rules, token mount, egress and
 //! router config as the corresponding `kubectl kustomize` rendering of `deploy/kubernetes/`.
+//! Each mode's checks are `common::manifests`', which `tests/deploy_kubernetes.rs` runs on the
+//! Kustomize renderings too; what is here is the chart's own: lint, values, the differential.
 //!
 //! helm: `$CONTINUUM_HELM`, else what `deploy/helm/install-helm.sh --print` names (tests/run.sh
 //! installs it).
@@ -16,49 +18,20 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::process::{Command, Stdio};
-use std::time::Duration;
 
-use common::kube::kubectl_bin;
-use common::{TempDir, run_cli, wait_bounded};
+use common::manifests::{
+    FLEET, Grant, Run, assert_base_grants_nothing, assert_discovery_grant, assert_no_port_range,
+    documents, egress, is_submap, kustomize, of_kind, one, pod_spec, rules, run,
+};
+#[cfg(feature = "dynamo")]
+use common::manifests::{assert_metadata_discovery, assert_pod_discovery};
 use serde_yaml_ng::Value;
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 const CHART: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/helm/continuum-router");
 const EXAMPLES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/helm/examples");
-const KUSTOMIZE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/kubernetes");
 /// The release name that gives the chart's objects the names of `deploy/kubernetes/`.
 const RELEASE: &str = "continuum-router";
-/// The fleet namespace of the Kustomize overlays and of the example values.
-const FLEET: &str = "dynamo";
-
-/// What a bounded run of a command gave: success, stdout, stderr.
-struct Run {
-    ok: bool,
-    stdout: String,
-    stderr: String,
-}
-
-/// Runs `bin args` (at most 60 s; killed after that).
-fn run(bin: &str, args: &[&str]) -> Run {
-    let tmp = TempDir::new("deploy-helm");
-    let out = tmp.path().join("out");
-    let err = tmp.path().join("err");
-    let mut child = Command::new(bin)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(std::fs::File::create(&out).unwrap())
-        .stderr(std::fs::File::create(&err).unwrap())
-        .spawn()
-        .unwrap_or_else(|e| panic!("spawn {bin}: {e}"));
-    let status = wait_bounded(&mut child, Duration::from_secs(60))
-        .unwrap_or_else(|| panic!("`{bin} {}` did not exit within 60 s", args.join(" ")));
-    Run {
-        ok: status.success(),
-        stdout: std::fs::read_to_string(&out).unwrap(),
-        stderr: std::fs::read_to_string(&err).unwrap_or_default(),
-    }
-}
 
 /// The helm executable: `$CONTINUUM_HELM`, else the install script's `--print`.
 fn helm_bin() -> String {
@@ -74,26 +47,6 @@ fn helm_bin() -> String {
         "no helm at {helm}: run deploy/helm/install-helm.sh (tests/run.sh does) or set CONTINUUM_HELM"
     );
     helm
-}
-
-/// The YAML documents of a multi-document stream (`---` lines between them), comments-only and
-/// empty ones left out.
-fn documents(text: &str) -> Vec<Value> {
-    let mut docs = Vec::new();
-    let mut cur = String::new();
-    for line in text.lines().chain(std::iter::once("---")) {
-        if line == "---" {
-            let v: Value = serde_yaml_ng::from_str(&cur).unwrap_or_else(|e| panic!("{e}: {cur}"));
-            if !v.is_null() {
-                docs.push(v);
-            }
-            cur.clear();
-        } else {
-            cur.push_str(line);
-            cur.push('\n');
-        }
-    }
-    docs
 }
 
 /// `--values` arguments for the example values files named.
@@ -134,167 +87,6 @@ fn template(release: &str, namespace: &str, values: &[&str], sets: &[&str]) -> V
     documents(&r.stdout)
 }
 
-/// The documents `kubectl kustomize deploy/kubernetes/<dir>` renders.
-fn kustomize(dir: &str) -> Vec<Value> {
-    let r = run(
-        &kubectl_bin(),
-        &["kustomize", &format!("{KUSTOMIZE}/{dir}")],
-    );
-    assert!(r.ok, "kubectl kustomize {dir}: {}", r.stderr);
-    documents(&r.stdout)
-}
-
-fn of_kind<'a>(docs: &'a [Value], kind: &str) -> Vec<&'a Value> {
-    docs.iter()
-        .filter(|d| d["kind"].as_str() == Some(kind))
-        .collect()
-}
-
-/// The one object of `kind` in `docs`.
-fn one<'a>(docs: &'a [Value], kind: &str) -> &'a Value {
-    let all = of_kind(docs, kind);
-    assert_eq!(all.len(), 1, "{kind}: {all:?}");
-    all[0]
-}
-
-fn strs(v: &Value) -> Vec<&str> {
-    v.as_sequence()
-        .map(|s| s.iter().filter_map(Value::as_str).collect())
-        .unwrap_or_default()
-}
-
-/// The router config a rendering ships, checked by `continuum-router config validate`, and what
-/// the validator printed (its warnings).
-fn validate_shipped_config(docs: &[Value]) -> (String, String) {
-    let yaml = one(docs, "ConfigMap")["data"]["router.yaml"]
-        .as_str()
-        .expect("router.yaml")
-        .to_owned();
-    let dir = TempDir::new("helm-shipped-config");
-    let path = dir.write("router.yaml", &yaml);
-    let out = run_cli(&["config", "validate", "--config", &path.to_string_lossy()]);
-    assert_eq!(out.code, Some(0), "{}{}", out.stdout, out.stderr);
-    (yaml, out.stdout + &out.stderr)
-}
-
-/// The Pod spec of the one Deployment.
-fn pod_spec(docs: &[Value]) -> &Value {
-    &one(docs, "Deployment")["spec"]["template"]["spec"]
-}
-
-/// `sub`'s entries are all in `map` (label selectors against labels).
-fn is_submap(sub: &Value, map: &Value) -> bool {
-    let (Some(sub), Some(map)) = (sub.as_mapping(), map.as_mapping()) else {
-        return false;
-    };
-    !sub.is_empty() && sub.iter().all(|(k, v)| map.get(k) == Some(v))
-}
-
-/// Every egress port of `protocol` as (pod selector labels, namespace selector labels, port,
-/// endPort).
-fn egress(docs: &[Value], protocol: &str) -> Vec<(Value, Value, i64, Option<i64>)> {
-    let np = one(docs, "NetworkPolicy");
-    np["spec"]["egress"]
-        .as_sequence()
-        .unwrap()
-        .iter()
-        .flat_map(|r| {
-            let to = r["to"][0]["podSelector"]["matchLabels"].clone();
-            let ns = r["to"][0]["namespaceSelector"]["matchLabels"].clone();
-            r["ports"]
-                .as_sequence()
-                .cloned()
-                .unwrap_or_default()
-                .into_iter()
-                .filter(|p| p["protocol"].as_str() == Some(protocol))
-                .filter_map(move |p| {
-                    Some((
-                        to.clone(),
-                        ns.clone(),
-                        p["port"].as_i64()?,
-                        p["endPort"].as_i64(),
-                    ))
-                })
-        })
-        .collect()
-}
-
-type Rule<'a> = (Vec<&'a str>, Vec<&'a str>, Vec<&'a str>);
-
-/// The Role's rules as (apiGroups, resources, verbs).
-fn rules(role: &Value) -> Vec<Rule<'_>> {
-    role["rules"]
-        .as_sequence()
-        .unwrap()
-        .iter()
-        .map(|r| {
-            (
-                strs(&r["apiGroups"]),
-                strs(&r["resources"]),
-                strs(&r["verbs"]),
-            )
-        })
-        .collect()
-}
-
-/// What both discovery modes share: no cluster-wide grant; the Role in `fleet`, bound to the
-/// router's own ServiceAccount (in `release_ns`), which mounts the token; the Deployment mounts
-/// it too; egress to the API server on exactly `api_ports`. Returns the Role.
-fn check_binding_token_and_egress<'a>(
-    docs: &'a [Value],
-    fleet: &str,
-    release_ns: &str,
-    api_ports: &[i64],
-) -> &'a Value {
-    assert!(
-        of_kind(docs, "ClusterRole").is_empty() && of_kind(docs, "ClusterRoleBinding").is_empty()
-    );
-    let role = one(docs, "Role");
-    assert_eq!(role["metadata"]["namespace"].as_str(), Some(fleet));
-    // Every verb of every rule is a read.
-    for (_, _, verbs) in rules(role) {
-        assert!(
-            !verbs.is_empty() && verbs.iter().all(|v| ["get", "list", "watch"].contains(v)),
-            "{verbs:?}"
-        );
-    }
-    let binding = one(docs, "RoleBinding");
-    assert_eq!(binding["metadata"]["namespace"].as_str(), Some(fleet));
-    assert_eq!(binding["roleRef"]["name"], role["metadata"]["name"]);
-    assert_eq!(binding["roleRef"]["kind"].as_str(), Some("Role"));
-    let sa = one(docs, "ServiceAccount");
-    assert_eq!(sa["metadata"]["namespace"].as_str(), Some(release_ns));
-    let subjects = binding["subjects"].as_sequence().unwrap();
-    assert_eq!(subjects.len(), 1);
-    assert_eq!(subjects[0]["kind"].as_str(), Some("ServiceAccount"));
-    assert_eq!(subjects[0]["name"], sa["metadata"]["name"]);
-    assert_ne!(subjects[0]["name"].as_str(), Some("default"));
-    assert_eq!(subjects[0]["namespace"].as_str(), Some(release_ns));
-    assert_eq!(sa["automountServiceAccountToken"].as_bool(), Some(true));
-    let pod = pod_spec(docs);
-    assert_eq!(pod["automountServiceAccountToken"].as_bool(), Some(true));
-    assert_eq!(pod["serviceAccountName"], sa["metadata"]["name"]);
-    // The egress policy selects the router's Pods, and reaches the API server on the ports named.
-    let np = one(docs, "NetworkPolicy");
-    assert_eq!(np["metadata"]["namespace"].as_str(), Some(release_ns));
-    assert_eq!(strs(&np["spec"]["policyTypes"]), vec!["Egress"]);
-    assert!(
-        is_submap(
-            &np["spec"]["podSelector"]["matchLabels"],
-            &one(docs, "Deployment")["spec"]["template"]["metadata"]["labels"]
-        ),
-        "{np:?}"
-    );
-    // The API server rule: the ports with no destination at all, besides DNS.
-    let api: Vec<i64> = egress(docs, "TCP")
-        .into_iter()
-        .filter(|(to, _, p, _)| to.is_null() && *p != 53)
-        .map(|(_, _, p, _)| p)
-        .collect();
-    assert_eq!(api, api_ports);
-    role
-}
-
 #[test]
 fn helm_lint_passes_for_the_defaults_and_both_discovery_examples() {
     let helm = helm_bin();
@@ -323,55 +115,8 @@ fn helm_lint_passes_for_the_defaults_and_both_discovery_examples() {
 #[test]
 fn the_defaults_render_the_base_no_grant_no_token_non_root_read_only() {
     let docs = template(RELEASE, "default", &[], &[]);
-    let kinds: BTreeSet<&str> = docs.iter().filter_map(|d| d["kind"].as_str()).collect();
-    assert_eq!(
-        kinds,
-        BTreeSet::from(["ConfigMap", "Deployment", "Service", "ServiceAccount"])
-    );
-    let sa = one(&docs, "ServiceAccount");
-    assert_eq!(sa["automountServiceAccountToken"].as_bool(), Some(false));
-    let dep = one(&docs, "Deployment");
-    let pod = pod_spec(&docs);
-    assert_eq!(pod["serviceAccountName"], sa["metadata"]["name"]);
-    assert_eq!(pod["automountServiceAccountToken"].as_bool(), Some(false));
-    // The Service and the Deployment select the same Pods, which carry those labels.
-    let selector = &dep["spec"]["selector"]["matchLabels"];
-    assert_eq!(one(&docs, "Service")["spec"]["selector"], *selector);
-    assert!(is_submap(
-        selector,
-        &dep["spec"]["template"]["metadata"]["labels"]
-    ));
-    // Non-root, read-only root filesystem, no privilege escalation, no capabilities.
-    assert_eq!(pod["securityContext"]["runAsNonRoot"].as_bool(), Some(true));
-    assert!(pod["securityContext"]["runAsUser"].as_i64().unwrap() > 0);
-    let containers = pod["containers"].as_sequence().unwrap();
-    assert_eq!(containers.len(), 1);
-    let c = &containers[0];
-    let sc = &c["securityContext"];
-    assert_eq!(sc["readOnlyRootFilesystem"].as_bool(), Some(true));
-    assert_eq!(sc["allowPrivilegeEscalation"].as_bool(), Some(false));
-    assert_eq!(strs(&sc["capabilities"]["drop"]), vec!["ALL"]);
-    // Probes on /health, resources, the config from the ConfigMap.
-    for probe in ["readinessProbe", "livenessProbe"] {
-        assert_eq!(c[probe]["httpGet"]["path"].as_str(), Some("/health"));
-        assert_eq!(c[probe]["httpGet"]["port"].as_str(), Some("http"));
-    }
-    assert!(c["resources"]["requests"]["memory"].is_string(), "{c:?}");
-    assert!(c["resources"]["limits"]["memory"].is_string(), "{c:?}");
-    assert_eq!(
-        strs(&c["args"]),
-        vec!["--config", "/etc/continuum/router.yaml"]
-    );
-    assert_eq!(
-        pod["volumes"][0]["configMap"]["name"],
-        one(&docs, "ConfigMap")["metadata"]["name"]
-    );
-    assert_eq!(
-        c["volumeMounts"][0]["mountPath"].as_str(),
-        Some("/etc/continuum")
-    );
-    // The default config is the base's, to the byte, and it validates.
-    let (yaml, _) = validate_shipped_config(&docs);
+    let yaml = assert_base_grants_nothing(&docs);
+    // The default config is the base's, to the byte.
     let base = kustomize("base");
     assert_eq!(
         Some(yaml.as_str()),
@@ -383,87 +128,14 @@ fn the_defaults_render_the_base_no_grant_no_token_non_root_read_only() {
 #[test]
 fn pod_discovery_grants_only_read_verbs_on_pods_to_the_routers_own_account() {
     let docs = template(RELEASE, FLEET, &["dynamo-pod-discovery.yaml"], &[]);
-    let role = check_binding_token_and_egress(&docs, FLEET, FLEET, &[443, 6443]);
-    assert_eq!(
-        role["metadata"]["name"].as_str(),
-        Some("continuum-router-dynamo-pod-reader")
-    );
-    assert_eq!(
-        rules(role),
-        vec![(vec![""], vec!["pods"], vec!["get", "list", "watch"])]
-    );
-    // No port range: Pods carry no publishers.
-    assert!(
-        egress(&docs, "TCP").iter().all(|(.., end)| end.is_none()),
-        "{docs:?}"
-    );
-    // The shipped config reads the Pods of that namespace.
-    let (yaml, _) = validate_shipped_config(&docs);
-    let config: Value = serde_yaml_ng::from_str(&yaml).unwrap();
-    let discovery = &config["dynamo"]["discovery"];
-    assert_eq!(discovery["source"].as_str(), Some("kubernetes_pods"));
-    assert_eq!(
-        discovery["kubernetes"]["namespace"].as_str(),
-        Some(FLEET),
-        "{yaml}"
-    );
+    assert_pod_discovery(&docs, FLEET);
 }
 
 #[cfg(feature = "dynamo")]
 #[test]
 fn metadata_discovery_grants_only_read_verbs_on_its_three_resources() {
     let docs = template(RELEASE, FLEET, &["dynamo-metadata-discovery.yaml"], &[]);
-    let role = check_binding_token_and_egress(&docs, FLEET, FLEET, &[443, 6443]);
-    let read = vec!["get", "list", "watch"];
-    assert_eq!(
-        rules(role),
-        vec![
-            (vec![""], vec!["pods"], read.clone()),
-            (
-                vec!["nvidia.com"],
-                vec!["dynamoworkermetadatas"],
-                read.clone()
-            ),
-            (vec!["discovery.k8s.io"], vec!["endpointslices"], read),
-        ]
-    );
-    // DNS, the frontends, and the workers' publishers on the unprivileged range, to the
-    // operator's worker Pods only.
-    let udp = egress(&docs, "UDP");
-    assert!(udp.iter().any(|(_, _, p, _)| *p == 53), "{udp:?}");
-    let tcp = egress(&docs, "TCP");
-    assert!(tcp.iter().any(|(_, _, p, _)| *p == 53), "{tcp:?}");
-    assert!(
-        tcp.iter().any(|(to, _, p, _)| *p == 8000
-            && to["nvidia.com/dynamo-component-type"].as_str() == Some("frontend")),
-        "{tcp:?}"
-    );
-    assert!(
-        tcp.iter().any(|(to, _, p, end)| *p == 1024
-            && *end == Some(65535)
-            && to["nvidia.com/dynamo-discovery-backend"].as_str() == Some("kubernetes")),
-        "{tcp:?}"
-    );
-    let ranges: Vec<_> = tcp.iter().filter(|(.., end)| end.is_some()).collect();
-    assert!(
-        ranges.iter().all(
-            |(to, ..)| to["nvidia.com/dynamo-discovery-backend"].as_str() == Some("kubernetes")
-        ),
-        "{ranges:?}"
-    );
-    // The shipped config reads the metadata of that namespace, names no model, and validates
-    // without any warning.
-    let (yaml, report) = validate_shipped_config(&docs);
-    assert!(!report.contains("warning"), "{report}");
-    let config: Value = serde_yaml_ng::from_str(&yaml).unwrap();
-    let discovery = &config["dynamo"]["discovery"];
-    assert_eq!(discovery["source"].as_str(), Some("kubernetes"), "{yaml}");
-    let kube = &discovery["kubernetes"];
-    assert_eq!(kube["namespace"].as_str(), Some(FLEET), "{yaml}");
-    assert!(
-        kube.get("model").is_none() && kube.get("models").is_none(),
-        "{yaml}"
-    );
+    assert_metadata_discovery(&docs, FLEET);
 }
 
 /// The values alone, without the example files: the Role and RoleBinding go in
@@ -472,6 +144,13 @@ fn metadata_discovery_grants_only_read_verbs_on_its_three_resources() {
 /// frontends and workers in the fleet namespace); `apiServerPorts` sets the API server's egress.
 #[test]
 fn the_values_place_the_grant_in_the_fleet_namespace_and_set_the_api_server_ports() {
+    let edge = Grant {
+        fleet: "fleet-a",
+        release_namespace: "routers",
+        account: "edge-continuum-router",
+        role: "edge-continuum-router-dynamo-pod-reader",
+        api_ports: &[443, 8443],
+    };
     let docs = template(
         "edge",
         "routers",
@@ -483,11 +162,7 @@ fn the_values_place_the_grant_in_the_fleet_namespace_and_set_the_api_server_port
             "dynamoPodDiscovery.apiServerPorts={443,8443}",
         ],
     );
-    let role = check_binding_token_and_egress(&docs, "fleet-a", "routers", &[443, 8443]);
-    assert_eq!(
-        role["metadata"]["name"].as_str(),
-        Some("edge-continuum-router-dynamo-pod-reader")
-    );
+    let role = assert_discovery_grant(&docs, &edge);
     assert_eq!(rules(role).len(), 3);
     for kind in ["ServiceAccount", "Deployment", "Service", "ConfigMap"] {
         assert_eq!(
@@ -499,12 +174,12 @@ fn the_values_place_the_grant_in_the_fleet_namespace_and_set_the_api_server_port
     // Frontends and workers are in the fleet namespace: every rule with a destination says so.
     let to_pods: Vec<_> = egress(&docs, "TCP")
         .into_iter()
-        .filter(|(to, ..)| !to.is_null())
+        .filter(|e| !e.to.is_null())
         .collect();
     assert_eq!(to_pods.len(), 2, "{to_pods:?}");
-    for (_, ns, ..) in &to_pods {
+    for e in &to_pods {
         assert_eq!(
-            ns["kubernetes.io/metadata.name"].as_str(),
+            e.namespaces["kubernetes.io/metadata.name"].as_str(),
             Some("fleet-a"),
             "{to_pods:?}"
         );
@@ -519,13 +194,15 @@ fn the_values_place_the_grant_in_the_fleet_namespace_and_set_the_api_server_port
             "dynamoPodDiscovery.namespace=fleet-a",
         ],
     );
-    check_binding_token_and_egress(&pods_only, "fleet-a", "routers", &[443, 6443]);
-    assert_eq!(rules(one(&pods_only, "Role")).len(), 1);
-    assert!(
-        egress(&pods_only, "TCP")
-            .iter()
-            .all(|(.., end)| end.is_none())
+    let role = assert_discovery_grant(
+        &pods_only,
+        &Grant {
+            api_ports: &[443, 6443],
+            ..edge
+        },
     );
+    assert_eq!(rules(role).len(), 1);
+    assert_no_port_range(&pods_only);
 }
 
 #[test]

@@ -45,6 +45,7 @@ pub mod health;
 pub mod kube;
 pub mod kv;
 pub mod kv_pick;
+pub mod manifests;
 pub mod pki;
 pub mod prometheus;
 pub mod pyclient;
