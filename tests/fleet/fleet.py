@@ -31,11 +31,16 @@ Worker specs: `--agg [NS/]MODEL:N` (namespace `agg` by default), `--disagg [NS/]
 Errors go to stderr with the tail of the failing process's log; the exit code is then 1.
 Everything listens on 127.0.0.1, except that Dynamo 1.6.1 binds its ZMQ PUB sockets on 0.0.0.0
 (advertised as 127.0.0.1; not configurable); every wait is bounded.
+
+Other releases (tests/fleet/install.sh VERSION; tests/compat/run.sh): the differences are branched
+on the installed ai-dynamo version, each naming its release (DYNAMO_RELEASE below). 1.4.2 and 1.5.1
+advertise their ZMQ publishers on the machine's first routable address, not 127.0.0.1.
 """
 
 import argparse
 import base64
 import ctypes
+import importlib.metadata
 import json
 import os
 import re
@@ -64,6 +69,39 @@ SIGNALS = {
     "SIGSTOP": signal.SIGSTOP,
     "SIGCONT": signal.SIGCONT,
 }
+
+
+def dynamo_release():
+    """The installed ai-dynamo release as (major, minor, patch), e.g. (1, 6, 1); a nightly such as
+    1.7.0.dev20261026 is (1, 7, 0). (0, 0, 0) when it cannot be read."""
+    try:
+        text = importlib.metadata.version("ai-dynamo")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown", (0, 0, 0)
+    m = re.match(r"(\d+)\.(\d+)\.(\d+)", text)
+    return text, tuple(int(g) for g in m.groups()) if m else (0, 0, 0)
+
+
+DYNAMO_VERSION, DYNAMO_RELEASE = dynamo_release()
+# Before 1.6 (seen on 1.4.2 and 1.5.1) a worker publishes its card with `hf://MODEL-NAME/FILE`
+# paths instead of the local files, and the frontend resolves them in its Hugging Face cache
+# (offline here): the fleet gives the frontends a cache holding each served name.
+CARD_PATHS_ARE_HUB_NAMES = DYNAMO_RELEASE < (1, 6, 0)
+# Before 1.6 (1.4.2, 1.5.1) DYN_TCP_RESPONSE_STREAM_HOST names a network INTERFACE, not an
+# address: "127.0.0.1" fails every model with "Interface not found: 127.0.0.1"; `lo` is loopback.
+RESPONSE_STREAM_HOST = "lo" if DYNAMO_RELEASE < (1, 6, 0) else LOOPBACK
+
+
+
+
+def prefill_router_active(frontend_log, model):
+    """Whether a frontend's log says its prefill router for `model` is active."""
+    if DYNAMO_RELEASE < (1, 5, 0):
+        # 1.4.2 has no "Prefill router target activated" line. It may also log "P/D routing
+        # remains disabled because the sole prefill endpoint does not match the cached
+        # activation" when the decode card is seen first, and then activates anyway.
+        return f'Prefill worker registered and router activated successfully model_name="{model}"' in frontend_log
+    return f"Prefill router target activated model_name={model}" in frontend_log
 
 
 class FleetError(Exception):
@@ -327,7 +365,7 @@ class Fleet:
                 "DYN_REQUEST_PLANE": "tcp",
                 "DYN_EVENT_PLANE": "zmq",
                 "DYN_TCP_RPC_HOST": LOOPBACK,
-                "DYN_TCP_RESPONSE_STREAM_HOST": LOOPBACK,
+                "DYN_TCP_RESPONSE_STREAM_HOST": RESPONSE_STREAM_HOST,
                 "DYN_EVENT_PLANE_HOST": LOOPBACK,
                 "DYN_SYSTEM_HOST": LOOPBACK,
                 "DYN_HTTP_HOST": LOOPBACK,
@@ -341,6 +379,8 @@ class Fleet:
                 "NO_COLOR": "1",
             }
         )
+        if CARD_PATHS_ARE_HUB_NAMES:
+            env["HF_HUB_CACHE"] = self.hub_cache()
         if self.args.lease_ttl:
             env["ETCD_LEASE_TTL"] = str(self.args.lease_ttl)
         if namespace:
@@ -348,6 +388,25 @@ class Fleet:
         if self.args.dyn_log:
             env["DYN_LOG"] = self.args.dyn_log
         return env
+
+    def hub_cache(self, more=()):
+        """A Hugging Face hub cache (HF_HUB_CACHE) in the temp dir holding the fixture model under
+        every model name of the fleet (`add` may bring a new one): 1.4.2 and 1.5.1 frontends
+        look their cards' `hf://NAME/FILE` paths up there. Files are symlinks."""
+        cache = os.path.join(self.dir, "hf-hub")
+        names = {w["model"] for w in self.workers} | set(more)
+        for name in names:
+            repo = os.path.join(cache, "models--" + name.replace("/", "--"))
+            snapshot = os.path.join(repo, "snapshots", "0" * 40)
+            if os.path.isdir(snapshot):
+                continue
+            os.makedirs(os.path.join(repo, "refs"), exist_ok=True)
+            os.makedirs(snapshot, exist_ok=True)
+            for f in os.listdir(self.args.model_path):
+                os.symlink(os.path.join(self.args.model_path, f), os.path.join(snapshot, f))
+            with open(os.path.join(repo, "refs", "main"), "w") as out:
+                out.write("0" * 40)
+        return cache
 
     def deadline(self):
         return self.started_at + self.args.startup_timeout
@@ -434,6 +493,8 @@ class Fleet:
             argv += ["--speedup-ratio", str(a.speedup_ratio)]
         argv += shlex.split(a.mocker_args) if a.mocker_args else []
         log_path = os.path.join(self.dir, f"{name}.log")
+        if CARD_PATHS_ARE_HUB_NAMES:
+            self.hub_cache([model])
         proc = Proc(name, argv, self.dyn_env(name, ns), log_path, self.dir)
         w = {"namespace": ns, "component": comp, "role": role, "model": model, "proc": proc}
         self.workers.append(w)
@@ -573,10 +634,7 @@ class Fleet:
                 listed = self.frontend_models(fe["url"])
                 if listed is not None and want <= listed:
                     text = read_log(fe["proc"].log)
-                    if all(
-                        f"Prefill router target activated model_name={m}" in text
-                        for m in want & disagg_models
-                    ):
+                    if all(prefill_router_active(text, m) for m in want & disagg_models):
                         fe["models"] = sorted(listed)
                         break
                 self.check_deadline(f"{fe['proc'].name} to list {sorted(want)}", fe["proc"])
