@@ -93,7 +93,18 @@ fn direct_mode_pins_against_the_real_frontend() {
     for w in &fleet.info.workers {
         assert_eq!(format!("{:x}", w.instance_id), w.instance_id_hex, "{w:?}");
         let kv = w.kv_metrics.as_deref().unwrap_or_else(|| panic!("{w:?}"));
-        assert!(kv.starts_with("tcp://127.0.0.1:"), "{w:?}");
+        // FLEET-05: the port comes from discovery; 1.6 binds the event plane to loopback here,
+        // earlier releases advertise the host's first routable address.
+        if fleet.release() >= (1, 6, 0) {
+            assert!(kv.starts_with("tcp://127.0.0.1:"), "{w:?}");
+        } else {
+            let (host, port) = kv
+                .trim_start_matches("tcp://")
+                .rsplit_once(':')
+                .unwrap_or_else(|| panic!("{w:?}"));
+            assert!(host.parse::<std::net::Ipv4Addr>().is_ok(), "{w:?}");
+            assert!(port.parse::<u16>().is_ok_and(|p| p > 0), "{w:?}");
+        }
         let keys = fleet.lease_keys(&w.instance_id_hex);
         let ns = &w.namespace;
         let c = &w.component;

@@ -345,6 +345,48 @@ fn anthropic_messages_are_pinned_and_the_rejection_is_anthropic_shaped() {
     );
 }
 
+/// Dynamo 1.7's admission gate: the pinned worker is full and the frontend answers 529 before any
+/// work (the real nightly's body). Relayed, buffered and streamed, even with the unified fallback
+/// allowed; no decode failure counted; an Anthropic client gets `overloaded_error`.
+#[test]
+fn dynamo_1_7s_overload_is_relayed_not_resent_unpinned() {
+    const BODY: &str =
+        r#"{"message":"Service temporarily overloaded","type":"Overloaded","code":529}"#;
+    let s = setup(true, None);
+    for stream in [false, true] {
+        s.shim_agg.push_reply(error_body(529, BODY));
+        let resp = chat(s.router.addr(), &chat_body(AGG, "full", stream), &[]);
+        assert_eq!(resp.status, 529, "stream {stream}: {}", resp.text());
+        assert_eq!(resp.text(), BODY, "relayed as the frontend sent it");
+    }
+    assert_eq!(s.unified.request_count(), 0, "not resent without pins");
+    assert_eq!(
+        metric(&s, "disaggregated_errors_total", &[("phase", "decode")]),
+        0.0
+    );
+    s.shim_agg.push_reply(error_body(529, BODY));
+    let bytes = serde_json::to_vec(&serde_json::json!({
+        "model": AGG, "max_tokens": 8, "messages": [{"role": "user", "content": "full"}],
+    }))
+    .unwrap();
+    let raw = common::request_bytes(
+        "POST",
+        "/v1/messages",
+        &[("Content-Type", "application/json")],
+        Some(&bytes),
+    );
+    let resp = common::client::roundtrip(s.router.addr(), &raw).unwrap();
+    let v = resp.json();
+    assert_eq!(v["type"], "error", "{v}");
+    assert_eq!(v["error"]["type"], "overloaded_error", "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("overloaded")),
+        "{v}"
+    );
+}
+
 /// A request the frontend finds invalid is the client's error: relayed as the frontend sent it,
 /// neither counted as a shim failure nor sent again without pins.
 #[test]

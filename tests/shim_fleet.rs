@@ -745,3 +745,57 @@ fn without_prefill_workers_the_disaggregated_model_fails_fast_and_classified() {
         }
     }
 }
+
+/// Dynamo 1.7's worker admission gate (its limit is the worker's `max_num_seqs`, here 1): with
+/// more requests in flight than the one worker admits, the frontend answers 529 `Service
+/// temporarily overloaded` and the router relays it (docs/shim.md), never a 502 or an unpinned
+/// resend. Runs on 1.7 fleets (the compatibility run, tests/compat/run.sh); earlier releases have
+/// no gate and queue instead.
+#[test]
+fn dynamo_1_7s_admission_gate_overload_reaches_the_client_as_529() {
+    let release = common::fleet::installed_release();
+    if release < (1, 7, 0) {
+        eprintln!("skipped: the fleet venv has ai-dynamo {release:?}, without the admission gate");
+        return;
+    }
+    let fleet = Fleet::start(
+        &FleetSpec::new()
+            .agg(AGG, 1)
+            .speedup_ratio(0.05)
+            .mocker_args("--max-num-seqs 1"),
+    );
+    let r = router_for(&fleet, true);
+    wait_subscribed(&r, &fleet);
+    let addr = r.addr();
+    let answers: Vec<(u16, String)> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..6)
+            .map(|i| {
+                s.spawn(move || {
+                    let (resp, _) = post(addr, AGG, i % 2 == 0, &[]);
+                    (resp.status, resp.text())
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let overloaded: Vec<_> = answers.iter().filter(|(s, _)| *s == 529).collect();
+    assert!(
+        answers.iter().all(|(s, _)| *s == 200 || *s == 529),
+        "{answers:?}"
+    );
+    assert!(
+        !overloaded.is_empty(),
+        "the gate never refused: {answers:?}"
+    );
+    assert!(
+        answers.iter().any(|(s, _)| *s == 200),
+        "nothing admitted: {answers:?}"
+    );
+    for (_, body) in &overloaded {
+        assert!(body.contains("Service temporarily overloaded"), "{body}");
+    }
+    assert_eq!(
+        metric(&r, "disaggregated_errors_total", &[("phase", "decode")]),
+        0.0
+    );
+}

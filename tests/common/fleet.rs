@@ -35,6 +35,34 @@ pub fn venv_dir() -> PathBuf {
     Path::new(&home).join(".cache/continuum-fleet/venv")
 }
 
+/// The ai-dynamo release installed in the fleet venv, as `(major, minor, patch)` (from its
+/// `ai_dynamo-VERSION.dist-info`; a nightly `1.7.0.devN` is `(1, 7, 0)`), without starting a
+/// fleet: for a test of one release's behaviour to skip on others.
+pub fn installed_release() -> (u32, u32, u32) {
+    let lib = venv_dir().join("lib");
+    let dist = std::fs::read_dir(&lib)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|py| py.path().join("site-packages"))
+        .flat_map(|site| std::fs::read_dir(site).into_iter().flatten().flatten())
+        .find_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            name.strip_prefix("ai_dynamo-")?
+                .strip_suffix(".dist-info")
+                .map(str::to_owned)
+        })
+        .unwrap_or_default();
+    let mut parts = dist
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|p| p.parse::<u32>().unwrap_or(0));
+    (
+        parts.next().unwrap_or(0),
+        parts.next().unwrap_or(0),
+        parts.next().unwrap_or(0),
+    )
+}
+
 /// The venv's python; panics with how to install it when missing.
 pub fn venv_python() -> PathBuf {
     let python = venv_dir().join("bin/python");
@@ -430,7 +458,8 @@ impl Fleet {
 
     /// A router config over this fleet: per namespace, one plain backend `fe-<ns>` (its first
     /// frontend, serving that namespace's models; also the unified fallback) and a shim pool of
-    /// it; etcd discovery of those namespaces; direct `kv_metrics` subscriptions on loopback;
+    /// it; etcd discovery of those namespaces; direct `kv_metrics` subscriptions to the fleet's
+    /// publisher addresses ([`Fleet::publisher_cidrs`]: loopback on 1.6.1);
     /// disaggregated serving on.
     pub fn router_config(&self) -> RouterConfig {
         let mut models: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
@@ -452,15 +481,60 @@ impl Fleet {
             ));
         }
         let namespaces: Vec<&str> = self.info.frontends.keys().map(String::as_str).collect();
+        let cidrs: Vec<String> = self
+            .publisher_cidrs()
+            .iter()
+            .map(|c| format!("\"{c}\""))
+            .collect();
         cfg.disaggregated_serving = true;
         cfg.extra_yaml = format!(
             "dynamo:\n  enabled: true\n  discovery:\n    source: etcd\n    etcd:\n      endpoints: \
-             [\"{}\"]\n      namespaces: [{}]\n  load:\n    direct_allow_cidrs: [\"127.0.0.0/8\"]\n  \
+             [\"{}\"]\n      namespaces: [{}]\n  load:\n    direct_allow_cidrs: [{}]\n  \
              shim:\n    pools:\n{pools}",
             self.info.etcd_endpoint,
-            namespaces.join(", ")
+            namespaces.join(", "),
+            cidrs.join(", ")
         );
         cfg
+    }
+
+    /// The fleet's ai-dynamo release as `(major, minor, patch)` (a nightly `1.7.0.devN` is
+    /// `(1, 7, 0)`); `(0, 0, 0)` when fleet.py could not read it.
+    pub fn release(&self) -> (u32, u32, u32) {
+        let text = self.info.raw["dynamo_version"].as_str().unwrap_or_default();
+        let mut parts = text
+            .split(|c: char| !c.is_ascii_digit())
+            .map(|p| p.parse::<u32>().unwrap_or(0));
+        (
+            parts.next().unwrap_or(0),
+            parts.next().unwrap_or(0),
+            parts.next().unwrap_or(0),
+        )
+    }
+
+    /// Where the router may dial this fleet's publishers: loopback, and each other address a
+    /// worker advertises (Dynamo before 1.6 has no event-plane host setting: its workers bind
+    /// `0.0.0.0` and advertise the host's first routable address, FLEET-05), each as a `/32`.
+    pub fn publisher_cidrs(&self) -> Vec<String> {
+        let mut cidrs = vec!["127.0.0.0/8".to_string()];
+        for w in &self.info.workers {
+            for p in w.publishers.values() {
+                let host = p
+                    .endpoint
+                    .trim_start_matches("tcp://")
+                    .rsplit_once(':')
+                    .map_or("", |(h, _)| h);
+                if let Ok(ip) = host.parse::<std::net::Ipv4Addr>()
+                    && !ip.is_loopback()
+                {
+                    let cidr = format!("{ip}/32");
+                    if !cidrs.contains(&cidr) {
+                        cidrs.push(cidr);
+                    }
+                }
+            }
+        }
+        cidrs
     }
 
     /// Workers serving `model`.

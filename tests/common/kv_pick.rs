@@ -6,6 +6,7 @@
 
 use std::time::Duration;
 
+use super::backend::{MockBackend, Reply};
 use super::client::{Response, request_bytes, roundtrip};
 use super::config::RouterConfig;
 use super::fleet::Fleet;
@@ -34,14 +35,51 @@ pub fn tiny_model_digests() -> Vec<String> {
 
 /// The fleet's router config with `dynamo.kv` on, `pinned` artifacts and `extra` lines of
 /// `dynamo.kv` (each indented by four spaces, e.g. `"    send_token_data: true\n"`).
+///
+/// A fleet before Dynamo 1.6 names its card's files on the Hub (`hf://<model>/<file>`, the same
+/// digests): the router then reads them from [`hub`] (`allow_hf_artifacts`, `HF_ENDPOINT`), as
+/// an operator of such a fleet points it at the Hub or a mirror.
 pub fn kv_config(fleet: &Fleet, pinned: &[String], extra: &str) -> RouterConfig {
     let mut cfg = fleet.router_config();
     let list: Vec<String> = pinned.iter().map(|p| format!("\"{p}\"")).collect();
+    let hf = if fleet.release() < (1, 6, 0) {
+        cfg.env.push(("HF_ENDPOINT".into(), hub().url()));
+        "    allow_hf_artifacts: true\n"
+    } else {
+        ""
+    };
     cfg.extra_yaml.push_str(&format!(
-        "  kv:\n    enabled: true\n    pinned_artifacts: [{}]\n{extra}",
+        "  kv:\n    enabled: true\n    pinned_artifacts: [{}]\n{hf}{extra}",
         list.join(", ")
     ));
     cfg
+}
+
+/// A Hugging Face Hub stand-in on loopback for this test process (the real Hub is out of reach
+/// here): `GET /<repo>/resolve/<rev>/<file>` answers the tiny model's fixture file of that name,
+/// whatever the repo (the fleet serves the fixture under each model name), 404 otherwise.
+pub fn hub() -> &'static MockBackend {
+    static HUB: std::sync::OnceLock<MockBackend> = std::sync::OnceLock::new();
+    HUB.get_or_init(|| {
+        let hub = MockBackend::start("hub");
+        hub.set_handler(|req| {
+            let file = req
+                .path
+                .split_once("/resolve/")
+                .and_then(|(_, rest)| rest.split_once('/'))
+                .map(|(_, file)| file)
+                .filter(|f| !f.contains("..") && !f.contains('/'));
+            match file.and_then(|f| std::fs::read(format!("{TINY_MODEL_DIR}{f}")).ok()) {
+                Some(body) => Reply::Full {
+                    status: 200,
+                    headers: vec![("Content-Type".into(), "application/octet-stream".into())],
+                    body,
+                },
+                None => Reply::json_status(404, br#"{"error":"Entry not found"}"#),
+            }
+        });
+        hub
+    })
 }
 
 /// A router over `fleet` started from [`kv_config`].

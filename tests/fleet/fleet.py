@@ -709,6 +709,7 @@ class Fleet:
             "frontend_processes": fe_list,
             "workers": [worker_json(w) for w in self.workers],
             "models": models,
+            "dynamo_version": DYNAMO_VERSION,
             "dir": self.dir,
             "block_size": self.args.block_size,
             "lease_ttl_secs": self.args.lease_ttl,

@@ -156,18 +156,25 @@ pub async fn read_file(path: &str) -> Result<Vec<u8>, FetchError> {
 }
 
 /// `hf://<org>/<repo>/<path>` → `<endpoint>/<org>/<repo>/resolve/main/<path>` (the Hub's file
-/// download route; a revision may follow the repo as `<repo>@<rev>`).
+/// download route; a revision may follow the repo as `<repo>@<rev>`). With two segments the repo
+/// has no organisation: `hf://<repo>/<file>`, as Dynamo before 1.6 writes a card's files for a
+/// model named without one (its rule: the last segment is the file, the rest the repo).
 pub fn hf_url(uri: &str, endpoint: &str) -> Option<String> {
     let rest = uri.strip_prefix("hf://")?;
-    let mut parts = rest.splitn(3, '/');
-    let org = parts.next().filter(|s| !s.is_empty())?;
-    let repo = parts.next().filter(|s| !s.is_empty())?;
-    let file = parts.next().filter(|s| !s.is_empty())?;
-    let (repo, rev) = repo.split_once('@').unwrap_or((repo, "main"));
-    if rev.is_empty() || file.split('/').any(|s| s == "..") {
+    let segments: Vec<&str> = rest.split('/').collect();
+    if segments.iter().any(|s| s.is_empty() || *s == "..") {
         return None;
     }
-    Some(format!("{endpoint}/{org}/{repo}/resolve/{rev}/{file}"))
+    let (repo, file) = match segments.as_slice() {
+        [repo, file] => ((*repo).to_owned(), (*file).to_owned()),
+        [org, repo, path @ ..] if !path.is_empty() => (format!("{org}/{repo}"), path.join("/")),
+        _ => return None,
+    };
+    let (repo, rev) = repo.split_once('@').unwrap_or((&repo, "main"));
+    if rev.is_empty() || repo.ends_with('/') {
+        return None;
+    }
+    Some(format!("{endpoint}/{repo}/resolve/{rev}/{file}"))
 }
 
 /// GET `url`, following redirects, reading at most 64 MiB. Plain `http://` is read only where
@@ -340,9 +347,22 @@ mod tests {
             hf_url("hf://org/repo@v2/sub/t.json", e).as_deref(),
             Some("http://127.0.0.1:9/org/repo/resolve/v2/sub/t.json")
         );
-        assert_eq!(hf_url("hf://org/repo", e), None);
+        // Two segments: a repo without an organisation and its file (Dynamo 1.4/1.5 cards of
+        // a model named `tiny-agg`).
+        assert_eq!(
+            hf_url("hf://tiny-agg/tokenizer.json", e).as_deref(),
+            Some("http://127.0.0.1:9/tiny-agg/resolve/main/tokenizer.json")
+        );
+        assert_eq!(
+            hf_url("hf://gpt2@v1/tokenizer.json", e).as_deref(),
+            Some("http://127.0.0.1:9/gpt2/resolve/v1/tokenizer.json")
+        );
+        assert_eq!(hf_url("hf://repo", e), None);
         assert_eq!(hf_url("hf://org/repo/../x", e), None);
+        assert_eq!(hf_url("hf://../x", e), None);
+        assert_eq!(hf_url("hf://org//x", e), None);
         assert_eq!(hf_url("hf://org/repo@/x", e), None);
+        assert_eq!(hf_url("hf://repo@/x", e), None);
     }
 
     #[test]

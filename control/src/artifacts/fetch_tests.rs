@@ -174,6 +174,23 @@ async fn redirects_are_followed_and_plain_http_is_refused_where_not_allowed() {
     ));
 }
 
+/// A Dynamo 1.4/1.5 card names a model without an organisation as `hf://<model>/<file>`: fetched
+/// from `<hub>/<model>/resolve/main/<file>` and verified like any other.
+#[tokio::test]
+async fn an_hf_reference_without_an_organisation_is_the_repo_and_its_file() {
+    let hub = serve(vec![("/tiny-agg/resolve/main/tokenizer.json", ok(BODY))]).await;
+    let r = remote(&format!("http://{}", hub.addr));
+    let a = artifact("hf://tiny-agg/tokenizer.json", BODY);
+    assert_eq!(fetch(&a, &r).await.expect("fetched"), BODY);
+    assert_eq!(hub.seen.lock().expect("log").len(), 1);
+    // The digest still decides: other bytes under that name are refused.
+    let wrong = artifact("hf://tiny-agg/tokenizer.json", b"something else");
+    assert!(matches!(
+        fetch(&wrong, &r).await,
+        Err(FetchError::ChecksumMismatch { .. })
+    ));
+}
+
 #[tokio::test]
 async fn hf_references_use_the_hub_route_and_send_the_token_to_the_hub_only() {
     let cdn = serve(vec![("/blob", ok(BODY))]).await;

@@ -174,6 +174,13 @@ impl ShimDecision {
     }
 }
 
+/// Dynamo 1.7's answer when the pinned worker's admission gate refuses the request before any
+/// work (`{"message":"Service temporarily overloaded","type":"Overloaded","code":529}`). Its own
+/// frontend gives the client exactly this, and clients retry it (the OpenAI and Anthropic SDKs
+/// retry every status from 500); it is not a failed decode, so under `dynamo_1_6` it is relayed,
+/// buffered or streamed, and counts no `disaggregated_errors_total`.
+pub const OVERLOADED: u16 = 529;
+
 /// Whether a buffered non-2xx shim answer is the client's own error (relayed) rather than a shim
 /// failure, under `answers`. The one table, by status:
 ///
@@ -182,6 +189,7 @@ impl ShimDecision {
 /// | 400, message `Invalid request` (the 1.6 pin rejection), or no readable message | failure | failure |
 /// | 400, any other message (request validation) | client's | failure |
 /// | 401, 403, 413, 415, 422 | client's | failure |
+/// | 529 ([`OVERLOADED`], Dynamo 1.7's admission gate; streamed answers too) | client's | failure |
 /// | every other non-2xx | failure | failure |
 ///
 /// The direct-mode prefill rejection (SHIM-18) and the streaming rules (SHIM-21) come before this
@@ -224,6 +232,11 @@ pub fn decide_with(
         ShimOutcome::Answered { status, .. } if (200..300).contains(&status) => ShimDecision::Relay,
         ShimOutcome::Answered { status, body } if is_direct_mode_rejection(status, body) => {
             ShimDecision::Fail(ErrorClass::DisaggregatedPrefillDecodeUnavailable)
+        }
+        ShimOutcome::Answered { status, .. }
+            if status == OVERLOADED && answers == ShimAnswers::Dynamo16 =>
+        {
+            ShimDecision::Relay
         }
         ShimOutcome::Answered { status, body } => match mode {
             RequestMode::Buffered if answer_is_clients(answers, status, body) => {

@@ -15,6 +15,10 @@ const VALIDATION_400: &[u8] =
 use RequestMode::{Buffered, Streaming};
 use UnifiedFallback::{Allowed, Disabled};
 
+/// The real 1.7 nightly frontend's answer when the pinned worker's admission gate is full.
+const OVERLOAD_529: &[u8] =
+    br#"{"message":"Service temporarily overloaded","type":"Overloaded","code":529}"#;
+
 fn answered(status: u16, body: &[u8]) -> ShimOutcome<'_> {
     ShimOutcome::Answered { status, body }
 }
@@ -181,11 +185,12 @@ fn invariants_over_every_status() {
                             assert_eq!(d, ShimDecision::Relay);
                         }
                         // Fallback happens only when allowed; a relayed failure only for a
-                        // plain 4xx, and when buffered only for the client's own error.
+                        // plain 4xx or the 1.7 overload, and when buffered only for the
+                        // client's own error.
                         if d == ShimDecision::FallbackUnified {
                             assert_eq!(fb, Allowed);
                         }
-                        if d == ShimDecision::Relay && !ok {
+                        if d == ShimDecision::Relay && !ok && status != OVERLOADED {
                             assert!((400..500).contains(&status) && status != 408 && status != 429);
                             if mode == Buffered {
                                 assert!(is_client_error(status, body), "{status}");
@@ -278,4 +283,29 @@ fn the_strict_answer_table_makes_every_buffered_non_2xx_a_shim_failure() {
             ShimDecision::Relay
         );
     }
+}
+
+#[test]
+fn dynamo_1_7s_overload_is_relayed_buffered_and_streamed_and_is_no_decode_failure() {
+    for mode in [Buffered, Streaming] {
+        for fb in [Allowed, Disabled] {
+            let d = decide(answered(OVERLOADED, OVERLOAD_529), mode, fb, true);
+            assert_eq!(d, ShimDecision::Relay, "{mode:?} {fb:?}");
+            assert_eq!(d.error_phase(), None);
+            // Under `strict` every non-2xx is a failure, this one too.
+            let strict = decide_with(
+                answered(OVERLOADED, OVERLOAD_529),
+                mode,
+                fb,
+                true,
+                ShimAnswers::Strict,
+            );
+            assert_ne!(strict, ShimDecision::Relay, "{mode:?} {fb:?}");
+        }
+    }
+    // A 503 is still a shim failure (the unified fallback when allowed).
+    assert_eq!(
+        decide(answered(503, OVERLOAD_529), Buffered, Allowed, true),
+        ShimDecision::FallbackUnified
+    );
 }

@@ -166,7 +166,8 @@ pub(super) fn upstream_error(status: u16, body: &[u8]) -> ClassifiedError {
         404 => ErrorClass::NotFound,
         413 => ErrorClass::RequestTooLarge,
         429 => ErrorClass::RateLimited,
-        503 => ErrorClass::Overloaded,
+        // 529: Dynamo 1.7's admission gate (`continuum_core::shim::OVERLOADED`).
+        503 | 529 => ErrorClass::Overloaded,
         504 | 408 => ErrorClass::UpstreamTimeout,
         500 => ErrorClass::Internal,
         _ => ErrorClass::UpstreamProtocol,
