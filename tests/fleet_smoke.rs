@@ -144,18 +144,19 @@ fn direct_mode_pins_against_the_real_frontend() {
         &post(agg_fe, AGG, true, &[(WORKER, &dec)]),
         "agg stream, decimal id",
     );
+    // A hex id is no id (FLEET-05). 1.6 says `Invalid request`; 1.4 and 1.5 name the missing id.
+    let no_pin = if fleet.release() >= (1, 6, 0) {
+        "Invalid request"
+    } else {
+        "worker ID required for aggregated request in Direct routing mode"
+    };
     assert_dynamo_error(
         &post(agg_fe, AGG, false, &[(WORKER, &agg.instance_id_hex)]),
         400,
-        "Invalid request",
+        no_pin,
         "agg, hex id",
     );
-    assert_dynamo_error(
-        &post(agg_fe, AGG, false, &[]),
-        400,
-        "Invalid request",
-        "agg, no id",
-    );
+    assert_dynamo_error(&post(agg_fe, AGG, false, &[]), 400, no_pin, "agg, no id");
     // The disaggregated model is not served by the agg namespace's frontend.
     assert_status(
         &post(
@@ -241,12 +242,18 @@ fn a_killed_worker_leaves_etcd_when_its_lease_expires() {
         "{all:?}"
     );
 
-    // After expiry the id is unknown (400, bounded wait for the frontend's watch); the
-    // survivor still serves.
+    // After expiry the id is unknown (bounded wait for the frontend's watch): 400 from 1.5 on,
+    // 500 `Failed to generate completions` on 1.4.2 (a shim failure to the router either way;
+    // issue 38 re-picks it); the survivor still serves.
+    let unknown = if fleet.release() >= (1, 5, 0) {
+        400
+    } else {
+        500
+    };
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let r = post(fe, AGG, false, &[(WORKER, &victim.instance_id.to_string())]);
-        if r.status == 400 {
+        if r.status == unknown {
             break;
         }
         assert!(

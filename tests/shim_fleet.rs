@@ -755,7 +755,9 @@ fn without_prefill_workers_the_disaggregated_model_fails_fast_and_classified() {
 fn dynamo_1_7s_admission_gate_overload_reaches_the_client_as_529() {
     let release = common::fleet::installed_release();
     if release < (1, 7, 0) {
-        eprintln!("skipped: the fleet venv has ai-dynamo {release:?}, without the admission gate");
+        common::fleet::compat_skip(&format!(
+            "the fleet venv has ai-dynamo {release:?}, without the admission gate"
+        ));
         return;
     }
     let fleet = Fleet::start(

@@ -63,6 +63,14 @@ pub fn installed_release() -> (u32, u32, u32) {
     )
 }
 
+/// Marks the running test as not applying to this fleet's Dynamo release: the compatibility run
+/// (tests/compat/run.sh, which reads this line from the test's stdout) shows it as SKIP rather
+/// than PASS. The test returns after calling it.
+#[allow(clippy::print_stdout)] // the marker is for libtest's captured stdout
+pub fn compat_skip(why: &str) {
+    println!("compat-skip: {why}");
+}
+
 /// The venv's python; panics with how to install it when missing.
 pub fn venv_python() -> PathBuf {
     let python = venv_dir().join("bin/python");
