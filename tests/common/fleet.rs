@@ -53,7 +53,12 @@ pub fn installed_release() -> (u32, u32, u32) {
                 .map(str::to_owned)
         })
         .unwrap_or_default();
-    let mut parts = dist
+    release_of(&dist)
+}
+
+/// `"1.7.0.dev20261026"` as `(1, 7, 0)`; missing parts are 0.
+fn release_of(version: &str) -> (u32, u32, u32) {
+    let mut parts = version
         .split(|c: char| !c.is_ascii_digit())
         .map(|p| p.parse::<u32>().unwrap_or(0));
     (
@@ -509,15 +514,7 @@ impl Fleet {
     /// The fleet's ai-dynamo release as `(major, minor, patch)` (a nightly `1.7.0.devN` is
     /// `(1, 7, 0)`); `(0, 0, 0)` when fleet.py could not read it.
     pub fn release(&self) -> (u32, u32, u32) {
-        let text = self.info.raw["dynamo_version"].as_str().unwrap_or_default();
-        let mut parts = text
-            .split(|c: char| !c.is_ascii_digit())
-            .map(|p| p.parse::<u32>().unwrap_or(0));
-        (
-            parts.next().unwrap_or(0),
-            parts.next().unwrap_or(0),
-            parts.next().unwrap_or(0),
-        )
+        release_of(self.info.raw["dynamo_version"].as_str().unwrap_or_default())
     }
 
     /// Where the router may dial this fleet's publishers: loopback, and each other address a
