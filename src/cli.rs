@@ -113,14 +113,11 @@ pub(crate) fn parse(args: impl Iterator<Item = String>) -> Result<Command, CliEr
 /// `continuum-router version`: the version, then the optional features built in (an operator's
 /// check that a binary is the official release build, BUILD-03).
 fn version_text(build: continuum_core::config::Build) -> String {
-    let features: Vec<&str> = [
-        (build.dynamo, "dynamo"),
-        (build.dynamo_kv, "dynamo-kv"),
-        (build.event_bus, "dynamo-event-bus"),
-    ]
-    .into_iter()
-    .filter_map(|(on, name)| on.then_some(name))
-    .collect();
+    let features: Vec<&str> = build
+        .features()
+        .into_iter()
+        .filter_map(|(name, built)| built.then_some(name))
+        .collect();
     let features = if features.is_empty() {
         "none (plain routing only; scripts/build-release.sh builds the release binary)".to_string()
     } else {

@@ -15,8 +15,7 @@ static ORIGIN: OnceLock<StdInstant> = OnceLock::new();
 /// Now, on the process clock (the one timeline of the process: the control thread reads it
 /// too).
 pub fn now() -> Instant {
-    let origin = *ORIGIN.get_or_init(instant);
-    Instant::from_origin(origin.elapsed())
+    at(instant())
 }
 
 /// `at` (a `std` instant of this process) on the process clock, without another clock reading.

@@ -33,6 +33,15 @@ impl Build {
         dynamo_kv: true,
         event_bus: true,
     };
+
+    /// Each optional feature's Cargo name and whether this build has it, in dependency order.
+    pub fn features(self) -> [(&'static str, bool); 3] {
+        [
+            ("dynamo", self.dynamo),
+            ("dynamo-kv", self.dynamo_kv),
+            ("dynamo-event-bus", self.event_bus),
+        ]
+    }
 }
 
 /// The warning for `field`, set in the file, that needs `feature`, which this build lacks.
@@ -49,31 +58,33 @@ impl Config {
     /// This config as `build` can run it: every feature the build lacks switched off, with one
     /// warning per setting that asked for it (CFG-04). Nothing else changes.
     pub fn fit_build(mut self, build: Build) -> (Config, Vec<Warning>) {
-        let mut warnings = Vec::new();
         let d = &mut self.dynamo;
-        if !build.dynamo && d.enabled {
-            warnings.push(unbuilt(
+        // The section each feature runs, in `Build::features` order.
+        let sections = [
+            (
                 "dynamo.enabled",
-                "dynamo",
+                &mut d.enabled,
                 "discovery is disabled and requests are routed to the configured backends without pins",
-            ));
-            d.enabled = false;
-        }
-        if !build.dynamo_kv && d.kv.enabled {
-            warnings.push(unbuilt(
+            ),
+            (
                 "dynamo.kv.enabled",
-                "dynamo-kv",
+                &mut d.kv.enabled,
                 "kv-events are not indexed and picks are load-based",
-            ));
-            d.kv.enabled = false;
-        }
-        if !build.event_bus && d.event_bus.enabled {
-            warnings.push(unbuilt(
+            ),
+            (
                 "dynamo.event_bus.enabled",
-                "dynamo-event-bus",
+                &mut d.event_bus.enabled,
                 "the event bus listener is not started and no broker can dial this router",
-            ));
-            d.event_bus.enabled = false;
+            ),
+        ];
+        let mut warnings = Vec::new();
+        for ((feature, built), (field, enabled, effect)) in
+            build.features().into_iter().zip(sections)
+        {
+            if !built && *enabled {
+                warnings.push(unbuilt(field, feature, effect));
+                *enabled = false;
+            }
         }
         (self, warnings)
     }

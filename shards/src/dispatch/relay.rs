@@ -106,7 +106,7 @@ pub(super) async fn relay(
     // An HTTP/1.0 client cannot read chunked framing: decode it and delimit by close instead.
     let dechunk = ex.req.head.http10 && parsed.framing == Framing::Chunked;
     let keep_alive = ex.req.head.keep_alive && parsed.framing != Framing::UntilClose && !dechunk;
-    write_client_head(ex, &parsed, backend, keep_alive, dechunk, attempt);
+    let events = write_client_head(ex, &parsed, backend, keep_alive, dechunk, attempt);
     let mut reusable = parsed.upstream_keep_alive;
     // Body bytes that came with the head.
     let first = parsed.head_len..ex.bufs.ubuf.len();
@@ -116,7 +116,6 @@ pub(super) async fn relay(
     if consumed < first.len() {
         reusable = false; // bytes beyond the response: do not trust this connection
     }
-    let events = is_event_stream(ex, &parsed);
     if events && ex.sink.buf.len() > head_len {
         ex.times.event_written(|| head_at);
     }
@@ -151,18 +150,6 @@ pub(super) async fn relay(
         }),
         reusable,
     ))
-}
-
-/// Whether the answer `p` is a 2xx event stream (`content-type: text/event-stream`): its first
-/// body bytes are its first event (`continuum_time_to_first_event_seconds`).
-fn is_event_stream(ex: &Exchange<'_>, p: &ParsedHead) -> bool {
-    (200..300).contains(&p.status)
-        && ex.bufs.resp_spans.iter().any(|h| {
-            ex.bufs.ubuf[h.name.clone()].eq_ignore_ascii_case(b"content-type")
-                && ex.bufs.ubuf[h.value.clone()]
-                    .get(..17)
-                    .is_some_and(|v| v.eq_ignore_ascii_case(b"text/event-stream"))
-        })
 }
 
 /// Write a held answer to `ex.sink.buf` as a complete response with the routing headers, for the
@@ -200,7 +187,9 @@ pub(super) fn write_held(
     Outcome { status, keep_alive }
 }
 
-/// Write the client-facing response head into `ex.sink.buf` (cleared first).
+/// Write the client-facing response head into `ex.sink.buf` (cleared first). Returns whether the
+/// answer is a 2xx event stream (`content-type: text/event-stream`), whose first body bytes are
+/// its first event (`continuum_time_to_first_event_seconds`), read in the same pass.
 fn write_client_head(
     ex: &mut Exchange<'_>,
     p: &ParsedHead,
@@ -208,7 +197,7 @@ fn write_client_head(
     keep_alive: bool,
     dechunk: bool,
     attempt: &Attempt<'_>,
-) {
+) -> bool {
     ex.sink.buf.clear();
     let reason = &ex.bufs.ubuf[p.reason.clone()];
     ex.sink.buf.extend_from_slice(b"HTTP/1.1 ");
@@ -223,14 +212,18 @@ fn write_client_head(
     }
     ex.sink.buf.extend_from_slice(b"\r\n");
     let connection = p.connection.clone().map_or(&b""[..], |r| &ex.bufs.ubuf[r]);
+    let mut events = false;
     for h in &ex.bufs.resp_spans {
         let name = &ex.bufs.ubuf[h.name.clone()];
         if headers::response_header_relayable(name, connection) {
+            let value = &ex.bufs.ubuf[h.value.clone()];
+            events |= name.eq_ignore_ascii_case(b"content-type")
+                && value
+                    .get(..17)
+                    .is_some_and(|v| v.eq_ignore_ascii_case(b"text/event-stream"));
             ex.sink.buf.extend_from_slice(name);
             ex.sink.buf.extend_from_slice(b": ");
-            ex.sink
-                .buf
-                .extend_from_slice(&ex.bufs.ubuf[h.value.clone()]);
+            ex.sink.buf.extend_from_slice(value);
             ex.sink.buf.extend_from_slice(b"\r\n");
         }
     }
@@ -253,4 +246,5 @@ fn write_client_head(
         Framing::UntilClose => {}
     }
     end_head(ex, backend, attempt, keep_alive);
+    events && (200..300).contains(&p.status)
 }
