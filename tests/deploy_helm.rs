@@ -20,7 +20,7 @@ mod common;
 use std::collections::BTreeSet;
 
 use common::manifests::{
-    FLEET, Grant, Run, assert_base_grants_nothing, assert_discovery_grant, assert_no_port_range,
+    FLEET, Grant, assert_base_grants_nothing, assert_discovery_grant, assert_no_port_range,
     documents, egress, is_submap, kustomize, of_kind, one, pod_spec, rules, run,
 };
 #[cfg(feature = "dynamo")]
@@ -40,7 +40,7 @@ fn helm_bin() -> String {
     }
     let script = format!("{ROOT}/deploy/helm/install-helm.sh");
     let r = run(&script, &["--print"]);
-    assert!(r.ok, "{script} --print: {}", r.stderr);
+    assert!(r.ok(), "{script} --print: {}", r.stderr);
     let helm = r.stdout.trim().to_owned();
     assert!(
         std::path::Path::new(&helm).is_file(),
@@ -58,7 +58,12 @@ fn values_args(values: &[&str]) -> Vec<String> {
 }
 
 /// `helm template <release> <chart> --namespace <ns> [--values ..] [--set ..]`: the outcome.
-fn try_template(release: &str, namespace: &str, values: &[&str], sets: &[&str]) -> Run {
+fn try_template(
+    release: &str,
+    namespace: &str,
+    values: &[&str],
+    sets: &[&str],
+) -> common::CliOutput {
     let mut args: Vec<String> = vec![
         "template".into(),
         release.into(),
@@ -78,7 +83,7 @@ fn try_template(release: &str, namespace: &str, values: &[&str], sets: &[&str]) 
 /// The documents `helm template` renders; it must succeed without a warning.
 fn template(release: &str, namespace: &str, values: &[&str], sets: &[&str]) -> Vec<Value> {
     let r = try_template(release, namespace, values, sets);
-    assert!(r.ok, "helm template {values:?} {sets:?}: {}", r.stderr);
+    assert!(r.ok(), "helm template {values:?} {sets:?}: {}", r.stderr);
     assert!(
         !r.stderr.to_lowercase().contains("warning"),
         "helm template {values:?} {sets:?}: {}",
@@ -100,7 +105,7 @@ fn helm_lint_passes_for_the_defaults_and_both_discovery_examples() {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let r = run(&helm, &args);
         let report = format!("{}{}", r.stdout, r.stderr);
-        assert!(r.ok, "helm lint {values:?}: {report}");
+        assert!(r.ok(), "helm lint {values:?}: {report}");
         assert!(
             report.contains("1 chart(s) linted, 0 chart(s) failed"),
             "{report}"
@@ -209,7 +214,7 @@ fn the_values_place_the_grant_in_the_fleet_namespace_and_set_the_api_server_port
 fn values_the_chart_cannot_honour_are_refused() {
     // `metadata` without `enabled` would grant nothing the config needs.
     let r = try_template(RELEASE, FLEET, &[], &["dynamoPodDiscovery.metadata=true"]);
-    assert!(!r.ok, "{}", r.stdout);
+    assert!(!r.ok(), "{}", r.stdout);
     assert!(
         r.stderr
             .contains("dynamoPodDiscovery.metadata needs dynamoPodDiscovery.enabled"),
@@ -223,7 +228,7 @@ fn values_the_chart_cannot_honour_are_refused() {
         "dynamoPodDiscovery.namespace=Not_A_Namespace",
     ] {
         let r = try_template(RELEASE, FLEET, &[], &[set]);
-        assert!(!r.ok, "{set}: {}", r.stdout);
+        assert!(!r.ok(), "{set}: {}", r.stdout);
         assert!(r.stderr.contains("schema"), "{set}: {}", r.stderr);
     }
 }

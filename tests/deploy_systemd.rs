@@ -8,10 +8,11 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::process::{Command, Output, Stdio};
+use std::process::Command;
+use std::time::Duration;
 
 use common::router::router_bin;
-use common::{TempDir, run_cli};
+use common::{CliOutput, TempDir, run_bounded, run_cli};
 
 const UNIT: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
@@ -28,12 +29,10 @@ fn unit_here(dir: &TempDir) -> std::path::PathBuf {
     )
 }
 
-fn analyze(args: &[&str]) -> Output {
-    Command::new("systemd-analyze")
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap_or_else(|e| panic!("systemd-analyze (tests/run.sh installs systemd): {e}"))
+fn analyze(args: &[&str]) -> CliOutput {
+    let mut cmd = Command::new("systemd-analyze");
+    cmd.args(args);
+    run_bounded(cmd, Duration::from_secs(60))
 }
 
 #[test]
@@ -41,9 +40,8 @@ fn systemd_analyze_verifies_the_unit_without_a_warning() {
     let dir = TempDir::new("systemd");
     let unit = unit_here(&dir);
     let out = analyze(&["verify", unit.to_str().unwrap()]);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
-    assert!(stderr.trim().is_empty(), "warnings: {stderr}");
+    assert!(out.ok(), "{}", out.stderr);
+    assert!(out.stderr.trim().is_empty(), "warnings: {}", out.stderr);
 
     // The check itself catches what it is here for: an unknown key.
     let typo = dir.write(
@@ -53,10 +51,7 @@ fn systemd_analyze_verifies_the_unit_without_a_warning() {
             .replace("ProtectSystem=", "ProtectSystm="),
     );
     let out = analyze(&["verify", typo.to_str().unwrap()]);
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("Unknown key"),
-        "{out:?}"
-    );
+    assert!(out.stderr.contains("Unknown key"), "{out:?}");
 }
 
 #[test]
@@ -64,7 +59,7 @@ fn the_units_exposure_is_low() {
     let dir = TempDir::new("systemd");
     let unit = unit_here(&dir);
     let out = analyze(&["security", "--offline=true", unit.to_str().unwrap()]);
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = &out.stdout;
     let level: f64 = text
         .lines()
         .find_map(|l| {

@@ -167,30 +167,27 @@ fn rules_pass_promtool_and_every_alert_is_tested_both_ways() {
     let rules_file = rules_path();
     let rules_arg = rules_file.to_str().expect("utf-8 path");
     let check = promtool(&["check", "rules", rules_arg]);
-    assert_eq!(
-        check.code,
-        Some(0),
-        "promtool check rules:\n{}",
-        check.output
-    );
+    let check_text = format!("{}{}", check.stdout, check.stderr);
+    assert_eq!(check.code, Some(0), "promtool check rules:\n{}", check_text);
     let all = rules();
     assert!(
-        check.output.contains(&format!("{} rules found", all.len())),
+        check_text.contains(&format!("{} rules found", all.len())),
         "promtool counted other rules than the file has ({}):\n{}",
         all.len(),
-        check.output
+        check_text
     );
 
     let tests = rule_tests();
     let mut args = vec!["test", "rules"];
     args.extend(tests.iter().map(|p| p.to_str().expect("utf-8 path")));
     let run = promtool(&args);
-    assert_eq!(run.code, Some(0), "promtool test rules:\n{}", run.output);
+    let run_text = format!("{}{}", run.stdout, run.stderr);
+    assert_eq!(run.code, Some(0), "promtool test rules:\n{run_text}");
     assert_eq!(
-        run.output.matches("SUCCESS").count(),
+        run_text.matches("SUCCESS").count(),
         tests.len(),
         "one SUCCESS per test file expected:\n{}",
-        run.output
+        run_text
     );
 
     // What the unit tests cover: per alert, whether a case expects it to fire and whether one

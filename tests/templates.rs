@@ -239,11 +239,12 @@ fn the_file_template_discovers_the_file_store() {
             ],
         ),
     );
-    let ids = wait_until("workers from the file store", 15, || {
-        let ids = worker_ids(&r);
-        (!ids.is_empty()).then_some(ids)
+    // The recorded fleet's two aggregated workers of namespace `agg`, and nothing else.
+    let mut want = common::shim::AGG_IDS.to_vec();
+    want.sort_unstable();
+    wait_until("the agg workers from the file store", 15, || {
+        (worker_ids(&r) == want).then_some(())
     });
-    assert!(!ids.is_empty());
 }
 
 /// The two Kubernetes templates against the fake API server (a kubeconfig, as outside a Pod):

@@ -23,11 +23,12 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
+use super::CliOutput;
 use super::client::{request_bytes, roundtrip};
 use super::config::TempDir;
 use super::fleet::venv_dir;
 use super::pki::TestCa;
-use super::router::{CliOutput, RouterProcess};
+use super::router::RouterProcess;
 use super::{MockBackend, STEP, chat, chat_body};
 
 /// The fake API server's script.
@@ -395,28 +396,7 @@ impl FakeApiServer {
 
     /// `kubectl` with another kubeconfig (see [`FakeApiServer::kubeconfig_with_token`]).
     pub fn kubectl_with(&self, kubeconfig: &Path, args: &[&str]) -> CliOutput {
-        static NEXT: AtomicU64 = AtomicU64::new(0);
-        let n = NEXT.fetch_add(1, Ordering::SeqCst);
-        let out_path = self.dir.path().join(format!("kubectl-{n}.out"));
-        let err_path = self.dir.path().join(format!("kubectl-{n}.err"));
-        let mut child = self
-            .kubectl_command(kubeconfig, args)
-            .stdout(std::fs::File::create(&out_path).expect("kubectl stdout file"))
-            .stderr(std::fs::File::create(&err_path).expect("kubectl stderr file"))
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot spawn {}: {e}", kubectl_bin()));
-        let Some(status) = super::wait_bounded(&mut child, KUBECTL_WITHIN) else {
-            panic!(
-                "`kubectl {}` did not exit within {KUBECTL_WITHIN:?}; stderr: {}",
-                args.join(" "),
-                std::fs::read_to_string(&err_path).unwrap_or_default()
-            );
-        };
-        CliOutput {
-            code: status.code(),
-            stdout: std::fs::read_to_string(&out_path).unwrap_or_default(),
-            stderr: std::fs::read_to_string(&err_path).unwrap_or_default(),
-        }
+        super::run_bounded(self.kubectl_command(kubeconfig, args), KUBECTL_WITHIN)
     }
 
     /// `kubectl args...` (e.g. `get pods -w -o name`) left running; its stdout lines are read

@@ -14,13 +14,13 @@
 //!   namespaces and API server ports.
 
 use std::collections::BTreeSet;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use serde_yaml_ng::Value;
 
 use super::kube::kubectl_bin;
-use super::{TempDir, run_cli, wait_bounded};
+use super::{CliOutput, TempDir, run_bounded, run_cli};
 
 /// `deploy/kubernetes/`.
 pub const KUSTOMIZE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/kubernetes");
@@ -37,33 +37,11 @@ pub const API_SERVER_PORTS: [i64; 2] = [443, 6443];
 /// The only verbs a Role may grant.
 pub const READ: [&str; 3] = ["get", "list", "watch"];
 
-/// What a bounded run of a command gave: success, stdout, stderr.
-#[derive(Debug)]
-pub struct Run {
-    pub ok: bool,
-    pub stdout: String,
-    pub stderr: String,
-}
-
 /// Runs `bin args` (at most 60 s; killed after that).
-pub fn run(bin: &str, args: &[&str]) -> Run {
-    let tmp = TempDir::new("deploy-run");
-    let out = tmp.path().join("out");
-    let err = tmp.path().join("err");
-    let mut child = Command::new(bin)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(std::fs::File::create(&out).unwrap())
-        .stderr(std::fs::File::create(&err).unwrap())
-        .spawn()
-        .unwrap_or_else(|e| panic!("spawn {bin}: {e}"));
-    let status = wait_bounded(&mut child, Duration::from_secs(60))
-        .unwrap_or_else(|| panic!("`{bin} {}` did not exit within 60 s", args.join(" ")));
-    Run {
-        ok: status.success(),
-        stdout: std::fs::read_to_string(&out).unwrap(),
-        stderr: std::fs::read_to_string(&err).unwrap_or_default(),
-    }
+pub fn run(bin: &str, args: &[&str]) -> CliOutput {
+    let mut cmd = Command::new(bin);
+    cmd.args(args);
+    run_bounded(cmd, Duration::from_secs(60))
 }
 
 /// The YAML documents of a multi-document stream (`---` lines between them), comments-only and
@@ -92,7 +70,7 @@ pub fn kustomize(dir: &str) -> Vec<Value> {
         &kubectl_bin(),
         &["kustomize", &format!("{KUSTOMIZE}/{dir}")],
     );
-    assert!(r.ok, "kubectl kustomize {dir}: {}", r.stderr);
+    assert!(r.ok(), "kubectl kustomize {dir}: {}", r.stderr);
     documents(&r.stdout)
 }
 

@@ -61,7 +61,7 @@ use std::time::Duration;
 pub use backend::{MockBackend, RecordedRequest, Reply, SseSender, refusing_url};
 pub use client::{Conn, Response, chat, chat_body, chat_bytes, get, get_with, request_bytes};
 pub use config::{ADMIN_TOKEN, ADMIN_TOKEN_HASH, RouterConfig, TempDir};
-pub use router::{CliOutput, RouterProcess, metric_value, run_cli, run_cli_of};
+pub use router::{RouterProcess, metric_value, run_cli, run_cli_of};
 
 /// A generous bound for one step of a test (a response, an event, a reload).
 pub const STEP: Duration = Duration::from_secs(10);
@@ -83,6 +83,47 @@ pub fn wait_bounded(
             return None;
         }
         std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Output of one bounded command run ([`run_bounded`]).
+#[derive(Debug)]
+pub struct CliOutput {
+    /// Exit code (`None` if killed by a signal).
+    pub code: Option<i32>,
+    /// Standard output.
+    pub stdout: String,
+    /// Standard error.
+    pub stderr: String,
+}
+
+impl CliOutput {
+    /// Whether it exited 0.
+    pub fn ok(&self) -> bool {
+        self.code == Some(0)
+    }
+}
+
+/// Runs `cmd` to its end with stdin empty and stdout and stderr captured (through files, so no
+/// pipe fills up), at most `within`: a command still running then is killed and the test fails
+/// naming it.
+pub fn run_bounded(mut cmd: std::process::Command, within: Duration) -> CliOutput {
+    let dir = TempDir::new("run");
+    let out = dir.path().join("stdout");
+    let err = dir.path().join("stderr");
+    let what = format!("{cmd:?}");
+    let mut child = cmd
+        .stdin(std::process::Stdio::null())
+        .stdout(std::fs::File::create(&out).expect("stdout file"))
+        .stderr(std::fs::File::create(&err).expect("stderr file"))
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {what}: {e}"));
+    let status = wait_bounded(&mut child, within)
+        .unwrap_or_else(|| panic!("{what} did not exit within {within:?}"));
+    CliOutput {
+        code: status.code(),
+        stdout: std::fs::read_to_string(&out).unwrap_or_default(),
+        stderr: std::fs::read_to_string(&err).unwrap_or_default(),
     }
 }
 

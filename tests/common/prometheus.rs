@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+use super::CliOutput;
 use super::client::{request_bytes, roundtrip};
 use super::config::TempDir;
 
@@ -23,42 +24,12 @@ pub const PROMTOOL_WITHIN: Duration = Duration::from_secs(60);
 /// Bound for a Prometheus server to answer `/-/ready`.
 pub const READY_WITHIN: Duration = Duration::from_secs(30);
 
-/// Output of one `promtool` run.
-#[derive(Debug)]
-pub struct ToolOutput {
-    /// Exit code (`None` when killed).
-    pub code: Option<i32>,
-    /// Standard output and standard error, in that order.
-    pub output: String,
-}
-
-/// Runs `promtool args` (bounded by [`PROMTOOL_WITHIN`]); panics when it cannot be spawned or
-/// does not exit in time.
-pub fn promtool(args: &[&str]) -> ToolOutput {
-    let dir = TempDir::new("promtool");
-    let out = dir.path().join("stdout");
-    let err = dir.path().join("stderr");
-    let mut child = Command::new("promtool")
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(File::create(&out).expect("promtool stdout file"))
-        .stderr(File::create(&err).expect("promtool stderr file"))
-        .spawn()
-        .unwrap_or_else(|e| {
-            panic!("cannot run promtool ({e}): tests/run.sh installs the Debian package prometheus")
-        });
-    let Some(status) = super::wait_bounded(&mut child, PROMTOOL_WITHIN) else {
-        panic!(
-            "`promtool {}` did not exit within {PROMTOOL_WITHIN:?}",
-            args.join(" ")
-        );
-    };
-    let output = std::fs::read_to_string(&out).unwrap_or_default()
-        + &std::fs::read_to_string(&err).unwrap_or_default();
-    ToolOutput {
-        code: status.code(),
-        output,
-    }
+/// Runs `promtool args` (bounded by [`PROMTOOL_WITHIN`]; tests/run.sh installs the Debian
+/// package `prometheus`).
+pub fn promtool(args: &[&str]) -> CliOutput {
+    let mut cmd = Command::new("promtool");
+    cmd.args(args);
+    super::run_bounded(cmd, PROMTOOL_WITHIN)
 }
 
 /// `s` percent-encoded for a URL query value (everything but RFC 3986 unreserved characters).

@@ -11,6 +11,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
+use super::CliOutput;
 use super::client::{self, Response};
 use super::config::{RouterConfig, TempDir};
 
@@ -362,17 +363,6 @@ pub fn metric_value(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f
     total
 }
 
-/// Output of one CLI run.
-#[derive(Debug)]
-pub struct CliOutput {
-    /// Exit code (`None` if killed by a signal).
-    pub code: Option<i32>,
-    /// Standard output.
-    pub stdout: String,
-    /// Standard error.
-    pub stderr: String,
-}
-
 /// Runs the router binary with `args` (bounded to 30 s; killed after that).
 pub fn run_cli(args: &[&str]) -> CliOutput {
     run_cli_of(std::path::Path::new(router_bin()), args)
@@ -380,25 +370,7 @@ pub fn run_cli(args: &[&str]) -> CliOutput {
 
 /// Runs `bin` (a router binary) with `args` (bounded to 30 s; killed after that).
 pub fn run_cli_of(bin: &std::path::Path, args: &[&str]) -> CliOutput {
-    let dir = TempDir::new("cli");
-    let out_path = dir.path().join("stdout");
-    let err_path = dir.path().join("stderr");
-    let mut child = Command::new(bin)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(File::create(&out_path).expect("stdout file"))
-        .stderr(File::create(&err_path).expect("stderr file"))
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot spawn {}: {e}", bin.display()));
-    let Some(status) = super::wait_bounded(&mut child, Duration::from_secs(30)) else {
-        panic!(
-            "`continuum-router {}` did not exit within 30s",
-            args.join(" ")
-        );
-    };
-    CliOutput {
-        code: status.code(),
-        stdout: std::fs::read_to_string(&out_path).unwrap_or_default(),
-        stderr: std::fs::read_to_string(&err_path).unwrap_or_default(),
-    }
+    let mut cmd = Command::new(bin);
+    cmd.args(args);
+    super::run_bounded(cmd, Duration::from_secs(30))
 }
