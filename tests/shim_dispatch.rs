@@ -166,14 +166,16 @@ fn wrapped_500_and_other_failures_fall_back_unified_without_pins() {
         "unified fallback carries no pins: {:?}",
         r.headers
     );
-    // A buffered 400 (a pin the frontend no longer knows) also falls back (SHIM-20).
-    s.shim_agg.push_reply(error_body(
+    // A buffered 400 (a pin the frontend no longer knows) with no other worker to pick (the
+    // model's one prefill/decode pair) also falls back (SHIM-20).
+    s.shim_disagg.push_reply(error_body(
         400,
         "{\"message\":\"Invalid request\",\"type\":\"Bad Request\",\"code\":400}",
     ));
-    let resp = chat(s.router.addr(), &chat_body(AGG, "stale-pin", false), &[]);
+    let resp = chat(s.router.addr(), &chat_body(DISAGG, "stale-pin", false), &[]);
     assert_eq!(resp.status, 200, "{}", resp.text());
     assert_eq!(s.unified.request_count(), 2);
+    assert_eq!(s.shim_disagg.request_count(), 2, "no second pinned attempt");
     assert_eq!(
         metric(&s, "disaggregated_errors_total", &[("phase", "decode")]),
         2.0
@@ -208,10 +210,68 @@ fn without_fallback_a_shim_failure_is_disaggregated_decode_failed() {
     );
 }
 
+/// Issue 38: the shim says the pinned worker is gone (1.6.1's 400 `Invalid request` after the
+/// lease, 503 `Service temporarily unavailable` before it) and nothing reached the client: the
+/// router picks once more without that worker, buffered or streamed, and counts why.
+#[test]
+fn a_gone_pinned_worker_is_picked_again_without_it() {
+    let s = setup(true, None);
+    let gone = [
+        (
+            400,
+            "{\"message\":\"Invalid request\",\"type\":\"Bad Request\",\"code\":400}",
+        ),
+        (
+            503,
+            "{\"message\":\"Service temporarily unavailable\",\"code\":503}",
+        ),
+    ];
+    for (i, (status, body)) in gone.into_iter().enumerate() {
+        for stream in [false, true] {
+            let before = s.shim_agg.request_count();
+            s.shim_agg.push_reply(error_body(status, body));
+            let resp = chat(s.router.addr(), &chat_body(AGG, "gone", stream), &[]);
+            assert_eq!(resp.status, 200, "{status} {stream}: {}", resp.text());
+            assert_eq!(resp.header("x-continuum-routing-path"), Some("unified"));
+            let tried = s.shim_agg.wait_requests(before + 2, STEP);
+            let first = pin(&tried[before], "x-dynamo-worker-instance-id").unwrap();
+            let again = pin(&tried[before + 1], "x-dynamo-worker-instance-id").unwrap();
+            assert_ne!(first, again, "never the gone worker again");
+            assert!(AGG_IDS.contains(&again));
+        }
+        let reason = if i == 0 {
+            "worker_unknown"
+        } else {
+            "worker_unavailable"
+        };
+        assert_eq!(
+            metric(&s, "continuum_dynamo_repicks_total", &[("reason", reason)]),
+            2.0
+        );
+    }
+    assert_eq!(s.unified.request_count(), 0, "no fallback was needed");
+    assert_eq!(metric(&s, "disaggregated_errors_total", &[]), 0.0);
+    // Once per request: a second gone answer is the table's (buffered: the fallback).
+    let pin_400 = gone[0].1;
+    s.shim_agg.push_reply(error_body(400, pin_400));
+    s.shim_agg.push_reply(error_body(400, pin_400));
+    let resp = chat(s.router.addr(), &chat_body(AGG, "gone-twice", false), &[]);
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    assert_eq!(resp.json()["backend"], "unified");
+    assert_eq!(
+        metric(
+            &s,
+            "continuum_dynamo_repicks_total",
+            &[("reason", "worker_unknown")]
+        ),
+        3.0
+    );
+}
+
 #[test]
 fn streaming_relays_a_plain_4xx_but_falls_back_on_5xx_429_and_408() {
     let s = setup(true, None);
-    let body_400 = "{\"message\":\"Invalid request\",\"type\":\"Bad Request\",\"code\":400}";
+    let body_400 = "{\"message\":\"Validation: messages must not be empty\",\"code\":400}";
     s.shim_agg.push_reply(error_body(400, body_400));
     let resp = chat(s.router.addr(), &chat_body(AGG, "s400", true), &[]);
     assert_eq!(resp.status, 400);

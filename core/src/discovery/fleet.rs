@@ -317,6 +317,27 @@ impl FleetView {
             .filter(move |w| w.namespace == namespace && w.model.as_deref() == Some(model))
     }
 
+    /// The view without the workers in `avoid`, for a pick that must not choose them (a re-pick
+    /// after a dead pinned worker, or workers whose `kv_metrics` connection dropped; issue 38).
+    /// `None` when no worker of the view is in `avoid` (nothing to leave out). The result keeps
+    /// the workers' order and no publishers: it is only ever picked from. Cost: one pass and a
+    /// clone of the kept workers; callers build it on those rare events, not per request.
+    pub fn without(&self, avoid: &[InstanceId]) -> Option<FleetView> {
+        let avoided = |w: &&Worker| avoid.contains(&w.instance_id);
+        if !self.workers.iter().any(|w| avoided(&w)) {
+            return None;
+        }
+        Some(FleetView {
+            workers: self
+                .workers
+                .iter()
+                .filter(|w| !avoided(w))
+                .cloned()
+                .collect(),
+            publishers: Vec::new(),
+        })
+    }
+
     /// Publishers of one family.
     pub fn publishers_of(&self, family: Family) -> impl Iterator<Item = &Publisher> {
         self.publishers.iter().filter(move |p| p.family == family)

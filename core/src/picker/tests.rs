@@ -791,3 +791,44 @@ fn a_kept_candidate_list_answers_only_for_its_table_model_and_namespace() {
         assert_eq!(run("m", &["a", "b"], table), (first, Some(2)));
     }
 }
+
+#[test]
+fn a_view_without_avoided_workers_never_picks_them_even_round_robin() {
+    // Issue 38: the shard picks from `FleetView::without` after a dead pinned worker (or while
+    // a worker's publisher is gone). Nothing fresh: PICK-07 would round-robin over all three.
+    let full = fleet(vec![
+        worker("ns", 1, Role::Prefill, "m"),
+        worker("ns", 2, Role::Decode, "m"),
+        worker("ns", 3, Role::Decode, "m"),
+        worker("ns", 4, Role::Prefill, "m"),
+    ]);
+    assert!(
+        full.without(&[InstanceId::new(9)]).is_none(),
+        "nothing to leave out"
+    );
+    let f = full
+        .without(&[InstanceId::new(2), InstanceId::new(1), InstanceId::new(9)])
+        .unwrap();
+    assert_eq!(
+        f.workers
+            .iter()
+            .map(|w| w.instance_id.get())
+            .collect::<Vec<_>>(),
+        [3, 4],
+        "the kept workers in order"
+    );
+    let l = MapLoads::default();
+    let mut c = PickerCursors::default();
+    for _ in 0..6 {
+        let p = pick(&f, &l, &["ns"], 64, &mut c).unwrap();
+        assert_eq!((p.decode.instance_id.get(), prefill_id(&p)), (3, Some(4)));
+    }
+    // Every decode worker avoided: no worker, and the caller keeps its first answer.
+    let none = full
+        .without(&[InstanceId::new(2), InstanceId::new(3)])
+        .unwrap();
+    assert_eq!(
+        pick(&none, &l, &["ns"], 64, &mut c).map(|p| p.decode.instance_id),
+        Err(NoWorker)
+    );
+}

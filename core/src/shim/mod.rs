@@ -23,7 +23,11 @@
 //!   sending an invalid request again without pins cannot help, and it is not the fleet's
 //!   failure. Which answers those are is one table ([`answer_is_clients`]), switchable to the
 //!   spec's strict reading (`dynamo.shim.answers: strict`) so another frontend version's texts
-//!   cannot silently flip relay and fallback.
+//!   cannot silently flip relay and fallback;
+//! - beyond the table, one answer class says the **pinned worker** is gone rather than the shim
+//!   ([`repick_reason`], issue 38): before anything reached the client the data plane may pick
+//!   again once without that worker. That is not SHIM-16's retry (a shim replica failure keeps
+//!   its pins); docs/decisions.md records the distinction.
 
 mod routes;
 
@@ -172,6 +176,76 @@ impl ShimDecision {
             _ => None,
         }
     }
+}
+
+/// Why a pinned request is picked again (`continuum_dynamo_repicks_total{reason}`, issue 38).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RepickReason {
+    /// 503 `Service temporarily unavailable`: the frontend could not reach the pinned worker
+    /// (Dynamo 1.6.1 and 1.7 between a worker's death and its lease's expiry: the request plane
+    /// is refused, an `Unavailable` error).
+    WorkerUnavailable,
+    /// 400 `Invalid request` (or a 400 without a readable message): the frontend no longer knows
+    /// the pinned worker (1.6.1 after the lease expired).
+    WorkerUnknown,
+    /// A 500 while a pinned worker is gone by the router's own signals (its `kv_metrics`
+    /// connection dropped, or it left the fleet view): Dynamo 1.4.2's answer to a dead pin is a
+    /// generic 500 `Failed to generate completions`. A 500 for a worker the router still sees
+    /// alive is an engine error and is not re-picked.
+    WorkerFailed,
+}
+
+impl RepickReason {
+    /// Every reason, in label order.
+    pub const ALL: [RepickReason; 3] = [
+        RepickReason::WorkerUnavailable,
+        RepickReason::WorkerUnknown,
+        RepickReason::WorkerFailed,
+    ];
+
+    /// The metric label.
+    pub const fn label(self) -> &'static str {
+        match self {
+            RepickReason::WorkerUnavailable => "worker_unavailable",
+            RepickReason::WorkerUnknown => "worker_unknown",
+            RepickReason::WorkerFailed => "worker_failed",
+        }
+    }
+}
+
+/// The message of Dynamo's `Unavailable` answer (503): the request plane could not reach the
+/// worker (`lib/llm/src/http/service/error.rs`, `DynamoErrorType::Unavailable`).
+pub const WORKER_UNAVAILABLE_MESSAGE: &str = "Service temporarily unavailable";
+
+/// Whether a non-2xx answer the shim gave before anything reached the client says the pinned
+/// worker is gone, and why ([`RepickReason`]). `pin_gone` says whether the router's own signals
+/// already hold one of the pinned workers gone (only a 500 needs it). The direct-mode prefill
+/// rejection (SHIM-18) and Dynamo 1.7's 529 are never re-picks; neither is a client's own error
+/// ([`is_client_error`]), under either answer table.
+pub fn repick_reason(status: u16, body: &[u8], pin_gone: bool) -> Option<RepickReason> {
+    if is_direct_mode_rejection(status, body) {
+        return None;
+    }
+    match status {
+        503 if message_is(body, WORKER_UNAVAILABLE_MESSAGE) => {
+            Some(RepickReason::WorkerUnavailable)
+        }
+        400 if !is_client_error(status, body) => Some(RepickReason::WorkerUnknown),
+        500 if pin_gone => Some(RepickReason::WorkerFailed),
+        _ => None,
+    }
+}
+
+/// Whether the answer body's message (Dynamo's `{"message"}` or OpenAI's `{"error":{"message"}}`)
+/// is exactly `want`.
+fn message_is(body: &[u8], want: &str) -> bool {
+    let Ok(v) = serde_json::from_slice::<serde_json::Value>(body) else {
+        return false;
+    };
+    v.get("message")
+        .or_else(|| v.pointer("/error/message"))
+        .and_then(serde_json::Value::as_str)
+        == Some(want)
 }
 
 /// Dynamo 1.7's answer when the pinned worker's admission gate refuses the request before any

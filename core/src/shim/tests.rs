@@ -309,3 +309,59 @@ fn dynamo_1_7s_overload_is_relayed_buffered_and_streamed_and_is_no_decode_failur
         ShimDecision::FallbackUnified
     );
 }
+
+/// The real 1.6.1 frontend's answer to a pin on a worker whose process died before its lease.
+const UNAVAILABLE_503: &[u8] =
+    br#"{"message":"Service temporarily unavailable","type":"Service Unavailable","code":503}"#;
+/// The 1.6.1 frontend's answer once a disaggregated model lost its prefill pool.
+const NOT_READY_503: &[u8] =
+    br#"{"message":"Model `m` is not ready to serve requests yet.","code":503}"#;
+/// 1.4.2's (and 1.6.1's engine-error) answer.
+const FAILED_500: &[u8] = br#"{"message":"Failed to generate completions","code":500}"#;
+
+#[test]
+fn a_dead_pinned_worker_is_a_repick_and_nothing_else_is() {
+    use RepickReason::{WorkerFailed, WorkerUnavailable, WorkerUnknown};
+    // Before the lease expires, and after: whether or not the router already knows.
+    for gone in [false, true] {
+        assert_eq!(
+            repick_reason(503, UNAVAILABLE_503, gone),
+            Some(WorkerUnavailable)
+        );
+        assert_eq!(repick_reason(400, PIN_400, gone), Some(WorkerUnknown));
+        // A 400 without a readable message is a pin rejection too (as in the table).
+        assert_eq!(repick_reason(400, b"oops", gone), Some(WorkerUnknown));
+        // The client's own errors and the other 503s are not the worker's.
+        assert_eq!(repick_reason(400, VALIDATION_400, gone), None);
+        assert_eq!(repick_reason(503, NOT_READY_503, gone), None);
+        assert_eq!(repick_reason(529, OVERLOAD_529, gone), None);
+        assert_eq!(repick_reason(422, b"{}", gone), None);
+        // SHIM-18's rejection is the router's own orchestration, never a re-pick.
+        assert_eq!(repick_reason(400, REJECTION, gone), None);
+        assert_eq!(repick_reason(503, WRAPPED, gone), None);
+    }
+    // A 500 is a re-pick only when the router holds a pinned worker gone.
+    assert_eq!(repick_reason(500, FAILED_500, true), Some(WorkerFailed));
+    assert_eq!(repick_reason(500, FAILED_500, false), None);
+    // The OpenAI error shape carries the same message.
+    assert_eq!(
+        repick_reason(
+            503,
+            br#"{"error":{"message":"Service temporarily unavailable"}}"#,
+            false
+        ),
+        Some(WorkerUnavailable)
+    );
+    for status in (200..300).chain([301, 404, 408, 429, 502, 504]) {
+        assert_eq!(
+            repick_reason(status, UNAVAILABLE_503, true),
+            None,
+            "{status}"
+        );
+    }
+    let labels: Vec<_> = RepickReason::ALL.iter().map(|r| r.label()).collect();
+    assert_eq!(
+        labels,
+        ["worker_unavailable", "worker_unknown", "worker_failed"]
+    );
+}

@@ -206,6 +206,8 @@ fn worker_json(w: &Worker, load: &Signals, now: continuum_core::clock::Instant) 
     json!({
         "load": load_json(w, &load.store, now),
         "kv": kv_json(w, load, now),
+        // Its kv_metrics connection dropped and it has not published since (issue 38).
+        "suspect": load.suspects.contains(w.instance_id),
         "instance_id": w.instance_id.hex(),
         "worker_id": w.instance_id.get().to_string(),
         "namespace": w.namespace,

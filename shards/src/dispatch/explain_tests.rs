@@ -168,8 +168,11 @@ fn plan(d: &Dispatcher, snap: &RouterSnapshot, b: &str) -> u64 {
         snap,
         MODEL,
         b.as_bytes(),
-        Some(BodyFormat::Chat),
-        None,
+        super::plan::PlanAsk {
+            format: Some(BodyFormat::Chat),
+            tenant: None,
+            pick_for: super::plan::PickFor::First,
+        },
         super::plan::PlanOut {
             shim_body: &mut Vec::new(),
             times: &mut crate::metrics::phases::PhaseTimes::default(),

@@ -28,6 +28,7 @@
 //! marked finished when the request ends, whatever the outcome.
 
 mod attempt;
+mod avoid;
 mod choose;
 mod conn;
 mod convert;
@@ -278,8 +279,11 @@ impl Dispatcher {
                                 snap,
                                 &model,
                                 body,
-                                ingress.prompt_format(),
-                                tenant_id(ex.req),
+                                plan::PlanAsk {
+                                    format: ingress.prompt_format(),
+                                    tenant: tenant_id(ex.req),
+                                    pick_for: plan::PickFor::First,
+                                },
                                 plan::PlanOut {
                                     shim_body,
                                     times: &mut ex.times,
@@ -302,6 +306,7 @@ impl Dispatcher {
         match planned {
             plan::Plan::Pinned(p) => {
                 let req = shim::Request {
+                    model: prepared.model,
                     route,
                     mode: prepared.mode,
                 };
@@ -328,6 +333,44 @@ impl Dispatcher {
                 self.plain(snap, ex, route, &Attempt::PLAIN, begun).await
             }
         }
+    }
+}
+
+impl Dispatcher {
+    /// Plan the request in `ex` again, leaving out `avoid` (issue 38): the client model is read
+    /// again from the body at `model`, as the first plan read it. Rare (a dead pinned worker), so
+    /// it may allocate. No model (it cannot happen: the first plan read it): no worker.
+    fn replan<'s>(
+        &self,
+        snap: &'s RouterSnapshot,
+        ex: &mut Exchange<'_>,
+        model: std::ops::Range<usize>,
+        avoid: &[continuum_core::discovery::InstanceId],
+    ) -> plan::Plan<'s> {
+        let format = ex.ingress.prompt_format();
+        let tenant = tenant_id(ex.req).map(str::to_owned);
+        let (body, shim_body) = exchange::body_and_shim(ex.req, ex.bufs, ex.body);
+        let Some(client_model) = body
+            .get(model)
+            .and_then(continuum_core::json_scan::unescape_simple)
+            .map(|m| m.into_owned())
+        else {
+            return plan::Plan::NoWorker;
+        };
+        self.plan(
+            snap,
+            &client_model,
+            body,
+            plan::PlanAsk {
+                format,
+                tenant: tenant.as_deref(),
+                pick_for: plan::PickFor::Repick(avoid),
+            },
+            plan::PlanOut {
+                shim_body,
+                times: &mut ex.times,
+            },
+        )
     }
 }
 

@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use continuum_core::artifacts::KvSelection;
 use continuum_core::clock::Instant;
-use continuum_core::discovery::FleetView;
+use continuum_core::discovery::{FleetView, InstanceId};
 use continuum_core::headers::PinHeaders;
 use continuum_core::kv::parity::{Oracle, Predictions, Verdict};
 use continuum_core::kv::shared::{IndexReader, Merged};
@@ -30,6 +30,7 @@ use continuum_core::prompt::BodyFormat;
 use continuum_core::snapshot::{BackendIdx, RouterSnapshot};
 
 use super::Dispatcher;
+use super::avoid::{Filtered, FleetFilter, repick_avoid};
 use super::exchange::Body;
 use super::prompt::{Deferral, Prepared, ShardPrompts};
 use super::token_data::write_shim_body;
@@ -269,6 +270,8 @@ pub(super) struct Picking {
     /// This shard's memo of candidate loads: a pick reads only the cells that changed since
     /// (`continuum_core::load::LoadMemo`).
     pub(super) memo: RefCell<LoadMemo>,
+    /// The fleet without the suspect workers, as last built (issue 38).
+    filter: FleetFilter,
 }
 
 impl Picking {
@@ -285,6 +288,7 @@ impl Picking {
             prompts: ShardPrompts::new(prompt_seed()),
             predictions: Predictions::new(),
             memo: RefCell::new(LoadMemo::new()),
+            filter: FleetFilter::default(),
         }
     }
 
@@ -327,6 +331,27 @@ pub(super) struct PlanOut<'x> {
     pub(super) times: &'x mut PhaseTimes,
 }
 
+/// What a plan is asked besides the model and the body.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct PlanAsk<'a> {
+    /// How the prompt pipeline reads the body (`None`: it does not).
+    pub(super) format: Option<BodyFormat>,
+    /// The request's `x-tenant-id` (the cache salt's override).
+    pub(super) tenant: Option<&'a str>,
+    /// The first pick or a re-pick.
+    pub(super) pick_for: PickFor<'a>,
+}
+
+/// Which pick a plan makes.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum PickFor<'a> {
+    /// The request's first pick: suspect workers only while no other worker can serve.
+    First,
+    /// Again after the shim said a pinned worker is gone (issue 38): never these workers (nor
+    /// a suspect one); no worker left is [`Plan::NoWorker`].
+    Repick(&'a [InstanceId]),
+}
+
 /// A pick, as the dispatch needs it.
 #[derive(Debug)]
 pub(super) struct Pinned<'s> {
@@ -341,20 +366,24 @@ pub(super) struct Pinned<'s> {
 
 impl Dispatcher {
     /// Run the picker for `client_model`. `body` is the request body: a body the pipeline
-    /// reads (`format`) goes through the model's prompt pipeline when `dynamo.kv` is on
-    /// (KV-TOK-11..17), else it gives the prompt-size estimate (PICK-02). `tenant` is the
-    /// request's `x-tenant-id` (the cache salt's override). With `dynamo.kv.send_token_data` and a prepared prompt, the
-    /// pinned request's body with `nvext.token_data` is written to `out.shim_body` (KV-PICK-10);
-    /// the pick's and the pipeline's durations to `out.times`.
+    /// reads (`ask.format`) goes through the model's prompt pipeline when `dynamo.kv` is on
+    /// (KV-TOK-11..17), else it gives the prompt-size estimate (PICK-02). With
+    /// `dynamo.kv.send_token_data` and a prepared prompt, the pinned request's body with
+    /// `nvext.token_data` is written to `out.shim_body` (KV-PICK-10); the pick's and the
+    /// pipeline's durations to `out.times`.
     pub(super) fn plan<'s>(
         &self,
         snap: &'s RouterSnapshot,
         client_model: &str,
         body: &[u8],
-        format: Option<BodyFormat>,
-        tenant: Option<&str>,
+        ask: PlanAsk<'_>,
         out: PlanOut<'_>,
     ) -> Plan<'s> {
+        let PlanAsk {
+            format,
+            tenant,
+            pick_for,
+        } = ask;
         let PlanOut { shim_body, times } = out;
         if !snap.shim.any_usable() {
             return Plan::Off;
@@ -375,6 +404,7 @@ impl Dispatcher {
             prompts,
             predictions,
             memo,
+            filter,
             ..
         } = &mut *st;
         let loads = StoreLoads::memoised(&view, &reader, memo);
@@ -390,7 +420,7 @@ impl Dispatcher {
         let mut blocks = NO_BLOCKS;
         let n = prepared.blocks(&mut blocks);
         let overlap = Merged(kv);
-        let input = pick_input(
+        let mut input = pick_input(
             snap,
             model,
             &loads,
@@ -399,9 +429,25 @@ impl Dispatcher {
             blocks.get(..n).unwrap_or(&[]),
             &overlap,
         );
-        // One candidate: a pinned request is never re-picked (SHIM-16/17).
+        // Issue 38: the view without the workers most likely dead.
+        let suspects = &self.signals.suspects;
+        let narrowed = match pick_for {
+            PickFor::First => filter.without_suspects(snap, suspects),
+            PickFor::Repick(pins) => Filtered::of(fleet, &repick_avoid(pins, suspects)),
+        };
+        if let Some(f) = &narrowed {
+            input.fleet = &f.fleet;
+            input.candidates = Some(&f.candidates);
+        }
+        // One candidate: a retry keeps its pins (SHIM-16/17); a re-pick is a new plan.
         let mut picks = Picks::new(1);
-        let picked = picker.pick(&input, &mut picks);
+        let mut picked = picker.pick(&input, &mut picks);
+        if picked.is_err() && narrowed.is_some() && matches!(pick_for, PickFor::First) {
+            // Only suspects serve the model: they are still better than no worker.
+            input.fleet = fleet;
+            input.candidates = snap.candidates();
+            picked = picker.pick(&input, &mut picks);
+        }
         times.pick = Some(crate::clock::instant().saturating_duration_since(picking));
         if picked.is_err() {
             return Plan::NoWorker;

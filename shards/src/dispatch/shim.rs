@@ -3,9 +3,13 @@
 //! `continuum_core::shim::decide` on each attempt's outcome.
 //!
 //! Invariants:
-//! - workers are picked once per request: a connect retry keeps the pins (SHIM-16), a failure
-//!   after the stream started aborts the client connection without a re-pick (SHIM-17), and the
-//!   unified fallback is sent without any pin through plain model routing (SHIM-20);
+//! - a connect retry keeps the pins (SHIM-16), a failure after the stream started aborts the
+//!   client connection without a re-pick (SHIM-17), and the unified fallback is sent without any
+//!   pin through plain model routing (SHIM-20);
+//! - workers are picked again at most once per request, only when the shim's held answer says
+//!   the pinned worker is gone (`continuum_core::shim::repick_reason`) and the retry budget
+//!   allows, never the gone worker again; with no other worker the first answer decides as the
+//!   table says (issue 38, docs/decisions.md);
 //! - `disaggregated_requests_total{routing_path}` is counted exactly once per orchestrated
 //!   request, with the path that answered; `disaggregated_errors_total{phase}` once per failed
 //!   pinned request (SHIM-18..20, OBS-13);
@@ -15,27 +19,32 @@
 //!   failure can still fall back or become the classified error.
 
 use continuum_core::config::dynamo::ShimAnswers;
+use continuum_core::discovery::InstanceId;
 use continuum_core::headers::RoutingHeaders;
 use continuum_core::ingress::errors::{ClassifiedError, ErrorClass};
 use continuum_core::load::DispatchId;
 use continuum_core::shim::{
-    RequestMode, RoutingPath, ShimDecision, ShimOutcome, UnifiedFallback, decide, decide_with,
+    RepickReason, RequestMode, RoutingPath, ShimDecision, ShimOutcome, UnifiedFallback, decide,
+    decide_with, repick_reason,
 };
-use continuum_core::snapshot::{ModelRoute, RouterSnapshot};
+use continuum_core::snapshot::{BackendIdx, ModelRoute, RouterSnapshot};
 use continuum_core::upstream::{DispatchError, ErrorKind};
 
 use super::Dispatcher;
 use super::choose::{Tried, choose};
 use super::exchange::{Answer, Attempt, Exchange, FailureHandling};
-use super::plan::Pinned;
+use super::plan::{Pinned, Plan};
 use super::relay;
 use crate::clock;
 use crate::http::Outcome;
 use crate::http::respond::{self, LocalError};
+use crate::signals::suspects::Suspects;
 
 /// What the dispatch needs to know about the request besides its pins.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(super) struct Request<'r> {
+    /// Where the client model is in the request body (a re-pick reads it again).
+    pub(super) model: std::ops::Range<usize>,
     /// The client model's plain route (for the unified fallback).
     pub(super) route: Option<&'r ModelRoute>,
     /// Buffered or streaming (the failure rules differ, SHIM-21).
@@ -56,7 +65,8 @@ impl Drop for Dispatched<'_> {
 }
 
 impl Dispatcher {
-    /// Dispatch a pinned request and follow the decision table.
+    /// Dispatch a pinned request and follow the decision table; when the shim says the pinned
+    /// worker is gone and nothing reached the client, pick once more without it (issue 38).
     pub(super) async fn dispatch_pinned(
         &self,
         snap: &RouterSnapshot,
@@ -64,11 +74,42 @@ impl Dispatcher {
         pinned: Pinned<'_>,
         req: Request<'_>,
     ) -> Outcome {
-        let _dispatched = Dispatched {
+        let first = Dispatched {
             dispatcher: self,
             ids: pinned.dispatched,
         };
-        self.pinned_attempts(snap, ex, &pinned, req).await
+        let held = match self
+            .pinned_attempts(snap, ex, &pinned, &req, Repick::Open)
+            .await
+        {
+            PinnedEnd::Done(outcome) => return outcome,
+            PinnedEnd::Repick(held) => held,
+        };
+        // The first pick's dispatches are over, whatever follows.
+        drop(first);
+        let gone = gone_pins(snap, &self.signals.suspects, &pinned);
+        let again = if self.retry_allowed() {
+            self.replan(snap, ex, req.model.clone(), &gone)
+        } else {
+            Plan::NoWorker
+        };
+        let Plan::Pinned(next) = again else {
+            // No other worker (or no budget): the first answer decides, as without a re-pick.
+            return self.held_decision(snap, ex, &pinned, &req, held).await;
+        };
+        self.metrics.dynamo.repick(held.reason);
+        let _next = Dispatched {
+            dispatcher: self,
+            ids: next.dispatched,
+        };
+        match self
+            .pinned_attempts(snap, ex, &next, &req, Repick::Spent)
+            .await
+        {
+            PinnedEnd::Done(outcome) => outcome,
+            // `Repick::Spent` never asks for another; answer as the table says.
+            PinnedEnd::Repick(held) => self.held_decision(snap, ex, &next, &req, held).await,
+        }
     }
 
     async fn pinned_attempts(
@@ -76,9 +117,10 @@ impl Dispatcher {
         snap: &RouterSnapshot,
         ex: &mut Exchange<'_>,
         pinned: &Pinned<'_>,
-        req: Request<'_>,
-    ) -> Outcome {
-        let Request { route, mode } = req;
+        req: &Request<'_>,
+        repick: Repick,
+    ) -> PinnedEnd {
+        let mode = req.mode;
         let (attempt, path) = pinned_attempt(pinned);
         let fallback =
             UnifiedFallback::from_config(snap.config.disaggregated_serving.fallback_to_unified);
@@ -109,23 +151,39 @@ impl Dispatcher {
             let result = self.send_to(snap, ex, idx, &attempt, begun).await;
             self.report(snap, chosen, &result);
             let answers = snap.config.dynamo.shim.answers;
-            let step = pinned_step(result, &ex.bufs.held, mode, fallback, replica_left, answers);
-            let decision = match step {
+            let repick = match (repick, &result) {
+                (Repick::Open, Ok(Answer::Held(_))) => RepickCheck::Open {
+                    pin_gone: !gone_pins_known(snap, &self.signals.suspects, pinned).is_empty(),
+                },
+                _ => RepickCheck::Spent,
+            };
+            let policy = StepPolicy {
+                mode,
+                fallback,
+                replica_left,
+                answers,
+                repick,
+            };
+            let decision = match pinned_step(result, &ex.bufs.held, policy) {
                 PinnedStep::Answered(outcome) => {
                     self.metrics.dynamo.request(path);
-                    return outcome;
+                    return PinnedEnd::Done(outcome);
                 }
                 PinnedStep::RelayHeld(status) => {
                     self.metrics.dynamo.request(path);
-                    let Some(backend) = snap.backend(idx) else {
-                        return ex.local_error(LocalError::UpstreamUnavailable);
-                    };
-                    return relay::write_held(ex, status, backend, &attempt);
+                    return PinnedEnd::Done(relay_held(snap, ex, idx, status, &attempt));
+                }
+                PinnedStep::Repick(reason, status) => {
+                    return PinnedEnd::Repick(Held {
+                        reason,
+                        status,
+                        idx,
+                    });
                 }
                 PinnedStep::Abort => {
                     // The stream had started (or the client left): SHIM-17, no re-pick.
                     self.metrics.dynamo.request(path);
-                    return Outcome::aborted();
+                    return PinnedEnd::Done(Outcome::aborted());
                 }
                 PinnedStep::Decided(d) => d,
             };
@@ -133,6 +191,46 @@ impl Dispatcher {
                 break decision;
             }
         };
+        PinnedEnd::Done(self.conclude(snap, ex, decision, req, path).await)
+    }
+
+    /// Answer a re-pick that could not happen (or a held answer after one) as the decision
+    /// table says for that answer, still held in `ex.bufs.held`.
+    async fn held_decision(
+        &self,
+        snap: &RouterSnapshot,
+        ex: &mut Exchange<'_>,
+        pinned: &Pinned<'_>,
+        req: &Request<'_>,
+        held: Held,
+    ) -> Outcome {
+        let (attempt, path) = pinned_attempt(pinned);
+        let fallback =
+            UnifiedFallback::from_config(snap.config.disaggregated_serving.fallback_to_unified);
+        let outcome = ShimOutcome::Answered {
+            status: held.status,
+            body: &ex.bufs.held,
+        };
+        let answers = snap.config.dynamo.shim.answers;
+        match decide_with(outcome, req.mode, fallback, false, answers) {
+            ShimDecision::Relay => {
+                self.metrics.dynamo.request(path);
+                relay_held(snap, ex, held.idx, held.status, &attempt)
+            }
+            d => self.conclude(snap, ex, d, req, path).await,
+        }
+    }
+
+    /// Carry out a decision that ends the pinned attempts: the unified fallback or a classified
+    /// error, counted once.
+    async fn conclude(
+        &self,
+        snap: &RouterSnapshot,
+        ex: &mut Exchange<'_>,
+        decision: ShimDecision,
+        req: &Request<'_>,
+        path: RoutingPath,
+    ) -> Outcome {
         if let Some(phase) = decision.error_phase() {
             self.metrics.dynamo.error(phase);
         }
@@ -144,9 +242,9 @@ impl Dispatcher {
             d => d,
         };
         match decision {
-            ShimDecision::FallbackUnified if route.is_some() => {
+            ShimDecision::FallbackUnified if req.route.is_some() => {
                 self.metrics.dynamo.request(RoutingPath::FallbackUnified);
-                self.plain(snap, ex, route, &FALLBACK_ATTEMPT, clock::instant())
+                self.plain(snap, ex, req.route, &FALLBACK_ATTEMPT, clock::instant())
                     .await
             }
             // Fallback configured but no plain route serves the model: it cannot happen.
@@ -158,13 +256,102 @@ impl Dispatcher {
                 self.metrics.dynamo.request(path);
                 classified(ex, class, path)
             }
-            // Relay and MidStream returned above; RetrySamePins only loops.
+            // Relay and MidStream end the attempts themselves; RetrySamePins only loops.
             ShimDecision::Relay | ShimDecision::MidStream | ShimDecision::RetrySamePins => {
                 self.metrics.dynamo.request(path);
                 Outcome::aborted()
             }
         }
     }
+}
+
+/// Relay the held answer of the attempt on backend `idx` as it is.
+fn relay_held(
+    snap: &RouterSnapshot,
+    ex: &mut Exchange<'_>,
+    idx: BackendIdx,
+    status: u16,
+    attempt: &Attempt<'_>,
+) -> Outcome {
+    match snap.backend(idx) {
+        Some(backend) => relay::write_held(ex, status, backend, attempt),
+        None => ex.local_error(LocalError::UpstreamUnavailable),
+    }
+}
+
+/// Whether a request may still be picked again (issue 38: at most once).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Repick {
+    /// Not re-picked yet.
+    Open,
+    /// Already re-picked: the table alone decides.
+    Spent,
+}
+
+/// The re-pick check of one attempt's result.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum RepickCheck {
+    /// A re-pick is possible; `pin_gone` says whether the router already holds a pinned worker
+    /// gone (suspect or out of the fleet view), which a 500 needs.
+    Open { pin_gone: bool },
+    /// No re-pick (already made, or the result is not a held answer).
+    Spent,
+}
+
+/// How one attempt's result is judged ([`pinned_step`]).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct StepPolicy {
+    pub(super) mode: RequestMode,
+    pub(super) fallback: UnifiedFallback,
+    /// Another replica of the pool is within the retry budget (connect failures).
+    pub(super) replica_left: bool,
+    pub(super) answers: ShimAnswers,
+    pub(super) repick: RepickCheck,
+}
+
+/// A held answer that asks for a re-pick: why, its status, and the replica that gave it.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Held {
+    reason: RepickReason,
+    status: u16,
+    idx: BackendIdx,
+}
+
+/// How a pick's attempts ended.
+enum PinnedEnd {
+    /// The client has its answer.
+    Done(Outcome),
+    /// The shim said the pinned worker is gone; its answer is held, nothing was sent.
+    Repick(Held),
+}
+
+/// The pinned workers the router's own signals hold gone: suspect (their `kv_metrics`
+/// connection dropped) or no longer in the request's fleet view.
+fn gone_pins_known(
+    snap: &RouterSnapshot,
+    suspects: &Suspects,
+    pinned: &Pinned<'_>,
+) -> Vec<InstanceId> {
+    pin_ids(pinned)
+        .filter(|&id| suspects.contains(id) || snap.fleet.worker(pinned.namespace, id).is_none())
+        .collect()
+}
+
+/// The workers a re-pick leaves out: those known gone, else every pinned worker (the shim's
+/// answer does not say which of a pair is dead).
+fn gone_pins(snap: &RouterSnapshot, suspects: &Suspects, pinned: &Pinned<'_>) -> Vec<InstanceId> {
+    let known = gone_pins_known(snap, suspects, pinned);
+    if known.is_empty() {
+        pin_ids(pinned).collect()
+    } else {
+        known
+    }
+}
+
+fn pin_ids(pinned: &Pinned<'_>) -> impl Iterator<Item = InstanceId> {
+    std::iter::once(pinned.pins.worker)
+        .chain(pinned.pins.prefill)
+        .map(InstanceId::new)
 }
 
 /// The shim attempt of a pinned request and its routing path: the picker's pins (only the
@@ -205,23 +392,36 @@ pub(super) enum PinnedStep {
     RelayHeld(u16),
     /// The client saw part of an answer (or left): close it, no re-pick (SHIM-17).
     Abort,
+    /// The held answer says the pinned worker is gone (issue 38): pick again without it.
+    Repick(RepickReason, u16),
     /// Everything else: what the decision table says (retry, fallback, classified error).
     Decided(ShimDecision),
 }
 
 /// The pinned loop's decision for one attempt's result: the attempt's failure mapped onto the
-/// decision table's outcomes (`continuum_core::shim::decide`). `held` is the held answer's body.
+/// decision table's outcomes (`continuum_core::shim::decide`), a held answer that says the pinned
+/// worker is gone first checked for a re-pick (`continuum_core::shim::repick_reason`, issue 38).
+/// `held` is the held answer's body.
 pub(super) fn pinned_step(
     result: Result<Answer, DispatchError>,
     held: &[u8],
-    mode: RequestMode,
-    fallback: UnifiedFallback,
-    replica_left: bool,
-    answers: ShimAnswers,
+    policy: StepPolicy,
 ) -> PinnedStep {
+    let StepPolicy {
+        mode,
+        fallback,
+        replica_left,
+        answers,
+        repick,
+    } = policy;
     match result {
         Ok(Answer::Done(outcome)) => PinnedStep::Answered(outcome),
         Ok(Answer::Held(status)) => {
+            if let RepickCheck::Open { pin_gone } = repick
+                && let Some(reason) = repick_reason(status, held, pin_gone)
+            {
+                return PinnedStep::Repick(reason, status);
+            }
             match decide_with(
                 ShimOutcome::Answered { status, body: held },
                 mode,

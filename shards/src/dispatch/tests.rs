@@ -4,12 +4,14 @@
 
 use continuum_core::config::dynamo::ShimAnswers;
 use continuum_core::config::{BackendConfig, ResponsesApi};
-use continuum_core::shim::{RequestMode, ShimDecision, ShimOutcome, UnifiedFallback, decide};
+use continuum_core::shim::{
+    RepickReason, RequestMode, ShimDecision, ShimOutcome, UnifiedFallback, decide,
+};
 use continuum_core::upstream::{DispatchError, ErrorKind, Phase};
 
 use super::attempt::{PlainStep, plain_step, retry_on_fresh_connection};
 use super::exchange::{Answer, Body, Conversion, Exchange, ExchangeBufs};
-use super::shim::{PinnedStep, pinned_step};
+use super::shim::{PinnedStep, RepickCheck, StepPolicy, pinned_step};
 use super::{CHAT_PATH, Ingress, convert, prepare};
 use crate::http::respond::LocalError;
 use crate::http::{Outcome, Request, ResponseSink};
@@ -295,7 +297,7 @@ fn only_a_stale_reused_connection_is_retried_on_a_fresh_one() {
 fn pinned_loop_decisions_follow_the_table() {
     use RequestMode::{Buffered, Streaming};
     use UnifiedFallback::{Allowed, Disabled};
-    let step = |r, mode, fb, left| pinned_step(r, b"", mode, fb, left, ShimAnswers::Dynamo16);
+    let step = |r, mode, fb, left| pinned_step(r, b"", policy(mode, fb, left, RepickCheck::Spent));
     assert_eq!(
         step(Ok(Answer::Done(OK)), Buffered, Allowed, false),
         PinnedStep::Answered(OK)
@@ -354,10 +356,12 @@ fn pinned_loop_decisions_follow_the_table() {
     let got = pinned_step(
         Ok(Answer::Held(400)),
         rejection.as_bytes(),
-        Buffered,
-        Allowed,
-        true,
-        ShimAnswers::Dynamo16,
+        policy(
+            Buffered,
+            Allowed,
+            true,
+            RepickCheck::Open { pin_gone: true },
+        ),
     );
     assert!(
         matches!(got, PinnedStep::Decided(ShimDecision::Fail(_))),
@@ -368,10 +372,10 @@ fn pinned_loop_decisions_follow_the_table() {
         pinned_step(
             Ok(Answer::Held(400)),
             body,
-            Buffered,
-            Allowed,
-            true,
-            answers,
+            StepPolicy {
+                answers,
+                ..policy(Buffered, Allowed, true, RepickCheck::Spent)
+            },
         )
     };
     assert_eq!(
@@ -388,6 +392,72 @@ fn pinned_loop_decisions_follow_the_table() {
         held400(own, ShimAnswers::Strict),
         PinnedStep::Decided(ShimDecision::FallbackUnified)
     );
+}
+
+fn policy(
+    mode: RequestMode,
+    fallback: UnifiedFallback,
+    replica_left: bool,
+    repick: RepickCheck,
+) -> StepPolicy {
+    StepPolicy {
+        mode,
+        fallback,
+        replica_left,
+        answers: ShimAnswers::Dynamo16,
+        repick,
+    }
+}
+
+/// Issue 38: a held answer that says the pinned worker is gone asks for a re-pick while one is
+/// open, in both modes (a streaming 400 would otherwise be relayed, SHIM-21), and never after.
+#[test]
+fn a_dead_pin_asks_for_one_repick_before_the_table() {
+    use RequestMode::{Buffered, Streaming};
+    use UnifiedFallback::{Allowed, Disabled};
+    let unavailable = br#"{"message":"Service temporarily unavailable","code":503}"#;
+    let pin = br#"{"message":"Invalid request","type":"Bad Request","code":400}"#;
+    let failed = br#"{"message":"Failed to generate completions","code":500}"#;
+    let open = RepickCheck::Open { pin_gone: false };
+    let gone = RepickCheck::Open { pin_gone: true };
+    for (mode, fb) in [(Buffered, Allowed), (Streaming, Disabled)] {
+        let step = |status, body: &[u8], check| {
+            pinned_step(
+                Ok(Answer::Held(status)),
+                body,
+                policy(mode, fb, false, check),
+            )
+        };
+        assert_eq!(
+            step(503, unavailable, open),
+            PinnedStep::Repick(RepickReason::WorkerUnavailable, 503)
+        );
+        assert_eq!(
+            step(400, pin, open),
+            PinnedStep::Repick(RepickReason::WorkerUnknown, 400)
+        );
+        // A 500 only when the router holds a pinned worker gone.
+        assert_eq!(
+            step(500, failed, gone),
+            PinnedStep::Repick(RepickReason::WorkerFailed, 500)
+        );
+        assert!(matches!(step(500, failed, open), PinnedStep::Decided(_)));
+        // Spent: the table alone.
+        let table =
+            |status, body| match decide(ShimOutcome::Answered { status, body }, mode, fb, false) {
+                ShimDecision::Relay => PinnedStep::RelayHeld(status),
+                d => PinnedStep::Decided(d),
+            };
+        for (status, body) in [(503, &unavailable[..]), (400, &pin[..]), (500, &failed[..])] {
+            assert_eq!(step(status, body, RepickCheck::Spent), table(status, body));
+        }
+        // Transport results are never re-picks (SHIM-16 keeps the pins for replica failures).
+        let e = DispatchError::new(ErrorKind::Reset, Phase::Head);
+        assert!(matches!(
+            pinned_step(Err(e), b"", policy(mode, fb, false, gone)),
+            PinnedStep::Decided(_)
+        ));
+    }
 }
 
 /// `x-tenant-id` (1.6.1's cache-salt override): the last non-empty, trimmed value, any case.

@@ -54,6 +54,10 @@ pub trait Sink {
 
     /// The session was refused: a protocol violation or a handshake that did not finish in time.
     fn on_refused(&mut self);
+
+    /// The publisher's connection ended by itself, closed or reset (not refused by the router,
+    /// not cut by a broker carrier, not stopped): its process is likely gone (issue 38).
+    fn on_lost(&mut self) {}
 }
 
 /// Why a session ended.

@@ -6,12 +6,15 @@
 //! - on every connect the cursor resets and the publisher's held samples are discarded, and on
 //!   every sequence gap again (LOAD-STORE-14, Q-22);
 //! - nothing is allocated per message; the sink writes only its own shard's counters and table
-//!   row and the store cells of the keys its publisher reports.
+//!   row and the store cells of the keys its publisher reports;
+//! - when the connection ends by itself (EOF or reset) the workers whose samples this publisher
+//!   sent are marked suspect ([`crate::signals::suspects`], issue 38) until it completes a
+//!   handshake again, sends a sample, or its subscription stops.
 
 use std::ops::ControlFlow;
 use std::sync::Arc;
 
-use continuum_core::discovery::{Family, PublisherId};
+use continuum_core::discovery::{Family, InstanceId, PublisherId};
 use continuum_core::dynamo_event::{DynamoReject, decode_kv_metrics};
 use continuum_core::load::metrics::{LoadEventCounters, LoadEventResult};
 use continuum_core::load::{CursorVerdict, LoadKey, Sample, SubscriptionCursor};
@@ -32,7 +35,15 @@ pub(crate) struct LoadSink {
     signals: Arc<Signals>,
     table: Arc<SubTable>,
     cursor: SubscriptionCursor,
+    /// The workers this publisher's samples named (a publisher serves one worker, each of its
+    /// dp ranks a key); at most [`MAX_SEEN`].
+    seen: Vec<InstanceId>,
+    /// Whether this sink marked `seen` suspect and has not cleared them since.
+    suspected: bool,
 }
+
+/// The most workers one `kv_metrics` publisher is remembered for (it serves one).
+const MAX_SEEN: usize = 4;
 
 impl LoadSink {
     /// The sink of `publisher`'s subscription on shard `shard`.
@@ -43,6 +54,16 @@ impl LoadSink {
             table: signals.table(shard),
             signals,
             cursor: SubscriptionCursor::new(),
+            seen: Vec::new(),
+            suspected: false,
+        }
+    }
+
+    /// The publisher answers again: its workers are no longer suspect.
+    fn vouch(&mut self) {
+        if self.suspected {
+            self.suspected = false;
+            self.signals.suspects.clear(&self.seen);
         }
     }
 
@@ -79,7 +100,12 @@ impl LoadSink {
             active_prefill_tokens: sample.load.active_prefill_tokens,
             kv_used_blocks: sample.load.kv_used_blocks,
         };
-        store.apply(key, &s, crate::clock::now()).result()
+        let applied = store.apply(key, &s, crate::clock::now());
+        if !self.seen.contains(&key.worker_id) && self.seen.len() < MAX_SEEN {
+            self.seen.push(key.worker_id);
+        }
+        self.vouch();
+        applied.result()
     }
 }
 
@@ -96,6 +122,17 @@ impl Sink for LoadSink {
         // LOAD-STORE-14 (a): a connect may follow missed changes.
         self.cursor = SubscriptionCursor::new();
         self.signals.store.discard_publisher(self.publisher);
+    }
+
+    fn on_ready(&mut self, _buffered_capacity: usize) {
+        self.vouch();
+    }
+
+    fn on_lost(&mut self) {
+        if !self.seen.is_empty() {
+            self.signals.suspects.mark(&self.seen);
+            self.suspected = true;
+        }
     }
 
     fn on_state(&mut self, state: SubState) {
@@ -118,6 +155,14 @@ impl Sink for LoadSink {
 
     fn on_refused(&mut self) {
         self.events().record(LoadEventResult::TransportRefused);
+    }
+}
+
+impl Drop for LoadSink {
+    /// The subscription stopped (its publisher record went, or the router shuts down): whatever
+    /// it marked is for the fleet view to judge now.
+    fn drop(&mut self) {
+        self.vouch();
     }
 }
 

@@ -153,6 +153,10 @@ pub(crate) async fn run<C: Connector, K: Sink>(connector: C, spec: Spec, mut sin
         match &ended {
             // No covering broker after all: pending again, no backoff.
             Err(SessionEnd::Uncovered) if !connector.ready() => continue,
+            Err(why @ (SessionEnd::Closed | SessionEnd::Io(_))) if !carrier_lost => {
+                tracing::debug!(shard, %publisher, reason = %why, "publisher connection lost");
+                sink.on_lost();
+            }
             Err(why) => {
                 tracing::debug!(shard, %publisher, reason = %why, carrier_lost, "subscription ended")
             }

@@ -1,6 +1,6 @@
 //! The shim path's counters: `continuum_dynamo_selection_total{role, reason}` (OBS-05),
 //! `disaggregated_errors_total{phase}` and `disaggregated_requests_total{routing_path}` (OBS-13,
-//! SHIM-22).
+//! SHIM-22), and `continuum_dynamo_repicks_total{reason}` (issue 38).
 //!
 //! Like every shard counter, each cell has one writer (its shard) and is summed at scrape. The
 //! label sets are closed enums from `core`. The two `disaggregated_*` families keep the names the
@@ -12,7 +12,7 @@ use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use continuum_core::picker::{SelectionEvent, SelectionReason, SelectionRole};
-use continuum_core::shim::{ErrorPhase, RoutingPath};
+use continuum_core::shim::{ErrorPhase, RepickReason, RoutingPath};
 
 const ROLES: [SelectionRole; 2] = [SelectionRole::Prefill, SelectionRole::Decode];
 /// Every `reason` of OBS-05 (KV-PICK-17), `conditional_bypass` included (KV-PICK-14).
@@ -50,6 +50,10 @@ fn phase_index(p: ErrorPhase) -> usize {
     }
 }
 
+fn repick_index(r: RepickReason) -> usize {
+    RepickReason::ALL.iter().position(|x| *x == r).unwrap_or(0)
+}
+
 fn path_index(p: RoutingPath) -> usize {
     RoutingPath::ALL.iter().position(|x| *x == p).unwrap_or(0)
 }
@@ -60,6 +64,7 @@ pub(crate) struct DynamoCounters {
     selection: [[AtomicU64; REASONS.len()]; ROLES.len()],
     errors: [AtomicU64; PHASES.len()],
     requests: [AtomicU64; RoutingPath::ALL.len()],
+    repicks: [AtomicU64; RepickReason::ALL.len()],
 }
 
 impl DynamoCounters {
@@ -71,6 +76,11 @@ impl DynamoCounters {
     /// Count one `disaggregated_errors_total{phase}`.
     pub(crate) fn error(&self, phase: ErrorPhase) {
         bump(&self.errors[phase_index(phase)]);
+    }
+
+    /// Count one re-pick after a dead pinned worker.
+    pub(crate) fn repick(&self, reason: RepickReason) {
+        bump(&self.repicks[repick_index(reason)]);
     }
 
     /// Count one orchestrated request by the path it finally took.
@@ -134,6 +144,23 @@ pub(crate) fn render<'a>(
             path.label()
         );
     }
+    let _ = writeln!(
+        out,
+        "# HELP continuum_dynamo_repicks_total Pinned requests picked again because the shim said \
+         the pinned worker is gone, by why.\n\
+         # TYPE continuum_dynamo_repicks_total counter"
+    );
+    for reason in RepickReason::ALL {
+        let v: u64 = shards
+            .clone()
+            .map(|s| s.repicks[repick_index(reason)].load(Relaxed))
+            .sum();
+        let _ = writeln!(
+            out,
+            "continuum_dynamo_repicks_total{{reason=\"{}\"}} {v}",
+            reason.label()
+        );
+    }
 }
 
 #[cfg(test)]
@@ -169,6 +196,8 @@ mod tests {
         });
         a.error(ErrorPhase::Orchestration);
         b.request(RoutingPath::FallbackUnified);
+        a.repick(RepickReason::WorkerUnknown);
+        b.repick(RepickReason::WorkerUnknown);
         let mut out = String::new();
         render(&mut out, [&a, &b].into_iter());
         assert!(out.contains(
@@ -187,5 +216,7 @@ mod tests {
         assert!(
             out.contains("disaggregated_requests_total{routing_path=\"fallback_unified\"} 1\n")
         );
+        assert!(out.contains("continuum_dynamo_repicks_total{reason=\"worker_unknown\"} 2\n"));
+        assert!(out.contains("continuum_dynamo_repicks_total{reason=\"worker_failed\"} 0\n"));
     }
 }

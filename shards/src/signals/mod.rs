@@ -20,6 +20,7 @@ pub mod broker;
 pub mod kv;
 pub mod parity;
 pub mod subs;
+pub mod suspects;
 
 use std::sync::Arc;
 
@@ -46,6 +47,9 @@ pub struct Signals {
     pub kv: KvSignals,
     /// The event bus the broker transport runs over, and its coverage.
     pub broker: broker::BrokerSignals,
+    /// Workers whose `kv_metrics` connection dropped (issue 38): left out of picks while
+    /// another worker can serve.
+    pub suspects: suspects::Suspects,
 }
 
 impl Signals {
@@ -62,6 +66,7 @@ impl Signals {
             inflight: ledgers.iter().map(DispatchLedger::table).collect(),
             kv: KvSignals::new(shards),
             broker: broker::BrokerSignals::default(),
+            suspects: suspects::Suspects::default(),
         }
     }
 
@@ -84,8 +89,8 @@ impl Signals {
     }
 
     /// Append the load family's metrics: `continuum_dynamo_load_events_total{result}` (summed
-    /// over shards), `continuum_dynamo_load_subscriptions{state,transport}` and the per-worker
-    /// gauges.
+    /// over shards), `continuum_dynamo_load_subscriptions{state,transport}`,
+    /// `continuum_dynamo_suspect_workers` and the per-worker gauges.
     pub fn render_metrics(&self, out: &mut String) {
         use std::fmt::Write as _;
         continuum_core::load::metrics::render_load_events(out, self.events.iter());
@@ -110,6 +115,14 @@ impl Signals {
                 }
             }
         }
+        let _ = writeln!(
+            out,
+            "# HELP continuum_dynamo_suspect_workers Workers whose kv_metrics connection dropped \
+             and that have not published since: left out of picks while another worker serves.\n\
+             # TYPE continuum_dynamo_suspect_workers gauge\n\
+             continuum_dynamo_suspect_workers {}",
+            self.suspects.len()
+        );
         self.store.render_gauges(out, crate::clock::now());
         self.kv.render_metrics(out);
     }
