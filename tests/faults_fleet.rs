@@ -68,6 +68,12 @@ fn all_ok_without(results: &[common::pyclient::ClientResult], dead: u64) -> BTre
 #[test]
 fn a_dead_pinned_worker_is_picked_again_not_returned_to_the_client() {
     let mut fleet = Fleet::start(&FleetSpec::new().agg(AGG, 3));
+    if fleet.release() < (1, 6, 0) {
+        // 1.4.2 answers a dead pin with the generic 500 of an engine error: re-picked only when
+        // the router holds the worker gone, which needs its publisher (the other test).
+        common::fleet::compat_skip("before 1.6 a dead pin is a generic 500, not a 503");
+        return;
+    }
     let mut cfg = fleet.router_config();
     cfg.extra_yaml = no_publishers(&cfg.extra_yaml);
     let r = RouterProcess::start(&cfg);
