@@ -1,4 +1,4 @@
-//! [`SimFleet`]: starts, inspects, thins out and stops a simulated fleet.
+//! [`SimFleet`]: starts, inspects, grows, thins out and stops a simulated fleet.
 //!
 //! Role: binds every socket (one PUB listener per worker, one shim listener per namespace),
 //! starts the simulator's runtime thread (`sim-rt`, one tokio current-thread runtime serving
@@ -13,13 +13,17 @@
 //! - [`SimFleet::kill`] deletes the worker's three files, stops its publisher (closing every
 //!   subscriber connection) and makes the shim refuse pins to it; requests already running on it
 //!   finish;
+//! - [`SimFleet::add_worker`] brings a worker in while the fleet runs in the same order as
+//!   [`SimFleet::start`]: its publisher listens and the shim accepts pins to it before its
+//!   records appear in the file store; its ids continue the fleet's sequences;
 //! - dropping the fleet stops the runtime (closing every socket), deletes every file it wrote and,
 //!   when the root was a temporary directory of its own, the directory too.
 
 use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
@@ -43,15 +47,32 @@ pub struct SimFleet {
     root: PathBuf,
     own_root: bool,
     store: Option<FileStore>,
-    workers: Vec<Arc<Worker>>,
-    by_id: HashMap<u64, usize>,
+    roster: RwLock<Roster>,
     files: Mutex<HashMap<u64, Vec<PathBuf>>>,
     publishers: Mutex<HashMap<u64, AbortHandle>>,
     shims: Vec<(String, SocketAddr)>,
+    /// Each namespace's shim state, in spec order.
+    namespaces: Vec<Arc<Namespace>>,
+    /// (worker id base, publisher id base).
+    id_bases: (u64, u64),
+    /// Workers created so far (the next one is number `created + 1` of the sequences).
+    created: AtomicU64,
+    publish: PublishCfg,
+    handle: Handle,
     epoch: Instant,
     shutdown: Option<oneshot::Sender<()>>,
     runtime: Option<JoinHandle<()>>,
 }
+
+/// Every worker ever created (killed ones included), in creation order, and by instance id.
+#[derive(Debug, Default)]
+struct Roster {
+    workers: Vec<Arc<Worker>>,
+    by_id: HashMap<u64, usize>,
+}
+
+/// Worker numbers stay below 2^24 (the room [`id_bases`] leaves in both id sequences).
+const MAX_WORKERS: u64 = 1 << 24;
 
 /// One worker to create.
 struct Planned {
@@ -101,6 +122,7 @@ impl SimFleet {
             .enumerate()
             .map(|(i, w)| (w.info.instance_id.get(), i))
             .collect();
+        let created = AtomicU64::new(workers.len() as u64);
 
         let mut shim_listeners = Vec::with_capacity(spec.namespaces.len());
         let mut shims = Vec::with_capacity(spec.namespaces.len());
@@ -114,32 +136,39 @@ impl SimFleet {
         }
 
         let (handle, shutdown, runtime) = start_runtime()?;
+        let publish = PublishCfg {
+            interval: spec.publish_interval,
+            fields: spec.load_fields,
+            epoch,
+        };
         let mut fleet = SimFleet {
             root: root.clone(),
             own_root,
             store: None,
-            by_id,
+            roster: RwLock::new(Roster {
+                workers: workers.clone(),
+                by_id,
+            }),
             files: Mutex::default(),
             publishers: Mutex::default(),
             shims,
+            namespaces: Vec::with_capacity(spec.namespaces.len()),
+            id_bases: (worker_base, publisher_base),
+            created,
+            publish,
+            handle: handle.clone(),
             epoch,
             shutdown: Some(shutdown),
             runtime: Some(runtime),
-            workers,
             spec,
-        };
-        let cfg = PublishCfg {
-            interval: fleet.spec.publish_interval,
-            fields: fleet.spec.load_fields,
-            epoch,
         };
         {
             let mut pubs = fleet
                 .publishers
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
-            for (w, l) in fleet.workers.iter().zip(pub_listeners) {
-                let task = handle.spawn(publisher::run(w.clone(), l, cfg));
+            for (w, l) in workers.iter().zip(pub_listeners) {
+                let task = handle.spawn(publisher::run(w.clone(), l, publish));
                 pubs.insert(w.info.instance_id.get(), task.abort_handle());
             }
         }
@@ -149,46 +178,142 @@ impl SimFleet {
             completion_tokens: fleet.spec.completion_tokens,
         };
         for (ns, l) in fleet.spec.namespaces.iter().zip(shim_listeners) {
-            let state = Namespace {
-                name: ns.name.clone(),
-                models: ns
-                    .models
+            let state = Arc::new(Namespace::new(
+                ns.name.clone(),
+                ns.models
                     .iter()
                     .map(|m| {
                         let disagg = matches!(m.topology, Topology::Disaggregated { .. });
                         (m.name.clone(), disagg)
                     })
                     .collect(),
-                workers: fleet
-                    .workers
+                workers
                     .iter()
                     .filter(|w| w.info.namespace == ns.name)
-                    .map(|w| (w.info.instance_id.get(), w.clone()))
-                    .collect(),
-            };
-            handle.spawn(shim::serve(l, Arc::new(state), shim_cfg));
+                    .cloned(),
+            ));
+            handle.spawn(shim::serve(l, state.clone(), shim_cfg));
+            fleet.namespaces.push(state);
         }
 
         // Register last: every advertised endpoint is already listening. Each file is recorded
         // as soon as it exists, so a failure part way leaves nothing behind (Drop removes it).
         fleet.store = Some(FileStore::open(&root, fleet.spec.ttl)?);
-        for w in &fleet.workers {
-            let shim = fleet
-                .shim_addr(&w.info.namespace)
-                .unwrap_or(w.info.publisher_addr);
-            for (key, value) in fleet.records(&w.info, &shim.to_string()) {
-                let store = fleet.store.as_ref().ok_or(SimError::Stopped)?;
-                let path = store.put(&key, value.as_bytes())?;
-                fleet
-                    .files
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .entry(w.info.instance_id.get())
-                    .or_default()
-                    .push(path);
-            }
+        for w in &workers {
+            fleet.register(&w.info)?;
         }
         Ok(fleet)
+    }
+
+    /// Writes `w`'s three records (its request plane at its namespace's shim), recording each
+    /// file as soon as it exists.
+    fn register(&self, w: &WorkerInfo) -> Result<(), SimError> {
+        let shim = self.shim_addr(&w.namespace).unwrap_or(w.publisher_addr);
+        for (key, value) in self.records(w, &shim.to_string()) {
+            let store = self.store.as_ref().ok_or(SimError::Stopped)?;
+            let path = store.put(&key, value.as_bytes())?;
+            self.files
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .entry(w.instance_id.get())
+                .or_default()
+                .push(path);
+        }
+        Ok(())
+    }
+
+    /// Adds one worker serving `model` in `role` to `namespace` while the fleet runs, as a
+    /// worker started later joins a real fleet: its `kv_metrics` publisher listens (publishing
+    /// like every other worker's), the shim accepts pins to it, then its three records appear
+    /// in the file store and are kept alive with the others. Its ids continue the fleet's
+    /// sequences; its `dp_size` is the model's.
+    ///
+    /// Errors: a namespace or model the spec does not have, a role the model's topology has not
+    /// (aggregated, or prefill and decode), the id space used up, or a socket or file that
+    /// could not be set up (then nothing of the worker is left registered).
+    pub fn add_worker(
+        &self,
+        namespace: &str,
+        model: &str,
+        role: Role,
+    ) -> Result<Arc<WorkerInfo>, SimError> {
+        let (ns_index, ns) = self
+            .spec
+            .namespaces
+            .iter()
+            .enumerate()
+            .find(|(_, n)| n.name == namespace)
+            .ok_or_else(|| SimError::Spec(format!("no namespace {namespace:?} in the fleet")))?;
+        let m = ns
+            .models
+            .iter()
+            .find(|m| m.name == model)
+            .ok_or_else(|| SimError::Spec(format!("no model {model:?} in {namespace:?}")))?;
+        let fits = matches!(
+            (m.topology, role),
+            (Topology::Aggregated { .. }, Role::Aggregated)
+                | (Topology::Disaggregated { .. }, Role::Prefill | Role::Decode)
+        );
+        if !fits {
+            return Err(SimError::Spec(format!(
+                "model {model:?} has no {role:?} workers"
+            )));
+        }
+        let state = self
+            .namespaces
+            .get(ns_index)
+            .ok_or(SimError::Stopped)?
+            .clone();
+        if self.store.is_none() {
+            return Err(SimError::Stopped);
+        }
+        let n = self.created.fetch_add(1, Ordering::Relaxed) + 1;
+        if n >= MAX_WORKERS {
+            return Err(SimError::Spec(format!(
+                "the fleet has created {MAX_WORKERS} workers, its id space"
+            )));
+        }
+        let listener = bind("a kv_metrics publisher")?;
+        let addr = listener
+            .local_addr()
+            .map_err(SimError::io("reading a publisher address"))?;
+        let (worker_base, publisher_base) = self.id_bases;
+        let worker = Arc::new(Worker::new(WorkerInfo {
+            namespace: namespace.to_owned(),
+            component: component_of(role).to_owned(),
+            model: model.to_owned(),
+            role,
+            instance_id: InstanceId::new(worker_base + n),
+            dp_size: m.dp_size,
+            publisher_id: PublisherId::new(publisher_base + n),
+            publisher_addr: addr,
+        }));
+        let id = worker.info.instance_id;
+        let task = self
+            .handle
+            .spawn(publisher::run(worker.clone(), listener, self.publish));
+        self.publishers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(id.get(), task.abort_handle());
+        {
+            let mut r = self.roster.write().unwrap_or_else(PoisonError::into_inner);
+            let index = r.workers.len();
+            r.workers.push(worker.clone());
+            r.by_id.insert(id.get(), index);
+        }
+        state.join(worker.clone());
+        if let Err(e) = self.register(&worker.info) {
+            let _ = self.kill(id);
+            return Err(e);
+        }
+        Ok(worker.info.clone())
+    }
+
+    /// Requests the shims refused because their pin named a worker that had been killed (the
+    /// failures churn causes a router that picked it just before it left), over all namespaces.
+    pub fn departed_refusals(&self) -> u64 {
+        self.namespaces.iter().map(|n| n.departed_refusals()).sum()
     }
 
     /// The three records of `w`, its request plane put at `request_plane`.
@@ -234,14 +359,23 @@ impl SimFleet {
     }
 
     /// Every worker (killed ones included), in creation order: namespace, then model, then
-    /// prefill before decode.
+    /// prefill before decode; workers added by [`SimFleet::add_worker`] follow.
     pub fn workers(&self) -> Vec<Arc<WorkerInfo>> {
-        self.workers.iter().map(|w| w.info.clone()).collect()
+        self.roster()
+            .workers
+            .iter()
+            .map(|w| w.info.clone())
+            .collect()
+    }
+
+    fn roster(&self) -> std::sync::RwLockReadGuard<'_, Roster> {
+        self.roster.read().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The live workers serving `model` in `role`.
     pub fn workers_of(&self, model: &str, role: Role) -> Vec<Arc<WorkerInfo>> {
-        self.workers
+        self.roster()
+            .workers
             .iter()
             .filter(|w| w.alive() && w.info.model == model && w.info.role == role)
             .map(|w| w.info.clone())
@@ -251,18 +385,24 @@ impl SimFleet {
     /// Every worker's counters now.
     pub fn stats(&self) -> Vec<WorkerStats> {
         let now = self.epoch.elapsed();
-        self.workers.iter().map(|w| w.stats(now)).collect()
+        self.roster().workers.iter().map(|w| w.stats(now)).collect()
     }
 
     /// Kills worker `id`: its files go, its publisher stops, the shim refuses it.
     pub fn kill(&self, id: InstanceId) -> Result<(), SimError> {
-        let w = self
-            .by_id
-            .get(&id.get())
-            .and_then(|i| self.workers.get(*i))
-            .ok_or(SimError::NoSuchWorker(id.get()))?;
+        let w = {
+            let r = self.roster();
+            r.by_id
+                .get(&id.get())
+                .and_then(|i| r.workers.get(*i))
+                .cloned()
+                .ok_or(SimError::NoSuchWorker(id.get()))?
+        };
         if !w.kill() {
             return Err(SimError::NoSuchWorker(id.get()));
+        }
+        if let Some(ns) = self.namespaces.iter().find(|n| n.name == w.info.namespace) {
+            ns.leave(id.get());
         }
         if let Some(task) = self
             .publishers

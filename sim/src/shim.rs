@@ -25,11 +25,15 @@
 //!   as the worker would be busy (the prefill side until the first token, the decode side until
 //!   the last), so the published load is the shim's real concurrency;
 //! - a request's simulated time never exceeds the latency model's `max_total`;
-//! - a rejected request changes no counter.
+//! - a rejected request changes no counter but the namespace's count of pins that named a
+//!   departed (killed) worker ([`Namespace::departed_refusals`]);
+//! - the live roster can change while the shim serves: [`crate::SimFleet::add_worker`] adds a
+//!   worker, [`crate::SimFleet::kill`] moves one to the departed set; the lock around them is
+//!   never held across an `await`.
 
-use std::collections::HashMap;
-use std::sync::Arc;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use continuum_core::discovery::Role;
@@ -61,7 +65,18 @@ pub(crate) struct Namespace {
     pub(crate) name: String,
     /// Model name → whether it is disaggregated.
     pub(crate) models: Vec<(String, bool)>,
-    pub(crate) workers: HashMap<u64, Arc<Worker>>,
+    roster: RwLock<Roster>,
+    /// Pins refused because they named a departed worker.
+    departed_refusals: AtomicU64,
+}
+
+/// The workers a namespace's shim knows.
+#[derive(Debug, Default)]
+struct Roster {
+    /// Registered workers by instance id.
+    live: HashMap<u64, Arc<Worker>>,
+    /// Instance ids of killed workers (pins to them are refused and counted).
+    departed: HashSet<u64>,
 }
 
 /// How answers are produced.
@@ -137,11 +152,62 @@ fn decimal(v: Option<&[u8]>) -> Option<u64> {
 }
 
 impl Namespace {
+    /// A namespace `name` serving `models` (name, disaggregated) on `workers`.
+    pub(crate) fn new(
+        name: String,
+        models: Vec<(String, bool)>,
+        workers: impl IntoIterator<Item = Arc<Worker>>,
+    ) -> Namespace {
+        let live = workers
+            .into_iter()
+            .map(|w| (w.info.instance_id.get(), w))
+            .collect();
+        Namespace {
+            name,
+            models,
+            roster: RwLock::new(Roster {
+                live,
+                departed: HashSet::new(),
+            }),
+            departed_refusals: AtomicU64::new(0),
+        }
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Roster> {
+        self.roster.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, Roster> {
+        self.roster.write().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Adds a worker that joined while the fleet runs.
+    pub(crate) fn join(&self, w: Arc<Worker>) {
+        let mut r = self.write();
+        r.departed.remove(&w.info.instance_id.get());
+        r.live.insert(w.info.instance_id.get(), w);
+    }
+
+    /// Moves worker `id` to the departed set (the caller marked it killed); requests already
+    /// running on it keep their own handle.
+    pub(crate) fn leave(&self, id: u64) {
+        let mut r = self.write();
+        if r.live.remove(&id).is_some() {
+            r.departed.insert(id);
+        }
+    }
+
+    /// Pins refused so far because they named a departed worker.
+    pub(crate) fn departed_refusals(&self) -> u64 {
+        self.departed_refusals.load(Ordering::Relaxed)
+    }
+
     /// Whether the namespace serves `model` (with at least one live worker), and if so whether
     /// it is disaggregated.
     pub(crate) fn model(&self, model: &str) -> Option<bool> {
         let (_, disagg) = self.models.iter().find(|(m, _)| m == model)?;
-        self.workers
+        self.read()
+            .live
             .values()
             .any(|w| w.alive() && w.info.model == model)
             .then_some(*disagg)
@@ -161,15 +227,31 @@ impl Namespace {
 
     /// The live worker `id` if it serves `model` in `role`, with its rank from `rank_header`.
     fn pin(&self, id: u64, model: &str, role: Role, rank: Option<&[u8]>) -> Option<Pin> {
-        let w = self.workers.get(&id)?;
-        if !w.alive() || w.info.model != model || w.info.role != role {
+        let w = {
+            let r = self.read();
+            match r.live.get(&id) {
+                Some(w) => w.clone(),
+                None => {
+                    if r.departed.contains(&id) {
+                        self.departed_refusals.fetch_add(1, Ordering::Relaxed);
+                    }
+                    return None;
+                }
+            }
+        };
+        if !w.alive() {
+            // Killed, and not yet moved out of the live set.
+            self.departed_refusals.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
+        if w.info.model != model || w.info.role != role {
             return None;
         }
         let rank = match rank {
             None => 0,
             Some(r) => u32::try_from(decimal(Some(r))?).ok()?,
         };
-        (rank < w.info.dp_size.max(1)).then(|| (w.clone(), rank))
+        (rank < w.info.dp_size.max(1)).then_some((w, rank))
     }
 }
 
