@@ -21,6 +21,12 @@
 # workers): it builds the router with `--features dynamo` (needs protoc) but
 # needs no venv, e.g.:
 #   bench/run.sh --sim --duration 5
+# Opt-in: `bench/run.sh --soak [soak options]` runs `soak` instead (the router
+# at ~80% of its maximum rate for --minutes on the simulated fleet while workers
+# join and leave every --churn-secs: RSS drift, fds, subscriptions, errors; no
+# venv), e.g.:
+#   bench/run.sh --soak --minutes 2
+#   bench/run.sh --soak --quick              # CI smoke: half a minute
 # Opt-in: `bench/run.sh --kv-route [kv-route options]` runs `kv-route` instead
 # (the router's KV-aware picks vs Dynamo's own KV router and per-conversation
 # pinning, each on a fresh Dynamo 1.6.1 mocker fleet): it builds the router
@@ -29,6 +35,13 @@
 #   bench/run.sh --kv-route --rounds 2
 #   bench/run.sh --kv-route --quick          # CI smoke: 2 turns of 4 conversations
 #   bench/run.sh --kv-route --broker         # and a row over a real event broker
+#   bench/run.sh --kv-route --replicas 2     # and a row of two routers behind nginx
+# Opt-in: `bench/run.sh --faults [faults options]` runs `faults` instead (fault
+# injection on fresh Dynamo 1.6.1 mocker fleets under a streaming chat load: workers,
+# frontends and etcd killed, stopped or compacted, reload storms): it builds the router
+# like --kv-route and makes sure the fleet venv exists, e.g.:
+#   bench/run.sh --faults --quick            # CI smoke: worker-kill and reload-storm
+#   bench/run.sh --faults --scenario etcd-restart,shim-kill
 # Opt-in: `bench/run.sh --aiperf [aiperf options]` runs `aiperf` instead
 # (NVIDIA's AIPerf, pinned, through the router vs Dynamo's KV-routing frontend,
 # completions and chat, streaming, each on a fresh Dynamo 1.6.1 mocker fleet):
@@ -81,6 +94,11 @@ elif [ "${1:-}" = "--kv-route" ]; then
     features=(--features continuum-router/dynamo-kv --features continuum-router/dynamo-event-bus)
     packages=(-p continuum-event-broker)
     tests/fleet/install.sh
+elif [ "${1:-}" = "--faults" ]; then
+    shift
+    bench=faults
+    features=(--features continuum-router/dynamo-kv --features continuum-router/dynamo-event-bus)
+    tests/fleet/install.sh
 elif [ "${1:-}" = "--aiperf" ]; then
     shift
     bench=aiperf
@@ -101,6 +119,12 @@ elif [ "${1:-}" = "--sim" ]; then
     shift
     bench=sim-hop
     features=(--features continuum-router/dynamo)
+elif [ "${1:-}" = "--soak" ]; then
+    # The router for minutes on the simulated fleet under churn (bench/README.md, "soak"); built
+    # with --kv-route's features (a superset of the `dynamo` it needs), so the two share a build.
+    shift
+    bench=soak
+    features=(--features continuum-router/dynamo-kv --features continuum-router/dynamo-event-bus)
 fi
 # System packages the benches drive, installed when missing (a fresh machine has none of them; needs
 # root for apt-get, as on CI): wrk is the load generator of every hop bench, nginx the http-hop

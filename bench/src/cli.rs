@@ -26,8 +26,12 @@ pub(crate) enum Command {
     SimHop(crate::sim_hop::SimHopOptions),
     /// Compare the router's KV-aware picks with Dynamo's KV router on a real fleet.
     KvRoute(crate::kv_route::KvRouteOptions),
+    /// The router for minutes on the simulated fleet under churn: RSS, fds, subscriptions.
+    Soak(crate::soak::SoakOptions),
     /// AIPerf through the router vs Dynamo's KV-routing frontend on a real fleet.
     Aiperf(crate::aiperf::AiperfOptions),
+    /// Fault injection on a real fleet under a streaming chat load.
+    Faults(crate::faults::FaultsOptions),
     /// Measure a discovery resync.
     Resync(crate::resync::ResyncOptions),
     /// Compare the router's kv_metrics SUB path with the zeromq crate's.
@@ -108,7 +112,9 @@ pub(crate) fn parse(args: impl IntoIterator<Item = String>) -> Result<Command, U
         "fleet-hop" => parse_fleet_hop(args).map(Command::FleetHop),
         "sim-hop" => parse_sim_hop(args).map(Command::SimHop),
         "kv-route" => parse_kv_route(args).map(Command::KvRoute),
+        "soak" => parse_soak(args).map(Command::Soak),
         "aiperf" => parse_aiperf(args).map(Command::Aiperf),
+        "faults" => parse_faults(args).map(Command::Faults),
         "resync" => parse_resync(args),
         "zmtp-ingest" => parse_ingest(args).map(Command::ZmtpIngest),
         "bus-relay" => parse_bus_relay(args).map(Command::BusRelay),
@@ -377,6 +383,49 @@ fn parse_sim_hop(
     Ok(opts)
 }
 
+fn parse_soak(
+    mut args: impl Iterator<Item = String>,
+) -> Result<crate::soak::SoakOptions, UsageError> {
+    let mut opts = crate::soak::SoakOptions::default();
+    while let Some(flag) = args.next() {
+        if flag == "--quick" {
+            opts.quick();
+            continue;
+        }
+        let v = value(&flag, &mut args);
+        match flag.as_str() {
+            "--minutes" => opts.minutes = minutes(&flag, v?)?,
+            "--churn-secs" => opts.churn_secs = number(&flag, v?, 0, 3600)?,
+            "--workers" => opts.workers = number(&flag, v?, 2, 1000)? as usize,
+            "--connections" => opts.connections = small(&flag, v?, 1, 256)?,
+            "--rate" => opts.rate = Some(number(&flag, v?, 1, 1_000_000)?),
+            "--load-percent" => opts.load_percent = small(&flag, v?, 1, 100)?,
+            "--calibrate-secs" => opts.calibrate_secs = number(&flag, v?, 1, 60)?,
+            "--sample-secs" => opts.sample_secs = number(&flag, v?, 1, 300)?,
+            "--warmup" => opts.warmup_secs = Some(number(&flag, v?, 0, 3600)?),
+            "--max-tokens" => opts.max_tokens = small(&flag, v?, 1, 4096)?,
+            "--publish-ms" => opts.publish_ms = number(&flag, v?, 0, 60_000)?,
+            "--router-bin" => opts.router_bin = Some(PathBuf::from(v?)),
+            "--ready-timeout" => opts.ready_timeout_secs = number(&flag, v?, 1, 600)?,
+            "--router-cpu" => opts.router_cpu = small(&flag, v?, 0, 1)? as usize,
+            _ => return Err(UsageError::UnknownFlag(flag)),
+        }
+    }
+    Ok(opts)
+}
+
+/// Minutes as a decimal, 0.1 to 1440.
+fn minutes(flag: &str, value: String) -> Result<f64, UsageError> {
+    match value.parse::<f64>() {
+        Ok(m) if (0.1..=1440.0).contains(&m) => Ok(m),
+        _ => Err(bad(
+            flag,
+            value,
+            "expected minutes from 0.1 to 1440, e.g. 0.5",
+        )),
+    }
+}
+
 fn parse_kv_route(
     mut args: impl Iterator<Item = String>,
 ) -> Result<crate::kv_route::KvRouteOptions, UsageError> {
@@ -408,6 +457,8 @@ fn parse_kv_route(
             "--rounds" => opts.rounds = small(&flag, v?, 1, 10)?,
             "--request-timeout" => opts.request_timeout_secs = number(&flag, v?, 1, 600)?,
             "--row-timeout" => opts.row_timeout_secs = number(&flag, v?, 1, 3600)?,
+            "--replicas" => opts.replicas = small(&flag, v?, 1, 2)?,
+            "--nginx-bin" => opts.nginx_bin = PathBuf::from(v?),
             _ => return Err(UsageError::UnknownFlag(flag)),
         }
     }
@@ -439,6 +490,58 @@ fn parse_aiperf(
             "--run-timeout" => opts.run_timeout_secs = number(&flag, v?, 1, 3600)?,
             _ => return Err(UsageError::UnknownFlag(flag)),
         }
+    }
+    Ok(opts)
+}
+
+fn parse_faults(
+    mut args: impl Iterator<Item = String>,
+) -> Result<crate::faults::FaultsOptions, UsageError> {
+    let mut opts = crate::faults::FaultsOptions::default();
+    let mut named: Vec<crate::faults::Scenario> = Vec::new();
+    while let Some(flag) = args.next() {
+        if flag == "--quick" {
+            opts.quick();
+            continue;
+        }
+        if opts.fleet.flag(
+            &flag,
+            || value(&flag, &mut args),
+            |f, v| number(f, v, 1, 600),
+        )? {
+            continue;
+        }
+        let v = value(&flag, &mut args);
+        match flag.as_str() {
+            "--scenario" => {
+                let v = v?;
+                for name in v.split(',') {
+                    let Some(s) = crate::faults::Scenario::parse(name.trim()) else {
+                        return Err(bad(
+                            &flag,
+                            v.clone(),
+                            "expected worker-kill, worker-stop, shim-kill, etcd-restart, \
+                             etcd-compact, publisher-flap or reload-storm (comma separated)",
+                        ));
+                    };
+                    if !named.contains(&s) {
+                        named.push(s);
+                    }
+                }
+            }
+            "--workers" => opts.workers = small(&flag, v?, 2, 8)?,
+            "--seed" => opts.seed = number(&flag, v?, 0, u64::MAX)?,
+            "--conversations" => opts.conversations = number(&flag, v?, 1, 64)? as usize,
+            "--turns" => opts.turns = number(&flag, v?, 1, 64)? as usize,
+            "--max-tokens" => opts.max_tokens = small(&flag, v?, 1, 4096)?,
+            "--request-timeout" => opts.request_timeout_secs = number(&flag, v?, 1, 600)?,
+            "--lease-ttl" => opts.lease_ttl_secs = number(&flag, v?, 1, 60)?,
+            "--flap-secs" => opts.flap_secs = number(&flag, v?, 2, 600)?,
+            _ => return Err(UsageError::UnknownFlag(flag)),
+        }
+    }
+    if !named.is_empty() {
+        opts.scenarios = named;
     }
     Ok(opts)
 }
@@ -714,6 +817,41 @@ mod tests {
     }
 
     #[test]
+    fn soak_options() {
+        let Ok(Command::Soak(o)) = parse(args("soak")) else {
+            panic!("expected soak");
+        };
+        assert_eq!(
+            (o.minutes, o.churn_secs, o.workers, o.rate),
+            (30.0, 1, 16, None)
+        );
+        let Ok(Command::Soak(o)) = parse(args(
+            "soak --minutes 0.5 --churn-secs 2 --rate 900 --workers 4",
+        )) else {
+            panic!("expected soak");
+        };
+        assert_eq!(
+            (o.minutes, o.churn_secs, o.rate, o.workers),
+            (0.5, 2, Some(900), 4)
+        );
+        let Ok(Command::Soak(o)) = parse(args("soak --quick --sample-secs 3")) else {
+            panic!("expected soak");
+        };
+        assert_eq!((o.minutes, o.sample_secs), (0.5, 3));
+        for bad in [
+            "soak --minutes 0",
+            "soak --minutes x",
+            "soak --minutes 1441",
+            "soak --workers 1",
+            "soak --sample-secs 0",
+            "soak --rate",
+            "soak --duration 3",
+        ] {
+            assert!(parse(args(bad)).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
     fn kv_route_options() {
         let Ok(Command::KvRoute(o)) = parse(args("kv-route")) else {
             panic!("expected kv-route");
@@ -733,7 +871,14 @@ mod tests {
             panic!("expected kv-route");
         };
         assert_eq!((o.conversations, o.turns), (4, 3));
+        assert_eq!(o.replicas, 1);
+        let Ok(Command::KvRoute(o)) = parse(args("kv-route --quick --replicas 2")) else {
+            panic!("expected kv-route");
+        };
+        assert_eq!((o.replicas, o.turns), (2, 2));
         for bad in [
+            "kv-route --replicas 0",
+            "kv-route --replicas 3",
             "kv-route --workers 0",
             "kv-route --workers 9",
             "kv-route --turns 0",
@@ -741,6 +886,53 @@ mod tests {
             "kv-route --rounds 11",
             "kv-route --seed",
             "kv-route --duration 3",
+        ] {
+            assert!(parse(args(bad)).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn faults_options() {
+        let Ok(Command::Faults(o)) = parse(args("faults")) else {
+            panic!("expected faults");
+        };
+        assert_eq!(o.scenarios.len(), 7);
+        assert_eq!(
+            (o.workers, o.conversations, o.turns, o.max_tokens),
+            (4, 8, 6, 16)
+        );
+        assert_eq!(
+            (o.request_timeout_secs, o.lease_ttl_secs, o.flap_secs),
+            (60, 3, 60)
+        );
+        let Ok(Command::Faults(o)) = parse(args("faults --quick --seed 7")) else {
+            panic!("expected faults");
+        };
+        let names: Vec<&str> = o.scenarios.iter().map(|s| s.name()).collect();
+        assert_eq!(names, ["worker-kill", "reload-storm"]);
+        assert_eq!((o.conversations, o.turns, o.seed), (2, 3, 7));
+        let Ok(Command::Faults(o)) = parse(args(
+            "faults --scenario etcd-restart,worker-kill --scenario etcd-restart --flap-secs 5",
+        )) else {
+            panic!("expected faults");
+        };
+        let names: Vec<&str> = o.scenarios.iter().map(|s| s.name()).collect();
+        assert_eq!(names, ["etcd-restart", "worker-kill"]);
+        assert_eq!(o.flap_secs, 5);
+        // --scenario wins over --quick's list, whatever the order.
+        let Ok(Command::Faults(o)) = parse(args("faults --scenario shim-kill --quick")) else {
+            panic!("expected faults");
+        };
+        assert_eq!(o.scenarios.len(), 1);
+        for bad in [
+            "faults --scenario nope",
+            "faults --scenario",
+            "faults --workers 1",
+            "faults --workers 9",
+            "faults --turns 0",
+            "faults --flap-secs 1",
+            "faults --lease-ttl 0",
+            "faults --duration 3",
         ] {
             assert!(parse(args(bad)).is_err(), "{bad}");
         }

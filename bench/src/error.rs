@@ -112,6 +112,8 @@ pub(crate) enum Stage {
     KvRoute,
     /// `aiperf` failed (its errors say so themselves).
     Aiperf,
+    /// `faults`: some scenarios did not run.
+    Faults,
     /// `bus-relay` could not measure.
     BusRelay,
     /// `bus-kv` could not measure.
@@ -127,6 +129,7 @@ impl std::fmt::Display for Stage {
             Stage::SimHop => "sim-hop: ",
             Stage::KvRoute => "kv-route: ",
             Stage::Aiperf => "",
+            Stage::Faults => "faults: ",
             Stage::BusRelay => "bus-relay: ",
             Stage::BusKv => "bus-kv: ",
         })

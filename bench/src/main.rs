@@ -4,7 +4,9 @@
 //! Subcommands: `http-hop` (router hop vs nginx hop, see `hop`), `fleet-hop`
 //! (router vs direct-to-frontend on a real Dynamo fleet, see `fleet_hop`),
 //! `sim-hop` (the same on the simulated fleet at 10, 100 and 1,000 workers,
-//! see `sim_hop`), `kv-route` (the router's KV-aware picks against Dynamo's
+//! see `sim_hop`), `soak` (the router at ~80% of its maximum rate for minutes on the simulated
+//! fleet while workers join and leave: RSS drift, descriptors, subscriptions, errors; see
+//! `soak`), `kv-route` (the router's KV-aware picks against Dynamo's
 //! own KV router on a real fleet: cached share, balance, TTFT; see
 //! `kv_route`), `aiperf` (NVIDIA's AIPerf through the router vs Dynamo's KV-routing frontend
 //! on a real fleet: TTFT, ITL, request latency; see `aiperf`), `resync`
@@ -13,8 +15,9 @@
 //! stream through the event bus listener vs direct TCP, and the listener's memory per idle
 //! session and stream, see `bus_relay`), `bus-kv` (kv-events applied to a KV index through the
 //! bus vs direct: throughput, event-to-visible latency, broker CPU and memory, see `bus_kv`),
-//! `pick` (one worker pick at 10, 100 and 1,000 workers vs round-robin, see
-//! `pick`), `prompt` (the prompt pipeline per request vs `tokenizers` on the
+//! `faults` (fault injection on a real fleet under a streaming chat load: workers, frontends and
+//! etcd killed, stopped or compacted, reload storms; see `faults`), `pick` (one worker pick at
+//! 10, 100 and 1,000 workers vs round-robin, see `pick`), `prompt` (the prompt pipeline per request vs `tokenizers` on the
 //! whole prompt, see `prompt`) and `backend` (the fast canned OpenAI-ish backend the hop benchmark
 //! spawns).
 //! Invariant: the report goes to stdout, progress and diagnostics to
@@ -31,6 +34,7 @@ mod child;
 mod cli;
 mod cpu;
 mod error;
+mod faults;
 mod fleet_hop;
 mod fleet_rows;
 mod hop;
@@ -47,6 +51,7 @@ mod servers;
 mod shim_load;
 mod signals;
 mod sim_hop;
+mod soak;
 mod tempdir;
 mod usage;
 mod wrk;
@@ -122,9 +127,17 @@ fn run() -> Result<(), BenchError> {
             signals::install();
             kv_route::run(&opts)
         }
+        cli::Command::Soak(opts) => {
+            signals::install();
+            soak::run(&opts)
+        }
         cli::Command::Aiperf(opts) => {
             signals::install();
             aiperf::run(&opts)
+        }
+        cli::Command::Faults(opts) => {
+            signals::install();
+            faults::run(&opts)
         }
     }
 }

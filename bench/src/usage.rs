@@ -7,10 +7,14 @@ usage:
   continuum-bench http-hop [options]   router hop vs nginx hop, same backend, same load
   continuum-bench fleet-hop [options]  router vs direct-to-frontend on a real Dynamo fleet (needs the fleet venv)
   continuum-bench sim-hop [options]    router vs direct-to-shim on the simulated fleet at 10, 100, 1000 workers
+  continuum-bench soak [options]       the router for --minutes at ~80% of its maximum rate on the simulated
+                                       fleet while workers join and leave: RSS drift, fds, subscriptions, errors
   continuum-bench kv-route [options]   KV-aware picks of the router vs Dynamo's own KV router, and per-
                                        conversation pinning, on a real Dynamo fleet (needs the fleet venv)
   continuum-bench aiperf [options]     NVIDIA's AIPerf through the router vs Dynamo's KV-routing frontend on a
                                        real Dynamo fleet: TTFT, ITL, latency (needs the fleet and AIPerf venvs)
+  continuum-bench faults [options]     fault injection (workers, frontends, etcd killed, stopped, compacted;
+                                       reload storms) on a real Dynamo fleet under a streaming chat load
   continuum-bench backend --port N     the fast OpenAI-ish backend alone (pinning is up to you)
   continuum-bench resync [--workers N] [--rounds N]
                                        discovery resync time and registry memory (default 16384 workers)
@@ -87,6 +91,23 @@ sim-hop options:
   --router-nofile N    the router's soft RLIMIT_NOFILE (default: inherited from the bench)
   --nice N             nice value of every process of the run (default 0 = unchanged)
 
+soak options:
+  --minutes M          minutes of soak load, a decimal (default 30; 0.1 to 1440)
+  --quick              the CI smoke: --minutes 0.5, --sample-secs 2, --calibrate-secs 2 (later flags apply)
+  --churn-secs N       every N s a worker joins and the oldest leaves (default 1; 0 = no churn)
+  --workers N          fleet size, held by the churn (default 16, 2 to 1000)
+  --connections N      keep-alive client threads, calibration and soak (default 8)
+  --rate N             drive N req/s and skip the calibration (default: --load-percent of the maximum)
+  --load-percent N     percent of the calibrated maximum rate to drive (default 80)
+  --calibrate-secs N   closed-loop calibration of the maximum rate through the router (default 5)
+  --sample-secs N      seconds between samples of the router (default 10)
+  --warmup SECS        seconds of the soak not judged (default: min(60, a quarter of the run))
+  --max-tokens N       max_tokens of every request and the sim's completion tokens (default 4)
+  --publish-ms N       periodic kv_metrics of every simulated worker, ms (default 500)
+  --router-bin PATH    router built with --features dynamo (default: continuum-router next to this binary)
+  --ready-timeout SECS how long the router may take to be ready (default 60)
+  --router-cpu 0|1     the router's CPU (default 0; the sim and the clients are on the other)
+
 kv-route options (every row on a fresh fleet):
   --workers N          mocker workers of each fleet (default 4, max 8)
   --speedup-ratio N    the mockers' --speedup-ratio (default 1)
@@ -104,6 +125,23 @@ kv-route options (every row on a fresh fleet):
   --ready-timeout SECS how long each fleet, then the router, may take to be ready (default 60)
   --request-timeout SECS  socket timeout of every request (default 60)
   --row-timeout SECS   wall time of one row's load (default 600)
+  --replicas 2         also run the `router x2` row: 2 router kv replicas (each its own port and CPU)
+                       behind nginx round robin, the clients hitting nginx (default 1 = no such row; max 2)
+  --nginx-bin PATH     nginx binary of that row (default: nginx on PATH)
+
+faults options (every row on a fresh fleet):
+  --scenario LIST      worker-kill, worker-stop, shim-kill, etcd-restart, etcd-compact, publisher-flap,
+                       reload-storm, comma separated (default all; wins over --quick's list)
+  --workers N          mocker workers of each fleet (default 4, min 2, max 8)
+  --conversations N    concurrent clients, one conversation at a time each (default 8, max 64)
+  --turns N            turns per conversation (default 6, max 64)
+  --max-tokens N       max_tokens of every request (default 16)
+  --seed N             workload seed (default 1)
+  --request-timeout SECS  socket timeout and deadline of every request (default 60)
+  --lease-ttl SECS     fleet.py --lease-ttl (default 3)
+  --flap-secs SECS     how long publisher-flap flaps (default 60)
+  --quick              CI smoke: worker-kill and reload-storm, 2 conversations of 3 turns
+  --router-bin PATH, --python PATH, --fleet-script PATH, --model-dir DIR, --ready-timeout SECS  as kv-route
 
 zmtp-ingest options:
   --messages N         messages per subscriber (default 2000000, min 1000)

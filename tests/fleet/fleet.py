@@ -21,6 +21,9 @@ What it does:
          add [NS/]MODEL                           one more aggregated worker (NS default `agg`),
                                                   answered once it is registered in etcd
          status                                   the fleet JSON again, with `alive` per process
+         etcd kill [SIGNAL]                       signal etcd (default SIGKILL; waits for its exit)
+         etcd restart                             start etcd again on the same data dir and ports,
+                                                  answered once it is healthy (at most 15 s)
          quit                                     tear down and exit
   6. tears everything down (SIGTERM, then SIGKILL, to each process group; temp dir removed) when
      stdin closes, on `quit`, or on SIGTERM / SIGINT / SIGHUP. Children also get SIGKILL if this
@@ -733,6 +736,8 @@ class Fleet:
             if len(words) != 2:
                 return {"ok": False, "cmd": "add", "error": "usage: add [NS/]MODEL"}
             return self.add_worker(words[1])
+        if cmd == "etcd":
+            return self.etcd_command(words[1:])
         if cmd == "kill":
             if len(words) not in (2, 3):
                 return {"ok": False, "cmd": "kill", "error": "usage: kill <instance id> [SIGNAL]"}
@@ -780,6 +785,52 @@ class Fleet:
                 "at_unix": time.time(),
             }
         return {"ok": False, "cmd": cmd, "error": "unknown command (add, kill, status, quit)"}
+
+    def etcd_command(self, words):
+        """`etcd kill [SIGNAL]` (default SIGKILL) and `etcd restart`: the same argv, so the same
+        data dir and ports; every wait bounded."""
+        usage = {"ok": False, "cmd": "etcd", "error": "usage: etcd kill [SIGNAL] | etcd restart"}
+        if not words or words[0].lower() not in ("kill", "restart"):
+            return usage
+        p = self.etcd_proc
+        if words[0].lower() == "kill":
+            if len(words) > 2:
+                return usage
+            sig_name = words[1].upper() if len(words) == 2 else "SIGKILL"
+            if not sig_name.startswith("SIG"):
+                sig_name = "SIG" + sig_name
+            sig = SIGNALS.get(sig_name)
+            if sig is None:
+                return {"ok": False, "cmd": "etcd", "error": f"unknown signal {words[1]}"}
+            was_alive = p.alive()
+            p.killed_with = sig_name
+            p.signal_group(sig)
+            code = p.wait(10) if sig in (signal.SIGKILL, signal.SIGTERM, signal.SIGINT) else None
+            return {
+                "ok": True, "cmd": "etcd", "action": "kill", "pid": p.pid, "signal": sig_name,
+                "was_alive": was_alive, "exit": code, "at_unix": time.time(),
+            }  # fmt: skip
+        if len(words) != 1:
+            return usage
+        if p.alive():
+            return {"ok": False, "cmd": "etcd", "error": f"etcd (pid {p.pid}) is still running"}
+        started = time.monotonic()
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ETCD")}
+        proc = Proc("etcd", p.argv, env, p.log, self.dir)
+        self.etcd_proc = proc
+        until = started + 15
+        while time.monotonic() < until and proc.alive():
+            if self.etcd.healthy():
+                return {
+                    "ok": True, "cmd": "etcd", "action": "restart", "pid": proc.pid,
+                    "endpoint": self.etcd.endpoint, "secs": round(time.monotonic() - started, 3),
+                    "at_unix": time.time(),
+                }  # fmt: skip
+            time.sleep(0.1)
+        return {
+            "ok": False, "cmd": "etcd",
+            "error": f"etcd did not become healthy again (exit {proc.popen.poll()})\n{tail(proc.log)}",
+        }  # fmt: skip
 
     def start(self):
         self.start_etcd()

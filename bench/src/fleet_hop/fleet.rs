@@ -1,6 +1,7 @@
 //! The real Dynamo 1.6.1 fleet of `fleet-hop`: `tests/fleet/fleet.py` run
 //! by the fleet venv's python, the one JSON line it prints once the fleet is
-//! ready, and its teardown.
+//! ready, its stdin commands ([`Fleet::command`]: one line out, one JSON line back), and its
+//! teardown.
 //!
 //! Invariants: fleet.py runs pinned to the load CPUs, and its etcd, mockers
 //! and frontend inherit that mask; its JSON line is awaited at most the
@@ -9,10 +10,10 @@
 //! children die with it by `PR_SET_PDEATHSIG`) and removes its temp dir if
 //! that was left behind.
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{ChildStdin, Command};
-use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -61,6 +62,14 @@ pub(crate) enum FleetError {
     FrontendExited {
         /// Its pid.
         pid: i32,
+    },
+    /// A stdin command was not answered with a JSON line in time.
+    #[error("fleet.py command `{cmd}`: {detail}")]
+    Command {
+        /// The command line.
+        cmd: String,
+        /// What went wrong.
+        detail: String,
     },
     /// fleet.py closed stdout or timed out without describing the fleet.
     #[error("fleet.py gave no fleet description within {secs} s{log}")]
@@ -138,12 +147,19 @@ pub(crate) struct FleetSpec<'a> {
 pub(crate) struct Fleet {
     proc: Option<Supervised>,
     stdin: Option<ChildStdin>,
+    /// fleet.py's stdout lines after its description (the replies to [`Fleet::command`]).
+    replies: Receiver<String>,
     info: FleetInfo,
 }
 
 impl Fleet {
     /// Starts fleet.py and waits for its description of the ready fleet.
     pub(crate) fn start(spec: &FleetSpec<'_>) -> Result<Self, BenchError> {
+        Self::start_with(spec, &[])
+    }
+
+    /// [`start`](Self::start) with more fleet.py arguments (e.g. `--lease-ttl 3`).
+    pub(crate) fn start_with(spec: &FleetSpec<'_>, extra: &[String]) -> Result<Self, BenchError> {
         let mut cmd = Command::new(spec.python);
         cmd.arg(spec.script)
             .arg("--agg")
@@ -155,19 +171,19 @@ impl Fleet {
         if !spec.frontend_args.is_empty() {
             cmd.arg(format!("--frontend-args={}", spec.frontend_args));
         }
+        cmd.args(extra);
         set_log(&mut cmd, spec.log)?;
         let (mut proc, stdin, stdout) =
             Supervised::spawn_piped("fleet.py", cmd, spec.cpus, Some(spec.log))?;
         let (tx, rx) = mpsc::channel();
-        // Reads the JSON line, then drains stdout until fleet.py exits.
+        // Forwards every line (the description, then the command replies) until fleet.py exits;
+        // once the receiver is gone, just drains.
         std::thread::Builder::new()
             .name("fleet-stdout".into())
             .spawn(move || {
-                let mut lines = BufReader::new(stdout).lines();
-                if let Some(Ok(line)) = lines.next() {
+                for line in BufReader::new(stdout).lines().map_while(Result::ok) {
                     let _ = tx.send(line);
                 }
-                lines.map_while(Result::ok).for_each(drop);
             })
             .map_err(BenchError::io("starting the fleet.py reader thread"))?;
         let deadline = Instant::now() + spec.ready_timeout + Duration::from_secs(5);
@@ -204,8 +220,53 @@ impl Fleet {
         Ok(Self {
             proc: Some(proc),
             stdin: Some(stdin),
+            replies: rx,
             info,
         })
+    }
+
+    /// Sends one command line on fleet.py's stdin (e.g. `kill <id> SIGKILL`, `status`,
+    /// `etcd restart`) and returns its JSON reply, waiting at most `timeout`. A reply with
+    /// `"ok": false` is an error.
+    pub(crate) fn command(&mut self, line: &str, timeout: Duration) -> Result<Value, BenchError> {
+        let fail = |detail: String| -> BenchError {
+            FleetError::Command {
+                cmd: line.to_owned(),
+                detail,
+            }
+            .into()
+        };
+        // Replies nobody waited for (a timed-out command's) are stale now.
+        while self.replies.try_recv().is_ok() {}
+        let Some(stdin) = self.stdin.as_mut() else {
+            return Err(fail("stdin already closed".into()));
+        };
+        stdin
+            .write_all(format!("{line}\n").as_bytes())
+            .and_then(|()| stdin.flush())
+            .map_err(|e| fail(format!("writing: {e}")))?;
+        let deadline = Instant::now() + timeout;
+        let reply = loop {
+            if crate::signals::interrupted() {
+                return Err(BenchError::Interrupted);
+            }
+            match self.replies.recv_timeout(Duration::from_millis(100)) {
+                Ok(reply) => break reply,
+                Err(RecvTimeoutError::Timeout) if Instant::now() < deadline => {}
+                Err(RecvTimeoutError::Timeout) => {
+                    return Err(fail(format!("no reply within {} s", timeout.as_secs())));
+                }
+                Err(RecvTimeoutError::Disconnected) => {
+                    return Err(fail("fleet.py closed its stdout".into()));
+                }
+            }
+        };
+        let v: Value = serde_json::from_str(&reply)
+            .map_err(|e| fail(format!("reply is not JSON ({e}): {reply}")))?;
+        if v["ok"] != Value::Bool(true) {
+            return Err(fail(format!("refused: {}", v["error"])));
+        }
+        Ok(v)
     }
 
     /// The fleet's description.

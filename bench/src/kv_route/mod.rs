@@ -8,7 +8,11 @@
 //!   → `dynamo.frontend --router-mode direct`; the worker from `x-continuum-worker-instance-id`,
 //!   which the router sends because the clients send an empty `x-backend` ([`router`]);
 //! - `pinned`: clients → the direct-mode frontend, conversation `c` pinned to worker `c mod N`:
-//!   the reference a client gets by pinning each conversation itself.
+//!   the reference a client gets by pinning each conversation itself;
+//! - `router x2` (`--replicas 2`): clients → nginx (round-robin `upstream`, [`replicas`]) → two
+//!   routers configured as the `router kv` row's, each on its own port and CPU → the direct-mode
+//!   frontend; every request is its own connection, so nginx alternates replicas per request and
+//!   a conversation's turns land on both.
 //!
 //! Each row runs on a fresh fleet (fleet.py started, loaded, torn down), so no row inherits
 //! another's caches. `--rounds N` repeats the three rows, alternating their order. The load
@@ -26,10 +30,11 @@
 mod broker;
 mod dynamo_log;
 mod load;
+mod replicas;
 mod report;
 pub(crate) mod router;
-mod stream;
-mod workload;
+pub(crate) mod stream;
+pub(crate) mod workload;
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -96,6 +101,10 @@ pub(crate) struct KvRouteOptions {
     pub(crate) row_timeout_secs: u64,
     /// Which rows run.
     pub(crate) rows: Rows,
+    /// Router replicas behind nginx in the `router x2` row; 1: no such row.
+    pub(crate) replicas: u32,
+    /// nginx, the front of the `router x2` row.
+    pub(crate) nginx_bin: PathBuf,
 }
 
 /// Which rows `kv-route` runs.
@@ -121,6 +130,8 @@ impl Default for KvRouteOptions {
             request_timeout_secs: 60,
             row_timeout_secs: 600,
             rows: Rows::Standard,
+            replicas: 1,
+            nginx_bin: PathBuf::from("nginx"),
         }
     }
 }
@@ -158,7 +169,7 @@ pub(crate) fn run(opts: &KvRouteOptions) -> Result<(), BenchError> {
     let (rows, missing) = run_rounds(
         "kv-route",
         opts.rounds,
-        |round| report::round_order(round, opts.rows == Rows::WithBroker),
+        |round| report::round_order(round, opts.rows == Rows::WithBroker, opts.replicas > 1),
         Kind::label,
         |kind, round| run_row(&setup, kind, round),
     )?;
@@ -174,8 +185,8 @@ pub(crate) fn run(opts: &KvRouteOptions) -> Result<(), BenchError> {
 fn run_row(setup: &Setup<'_>, kind: Kind, round: u32) -> Result<RowRun, BenchError> {
     let opts = setup.opts;
     let router_parts = match (kind, &setup.router) {
-        (Kind::Router | Kind::RouterBroker, Ok(parts)) => Some(parts),
-        (Kind::Router | Kind::RouterBroker, Err(why)) => {
+        (Kind::Router | Kind::RouterBroker | Kind::RouterX2, Ok(parts)) => Some(parts),
+        (Kind::Router | Kind::RouterBroker | Kind::RouterX2, Err(why)) => {
             return Err(BenchError::io("starting the router")(
                 std::io::Error::other(why.clone()),
             ));
@@ -210,7 +221,9 @@ fn run_row(setup: &Setup<'_>, kind: Kind, round: u32) -> Result<RowRun, BenchErr
     // Declared after `fleet`, so dropped (stopped) before the fleet's teardown; the broker
     // before the router is declared, so it outlives it.
     let mut relay: Option<Supervised> = None;
-    let mut routed: Option<(Supervised, u16)> = None;
+    let mut routed: Vec<(Supervised, u16)> = Vec::new();
+    // The `router x2` row's nginx: declared after the routers, so stopped before them.
+    let mut front: Option<Supervised> = None;
     let (port, pins, worker_header) = match kind {
         Kind::Dynamo => {
             check_direct(&info, &[Vec::new()], &probe_body, ready)?;
@@ -226,7 +239,7 @@ fn run_row(setup: &Setup<'_>, kind: Kind, round: u32) -> Result<RowRun, BenchErr
             ));
             (info.frontend_port, worker_pins, None)
         }
-        Kind::Router | Kind::RouterBroker => {
+        Kind::Router | Kind::RouterBroker | Kind::RouterX2 => {
             let Some((bin, pinned)) = router_parts else {
                 return Err(BenchError::io("starting the router")(
                     std::io::Error::other("no router binary"),
@@ -270,18 +283,69 @@ fn run_row(setup: &Setup<'_>, kind: Kind, round: u32) -> Result<RowRun, BenchErr
                 load_extra,
                 name: &name,
             };
-            let (r, port) = router::start(launch, pinned)?;
-            routed = Some((r, port));
             // An `x-backend` (even empty) makes the router name the picked worker (SHIM-15).
             let disclose = vec![vec![("x-backend", String::new())]];
-            (port, disclose, Some(WORKER_HEADER))
+            if kind == Kind::RouterX2 {
+                // The same router config per replica, each on its own port and CPU.
+                let cpus = child::available_cpus().max(1);
+                for i in 0..opts.replicas as usize {
+                    let name = format!("{name}-r{}", i + 1);
+                    routed.push(router::start(
+                        Launch {
+                            cpu: i % cpus,
+                            name: &name,
+                            ..launch
+                        },
+                        pinned,
+                    )?);
+                }
+                let ports: Vec<u16> = routed.iter().map(|(_, p)| *p).collect();
+                eprintln!(
+                    "kv-route: starting nginx in front of the {} replicas ...",
+                    ports.len()
+                );
+                let (nginx, port) = replicas::start(
+                    &opts.nginx_bin,
+                    &setup.dir,
+                    &ports,
+                    &setup.fleet_cpus,
+                    &probe_body,
+                    WORKER_HEADER,
+                    ready,
+                )?;
+                front = Some(nginx);
+                notes.push(format!(
+                    "{} router replicas (ports {ports:?}, CPUs 0..{}) behind nginx round robin on \
+                     port {port}, one connection per request",
+                    ports.len(),
+                    ports.len().min(cpus) - 1,
+                ));
+                (port, disclose, Some(WORKER_HEADER))
+            } else {
+                let (r, port) = router::start(launch, pinned)?;
+                routed.push((r, port));
+                (port, disclose, Some(WORKER_HEADER))
+            }
         }
     };
-    let before = routed.as_ref().map(|(_, p)| router::metrics(*p));
-    // CPU of the frontend (and the router) over the load: what each hop costs per request.
+    let before: Vec<String> = routed.iter().map(|(_, p)| router::metrics(*p)).collect();
+    // CPU of the frontend (and the routers) over the load: what each hop costs per request.
     let cpu_of = |pid: i32| crate::cpu::tree(pid).ok();
-    let router_pid = routed.as_ref().map(|(r, _)| r.pid());
-    let cpu_before = (cpu_of(info.frontend_pid), router_pid.and_then(cpu_of));
+    let routers_cpu = |routed: &[(Supervised, u16)]| -> Option<crate::cpu::CpuTime> {
+        if routed.is_empty() {
+            return None;
+        }
+        routed
+            .iter()
+            .try_fold(crate::cpu::CpuTime::default(), |acc, (r, _)| {
+                let c = cpu_of(r.pid())?;
+                Some(crate::cpu::CpuTime {
+                    user: acc.user + c.user,
+                    system: acc.system + c.system,
+                })
+            })
+    };
+    let cpu_before = (cpu_of(info.frontend_pid), routers_cpu(&routed));
     let loaded = load::run(&LoadSpec {
         port,
         pins: &pins,
@@ -296,10 +360,13 @@ fn run_row(setup: &Setup<'_>, kind: Kind, round: u32) -> Result<RowRun, BenchErr
     if crate::signals::interrupted() {
         return Err(BenchError::Interrupted);
     }
-    let cpu_after = (cpu_of(info.frontend_pid), router_pid.and_then(cpu_of));
+    let cpu_after = (cpu_of(info.frontend_pid), routers_cpu(&routed));
     fleet.ensure_running()?;
-    if let Some((r, _)) = &mut routed {
+    for (r, _) in &mut routed {
         r.ensure_running()?;
+    }
+    if let Some(n) = &mut front {
+        n.ensure_running()?;
     }
     if let Some(b) = &mut relay {
         b.ensure_running()?;
@@ -308,9 +375,13 @@ fn run_row(setup: &Setup<'_>, kind: Kind, round: u32) -> Result<RowRun, BenchErr
     notes.push(note);
     let records = match kind {
         Kind::Dynamo => dynamo_records(&loaded, &info, &mut notes),
-        Kind::Router | Kind::RouterBroker => {
-            if let (Some((_, p)), Some(before)) = (&routed, &before) {
-                notes.push(router_note(before, &router::metrics(*p)));
+        Kind::Router | Kind::RouterBroker | Kind::RouterX2 => {
+            for (i, ((_, p), before)) in routed.iter().zip(&before).enumerate() {
+                let note = router_note(before, &router::metrics(*p));
+                notes.push(match kind {
+                    Kind::RouterX2 => format!("replica {} (port {p}): {note}", i + 1),
+                    _ => note,
+                });
             }
             records(&loaded, |s| {
                 s.out.header.as_deref().and_then(|h| h.parse().ok())
@@ -318,6 +389,7 @@ fn run_row(setup: &Setup<'_>, kind: Kind, round: u32) -> Result<RowRun, BenchErr
         }
         Kind::Pinned => records(&loaded, |s| ids.get(s.conversation % ids.len()).copied()),
     };
+    drop(front);
     drop(routed);
     drop(relay);
     Ok(RowRun {
@@ -348,21 +420,30 @@ fn cpu_note(
     let router = per(before.1, after.1);
     let fe = match kind {
         Kind::Dynamo => "frontend (--router-mode kv)",
-        Kind::Router | Kind::RouterBroker | Kind::Pinned => "frontend (--router-mode direct)",
+        Kind::Router | Kind::RouterBroker | Kind::RouterX2 | Kind::Pinned => {
+            "frontend (--router-mode direct)"
+        }
     };
     let us = |v: Option<f64>| v.map_or("n/a".to_owned(), |v| format!("{v:.0} us"));
     let picker = match kind {
         Kind::Dynamo => frontend,
-        Kind::Router | Kind::RouterBroker => router,
+        Kind::Router | Kind::RouterBroker | Kind::RouterX2 => router,
         Kind::Pinned => None,
     };
     let note = match (kind, router, frontend) {
-        (Kind::Router | Kind::RouterBroker, Some(r), Some(f)) if f > 0.0 => format!(
-            "CPU per request: router {} ({:.2}x the {fe} behind it, {})",
-            us(Some(r)),
-            r / f,
-            us(Some(f))
-        ),
+        (Kind::Router | Kind::RouterBroker | Kind::RouterX2, Some(r), Some(f)) if f > 0.0 => {
+            format!(
+                "CPU per request: {} {} ({:.2}x the {fe} behind it, {})",
+                if kind == Kind::RouterX2 {
+                    "routers (both replicas together)"
+                } else {
+                    "router"
+                },
+                us(Some(r)),
+                r / f,
+                us(Some(f))
+            )
+        }
         _ => format!("CPU per request: {fe} {}", us(frontend)),
     };
     (note, picker)
@@ -479,6 +560,15 @@ fn header(out: &mut impl Write, s: &Setup<'_>) -> std::io::Result<()> {
          frontend, conversation c pinned to worker c mod {}",
         o.workers,
     )?;
+    if o.replicas > 1 {
+        writeln!(
+            out,
+            "router x2 = {} router kv replicas (the same config, each its own port and CPU) \
+             behind nginx round robin (one connection per request, so turns alternate \
+             replicas), the worker from {WORKER_HEADER} as nginx relays it",
+            o.replicas
+        )?;
+    }
     if o.rows == Rows::WithBroker {
         writeln!(
             out,

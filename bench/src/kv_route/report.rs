@@ -27,12 +27,19 @@ pub(crate) enum Kind {
     /// As [`Kind::Router`], its subscriptions relayed by a real `continuum-event-broker`
     /// (`transport: broker`; `--broker` only).
     RouterBroker,
+    /// Clients → nginx round robin → two [`Kind::Router`] replicas (`--replicas 2` only).
+    RouterX2,
 }
 
 impl Kind {
     /// Every kind, in the order of round 1.
-    pub(crate) const ALL: [Kind; 4] =
-        [Kind::Dynamo, Kind::Router, Kind::RouterBroker, Kind::Pinned];
+    pub(crate) const ALL: [Kind; 5] = [
+        Kind::Dynamo,
+        Kind::Router,
+        Kind::RouterX2,
+        Kind::RouterBroker,
+        Kind::Pinned,
+    ];
 
     /// The row label.
     pub(crate) fn label(self) -> &'static str {
@@ -41,16 +48,18 @@ impl Kind {
             Kind::Router => "router kv",
             Kind::Pinned => "pinned",
             Kind::RouterBroker => "router kv, broker",
+            Kind::RouterX2 => "router x2",
         }
     }
 }
 
 /// The order of round `round` (1-based): odd rounds as [`Kind::ALL`], even ones reversed; the
-/// broker row only `with_broker`.
-pub(crate) fn round_order(round: u32, with_broker: bool) -> Vec<Kind> {
+/// broker row only `with_broker`, the replicas row only `with_replicas`.
+pub(crate) fn round_order(round: u32, with_broker: bool, with_replicas: bool) -> Vec<Kind> {
     let mut k: Vec<Kind> = Kind::ALL
         .into_iter()
         .filter(|k| with_broker || *k != Kind::RouterBroker)
+        .filter(|k| with_replicas || *k != Kind::RouterX2)
         .collect();
     if round.is_multiple_of(2) {
         k.reverse();
@@ -243,6 +252,76 @@ fn counts_text(row: &RowRun) -> String {
     s
 }
 
+/// Target: the `router x2` row's cached share within this of the `router kv` row of its round.
+pub(crate) const TARGET_REPLICAS_SHARE_DIFF: f64 = 0.02;
+
+/// The `router x2` rows against the `router kv` row of the same round, and their targets (cached
+/// share within [`TARGET_REPLICAS_SHARE_DIFF`], max/min within [`TARGET_MAX_OVER_MIN`]); nothing
+/// without `router x2` rows.
+fn replicas(out: &mut impl Write, rows: &[RowRun]) -> std::io::Result<()> {
+    let x2: Vec<&RowRun> = rows.iter().filter(|r| r.kind == Kind::RouterX2).collect();
+    if x2.is_empty() {
+        return Ok(());
+    }
+    let verdict = |ok: bool| if ok { "PASS" } else { "MISS" };
+    let mut worst_diff: Option<f64> = None;
+    for x in &x2 {
+        let Some(one) = rows
+            .iter()
+            .find(|r| r.kind == Kind::Router && r.round == x.round)
+        else {
+            writeln!(
+                out,
+                "router x2#{}: no router kv row in that round to compare",
+                x.round
+            )?;
+            continue;
+        };
+        let (f, g) = (figures(&[x]), figures(&[one]));
+        let diff = f.cached_share - g.cached_share;
+        worst_diff = Some(worst_diff.map_or(diff.abs(), |w: f64| w.max(diff.abs())));
+        writeln!(
+            out,
+            "router x2/router kv, round {}: cached share {diff:+.3} ({:.3} vs {:.3}), turns>=2 \
+             {:+.3} ({:.3} vs {:.3}), max/min {:.2} vs {:.2}, moves {} vs {}, TTFT p50 {} vs {}, \
+             p99 {} vs {}",
+            x.round,
+            f.cached_share,
+            g.cached_share,
+            f.later_share - g.later_share,
+            f.later_share,
+            g.later_share,
+            f.max_over_min,
+            g.max_over_min,
+            f.moves,
+            g.moves,
+            secs(f.p50),
+            secs(g.p50),
+            secs(f.p99),
+            secs(g.p99),
+        )?;
+    }
+    match worst_diff {
+        Some(d) => writeln!(
+            out,
+            "target: router x2 cached share within {TARGET_REPLICAS_SHARE_DIFF:.2} of the router \
+             kv row of the same round: {} (worst |difference| {d:.3})",
+            verdict(d <= TARGET_REPLICAS_SHARE_DIFF),
+        )?,
+        None => writeln!(
+            out,
+            "target: router x2 cached share within {TARGET_REPLICAS_SHARE_DIFF:.2} of the router \
+             kv row of the same round: no router kv row to compare"
+        )?,
+    }
+    let balance = figures(&x2).max_over_min;
+    writeln!(
+        out,
+        "target: router x2 requests per worker max/min <= {TARGET_MAX_OVER_MIN:.2}: {} ({balance:.2})",
+        verdict(balance <= TARGET_MAX_OVER_MIN),
+    )
+}
+
 /// Prints the rows (in the order they ran), then each kind over all rounds, the ratios and the
 /// targets. `missing` gives, per kind, why it has no rows.
 pub(crate) fn render(
@@ -348,6 +427,7 @@ pub(crate) fn render(
             },
         )?;
     }
+    replicas(out, rows)?;
     if let Some(p) = pinned {
         writeln!(
             out,
@@ -477,18 +557,67 @@ mod tests {
     }
 
     #[test]
+    fn two_replicas_are_judged_against_the_one_router_row_of_their_round() {
+        let one = row(
+            Kind::Router,
+            1,
+            vec![rec(1, 0.1, 100, 90, 1), rec(1, 0.1, 100, 90, 2)],
+        );
+        let x2 = row(
+            Kind::RouterX2,
+            1,
+            vec![
+                rec(1, 0.1, 100, 89, 1),
+                rec(1, 0.1, 100, 88, 2),
+                rec(1, 0.1, 100, 88, 2),
+            ],
+        );
+        let mut out = Vec::new();
+        render(&mut out, &[one.clone(), x2.clone()], &[]).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.contains("router x2#1"), "{text}");
+        assert!(
+            text.contains("router x2/router kv, round 1: cached share -0.017 (0.883 vs 0.900)"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "target: router x2 cached share within 0.02 of the router kv row of the same \
+                 round: PASS (worst |difference| 0.017)"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("target: router x2 requests per worker max/min <= 1.25: MISS (2.00)"),
+            "{text}"
+        );
+        // Without a one-router row in the round, it says so; without x2 rows, nothing.
+        let mut out = Vec::new();
+        render(&mut out, &[x2], &[]).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.contains("no router kv row in that round"), "{text}");
+        let mut out = Vec::new();
+        render(&mut out, &[one], &[]).unwrap();
+        assert!(!String::from_utf8(out).unwrap().contains("router x2"));
+    }
+
+    #[test]
     fn rounds_alternate_and_the_report_has_targets() {
         assert_eq!(
-            round_order(1, false),
+            round_order(1, false, false),
             [Kind::Dynamo, Kind::Router, Kind::Pinned]
         );
         assert_eq!(
-            round_order(2, false),
+            round_order(2, false, false),
             [Kind::Pinned, Kind::Router, Kind::Dynamo]
         );
         assert_eq!(
-            round_order(2, true),
+            round_order(2, true, false),
             [Kind::Pinned, Kind::RouterBroker, Kind::Router, Kind::Dynamo]
+        );
+        assert_eq!(
+            round_order(1, false, true),
+            [Kind::Dynamo, Kind::Router, Kind::RouterX2, Kind::Pinned]
         );
         let rows = vec![
             row(

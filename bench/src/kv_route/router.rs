@@ -50,7 +50,7 @@ pub(crate) fn start(
 
 /// Whether the router loaded its pinned artifacts and has `publishers` connected `kv-events`
 /// subscriptions.
-fn kv_ready(port: u16, publishers: usize) -> Result<(), String> {
+pub(crate) fn kv_ready(port: u16, publishers: usize) -> Result<(), String> {
     let metrics = String::from_utf8_lossy(&get(port, "/metrics")?).into_owned();
     let loaded = counter(&metrics, "continuum_dynamo_kv_artifacts_total", "loaded");
     if loaded == 0 {

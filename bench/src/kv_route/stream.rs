@@ -41,7 +41,14 @@ pub(crate) struct Streamed {
     pub(crate) id: Option<String>,
     /// Whether `data: [DONE]` arrived.
     pub(crate) done: bool,
+    /// The data of the first error event (`event: error`, or JSON with an `error` key).
+    pub(crate) error_event: Option<String>,
+    /// The first [`BODY_HEAD`] bytes of a non-200 answer's body.
+    pub(crate) body_head: String,
 }
+
+/// How much of a non-200 body [`Streamed::body_head`] keeps.
+const BODY_HEAD: usize = 512;
 
 impl Streamed {
     /// Folds one SSE event's data (`at` seconds after the request) into the outcome.
@@ -53,6 +60,9 @@ impl Streamed {
         let Ok(v) = serde_json::from_str::<Value>(data) else {
             return;
         };
+        if self.error_event.is_none() && v.get("error").is_some_and(|e| !e.is_null()) {
+            self.error_event = Some(data.to_owned());
+        }
         if self.id.is_none() {
             self.id = v["id"].as_str().map(str::to_owned);
         }
@@ -114,7 +124,15 @@ impl BodyReader {
             .push(&self.payload, &mut self.events)
             .map_err(|_| invalid("SSE line too long"))?;
         for e in self.events.drain(..) {
+            if out.error_event.is_none() && e.event.as_deref() == Some("error") {
+                out.error_event = Some(e.data.clone());
+            }
             out.event(&e.data, at);
+        }
+        if out.status != 200 && out.body_head.len() < BODY_HEAD {
+            let room = BODY_HEAD - out.body_head.len();
+            let take = &self.payload[..self.payload.len().min(room)];
+            out.body_head.push_str(&String::from_utf8_lossy(take));
         }
         Ok(self.payload.len())
     }
@@ -149,6 +167,14 @@ pub(crate) struct Request<'a> {
 /// POSTs `req` to `/v1/chat/completions` and reads the streamed answer. A non-200 answer is
 /// returned (with its status), not an error; I/O failures, timeouts and malformed framing are.
 pub(crate) fn post(req: &Request<'_>) -> std::io::Result<Streamed> {
+    let mut out = Streamed::default();
+    post_into(req, &mut out)?;
+    Ok(out)
+}
+
+/// [`post`], folding what arrives into `out` as it arrives, so a failed request still shows
+/// what came before the failure (the status, an error event, partial content).
+pub(crate) fn post_into(req: &Request<'_>, out: &mut Streamed) -> std::io::Result<()> {
     let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, req.port));
     let mut s = TcpStream::connect_timeout(&addr, req.io_timeout)?;
     s.set_read_timeout(Some(req.io_timeout))?;
@@ -168,7 +194,6 @@ pub(crate) fn post(req: &Request<'_>) -> std::io::Result<Streamed> {
     let start = Instant::now();
     s.write_all(head.as_bytes())?;
     s.write_all(req.body.as_bytes())?;
-    let mut out = Streamed::default();
     let mut buf = vec![0u8; 64 * 1024];
     let mut raw = Vec::new();
     let split = loop {
@@ -206,7 +231,7 @@ pub(crate) fn post(req: &Request<'_>) -> std::io::Result<Streamed> {
     let mut pending = raw.split_off(split + 4);
     loop {
         let at = start.elapsed().as_secs_f64();
-        body_len += body.feed(&pending, at, &mut out)?;
+        body_len += body.feed(&pending, at, out)?;
         pending.clear();
         let complete = if chunked {
             body.chunked_done()
@@ -214,7 +239,7 @@ pub(crate) fn post(req: &Request<'_>) -> std::io::Result<Streamed> {
             length.is_some_and(|l| body_len >= l)
         };
         if complete || out.done && out.status == 200 {
-            return Ok(out);
+            return Ok(());
         }
         if body_len > MAX_BODY {
             return Err(invalid("response body too large"));
@@ -224,7 +249,7 @@ pub(crate) fn post(req: &Request<'_>) -> std::io::Result<Streamed> {
             if chunked || length.is_some() {
                 return Err(invalid("connection closed inside the body"));
             }
-            return Ok(out);
+            return Ok(());
         }
         pending.extend_from_slice(&buf[..n]);
     }
@@ -324,6 +349,36 @@ mod tests {
         // `usage: null` on content chunks is ignored.
         s.event(r#"{"choices":[],"usage":null}"#, 1.1);
         assert_eq!(s.prompt_tokens, Some(10));
+    }
+
+    #[test]
+    fn error_events_and_non_200_bodies_are_kept() {
+        let mut body = BodyReader::new(false);
+        let mut out = Streamed {
+            status: 200,
+            ..Streamed::default()
+        };
+        let bytes = b"event: error\ndata: {\"message\":\"worker gone\"}\n\n";
+        body.feed(bytes, 0.1, &mut out).expect("well-formed");
+        assert_eq!(
+            out.error_event.as_deref(),
+            Some(r#"{"message":"worker gone"}"#)
+        );
+        assert!(out.body_head.is_empty());
+        let mut s = Streamed::default();
+        s.event(r#"{"error":{"message":"boom","code":502}}"#, 0.2);
+        assert!(s.error_event.is_some_and(|e| e.contains("boom")));
+        s = Streamed::default();
+        s.event(r#"{"choices":[],"error":null}"#, 0.2);
+        assert!(s.error_event.is_none());
+        let mut body = BodyReader::new(false);
+        let mut out = Streamed {
+            status: 503,
+            ..Streamed::default()
+        };
+        body.feed(&[b'x'; 600], 0.0, &mut out).expect("plain body");
+        body.feed(b"more", 0.0, &mut out).expect("plain body");
+        assert_eq!(out.body_head.len(), BODY_HEAD);
     }
 
     #[test]

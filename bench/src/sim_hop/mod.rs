@@ -22,9 +22,9 @@
 //! torn down before its fleet; only one load runs at a time; every wait is
 //! bounded.
 
-mod fleet;
+pub(crate) mod fleet;
 mod report;
-mod router;
+pub(crate) mod router;
 
 use std::io::Write;
 use std::path::PathBuf;
