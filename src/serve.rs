@@ -85,6 +85,7 @@ pub(crate) fn start(
         cpus: shard_cpus(&config),
         driver: DriverChoice::from_env_value(std::env::var("CONTINUUM_DRIVER").ok().as_deref()),
         picker: continuum_shards::picker_for(&config),
+        peers: config.dynamo.peers.clone(),
     };
     let load_store = Arc::new(LoadStore::new());
     if let Err(e) = load_store.set_max_staleness(config.dynamo.load.max_staleness) {

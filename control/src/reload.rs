@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime};
 
-use continuum_core::config::{Config, EnvLookup, ServerConfig};
+use continuum_core::config::{Config, EnvLookup};
 use continuum_core::publish::SnapshotCell;
 use continuum_core::snapshot::RouterSnapshot;
 use continuum_shards::metrics::ControlStats;
@@ -442,7 +442,7 @@ async fn reload(st: &mut State, trigger: Trigger) {
             return;
         }
     };
-    report_restart_only(&st.params.config.server, &config.server);
+    report_restart_only(&st.params.config, &config);
     let config = Arc::new(config);
     let for_resolve = config.clone();
     let addrs = match tokio::task::spawn_blocking(move || resolve_blocking(&for_resolve)).await {
@@ -477,12 +477,17 @@ async fn reload(st: &mut State, trigger: Trigger) {
     tracing::info!(generation, "config reload applied");
 }
 
-fn report_restart_only(old: &ServerConfig, new: &ServerConfig) {
+fn report_restart_only(old_config: &Config, new_config: &Config) {
+    let (old, new) = (&old_config.server, &new_config.server);
     let fields = [
         ("server.bind_address", old.bind_address != new.bind_address),
         ("server.shards", old.shards != new.shards),
         ("server.cpu_affinity", old.cpu_affinity != new.cpu_affinity),
         ("server.control_cpu", old.control_cpu != new.control_cpu),
+        (
+            "dynamo.peers",
+            old_config.dynamo.peers != new_config.dynamo.peers,
+        ),
     ];
     for (field, changed) in fields {
         if changed {
@@ -569,6 +574,7 @@ mod tests {
             cpus: vec![None, None],
             driver: DriverChoice::Best,
             picker: picker_for(&first),
+            peers: Default::default(),
         };
         let stats = Arc::new(ControlStats::default());
         let mut shards = spawn_shards(&spec, cell, stats, Arc::new(LoadStore::new())).unwrap();

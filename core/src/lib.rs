@@ -28,6 +28,7 @@ pub mod load;
 #[cfg(test)]
 #[cfg(loom)]
 mod loom_support;
+pub mod peers;
 pub mod picker;
 pub mod prompt;
 pub mod publish;

@@ -50,7 +50,8 @@ fuzz_target!(|data: &[u8]| {
             .brokers
             .iter()
             .any(|b| b.token_hash.is_some());
-    if has_hash {
+    // A shown peers key is masked into something no config accepts (config::show's docs).
+    if has_hash || c.dynamo.peers.key.is_some() {
         return;
     }
     for (what, text) in [("yaml", &shown), ("json", &json)] {

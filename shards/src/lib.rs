@@ -31,6 +31,7 @@ pub mod limits;
 pub mod mailbox;
 pub mod metrics;
 mod notify;
+pub mod peers;
 pub mod runtime;
 mod shard;
 pub mod signals;

@@ -180,6 +180,7 @@ fn set_picker_replaces_the_picker_of_every_running_shard() {
         cpus: vec![None, None],
         driver: DriverChoice::Best,
         picker: load_based_picker(),
+        peers: Default::default(),
     };
     let store = Arc::new(LoadStore::new());
     let mut set = spawn_shards(&spec, cell, Arc::new(ControlStats::default()), store).unwrap();

@@ -39,6 +39,7 @@ pub(crate) fn dynamo(ctx: &mut Ctx<'_>, u: Option<&UserDynamo>) -> DynamoConfig 
     let shim = super::convert_dynamo_rest::shim(ctx, u.shim.as_ref());
     let kv = super::convert_dynamo_rest::kv(ctx, u.kv.as_ref());
     let event_bus = super::convert_dynamo_rest::event_bus(ctx, u.event_bus.as_ref());
+    let peers = super::peers::peers(ctx, u.peers.as_ref());
     DynamoConfig {
         enabled,
         discovery,
@@ -46,6 +47,7 @@ pub(crate) fn dynamo(ctx: &mut Ctx<'_>, u: Option<&UserDynamo>) -> DynamoConfig 
         shim,
         kv,
         event_bus,
+        peers,
     }
 }
 
@@ -294,7 +296,7 @@ fn auth(ctx: &mut Ctx<'_>, a: &UserEtcdAuth) -> Option<EtcdAuth> {
 
 /// `${NAME}` (the whole value) → the variable through the injected lookup; anything else is
 /// taken literally. An empty result is an error.
-fn interpolate(ctx: &mut Ctx<'_>, field: &str, s: &str) -> Option<String> {
+pub(crate) fn interpolate(ctx: &mut Ctx<'_>, field: &str, s: &str) -> Option<String> {
     let value = match s.strip_prefix("${").and_then(|r| r.strip_suffix('}')) {
         Some(name) => {
             let valid = name

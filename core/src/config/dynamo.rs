@@ -38,6 +38,8 @@ pub struct DynamoConfig {
     pub kv: KvConfig,
     /// `dynamo.event_bus`.
     pub event_bus: EventBusConfig,
+    /// `dynamo.peers`: the other router replicas told about this one's dispatches.
+    pub peers: super::peers::PeersConfig,
 }
 
 impl DynamoConfig {

@@ -39,6 +39,7 @@ mod convert_upstream;
 pub mod dynamo;
 mod error;
 mod parse;
+pub mod peers;
 pub mod report;
 pub mod scalar;
 mod show;

@@ -7,9 +7,13 @@
 //! - token hashes (`admin.token_hash`, `brokers[].token_hash`, `auth.keys[].key_hash`) are rendered as `sha256:********`:
 //!   not secrets, but there is no reason to hand out a dictionary-attackable digest;
 //! - `ca_cert`, `client_cert`, `cert` and `client_ca` paths are shown verbatim;
-//! - the output is valid config: durations and sizes use the config syntax.
+//! - the output is valid config: durations and sizes use the config syntax — except a set
+//!   `dynamo.peers.key`, rendered `********`, which no config accepts (a 128-bit key has no masked
+//!   form that is also a key); `dynamo.peers` is rendered only when configured.
 
 use serde_json::{Map, Value, json};
+
+use super::peers::PeersConfig;
 
 use super::dynamo::{
     Backoff, BrokerConfig, BrokerRole, DynamoConfig, EtcdConfig, EventBusConfig, FileConfig,
@@ -130,7 +134,7 @@ fn backend(b: &BackendConfig) -> Value {
 }
 
 fn dynamo(d: &DynamoConfig) -> Value {
-    json!({
+    let mut v = json!({
         "enabled": d.enabled,
         "discovery": {
             "source": d.discovery.source.as_str(),
@@ -142,6 +146,20 @@ fn dynamo(d: &DynamoConfig) -> Value {
         "shim": shim(&d.shim),
         "kv": kv(&d.kv),
         "event_bus": event_bus(&d.event_bus),
+    });
+    if d.peers != PeersConfig::default()
+        && let Some(m) = v.as_object_mut()
+    {
+        m.insert("peers".into(), peers(&d.peers));
+    }
+    v
+}
+
+fn peers(p: &PeersConfig) -> Value {
+    json!({
+        "listen": p.listen.map(|a| a.to_string()),
+        "replicas": p.replicas.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        "key": p.key.map(|_| MASK),
     })
 }
 

@@ -25,6 +25,8 @@ pub struct UserDynamo {
     pub kv: Option<UserKv>,
     /// `event_bus`.
     pub event_bus: Option<UserEventBus>,
+    /// `peers` (issue 38).
+    pub peers: Option<super::peers::UserPeers>,
 }
 
 /// `dynamo.discovery`.

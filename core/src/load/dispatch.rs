@@ -147,6 +147,14 @@ pub struct DispatchId {
     node: NodeIx,
 }
 
+impl DispatchId {
+    /// This dispatch's number, unique within its ledger (the replicas' gossip names a dispatch
+    /// by it, `crate::peers`).
+    pub fn seq(&self) -> u64 {
+        self.seq
+    }
+}
+
 /// The summed in-flight additions of one key and its stall judgement input.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Inflight {

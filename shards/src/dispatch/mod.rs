@@ -128,6 +128,8 @@ pub(crate) struct Dispatcher {
     /// The budget's config, to notice a reload.
     budget_cfg: Cell<RetryBudgetConfig>,
     shard: usize,
+    /// This shard's side of the dispatch gossip with the other replicas (`dynamo.peers`).
+    peer: Option<crate::peers::PeerSender>,
 }
 
 impl Dispatcher {
@@ -143,7 +145,13 @@ impl Dispatcher {
         let kv = signals.kv.handles();
         let budget_cfg = RetryBudgetConfig::default();
         let budget = RetryBudget::new(&budget_cfg, signals.shards());
+        let peer = signals.peers.as_ref().and_then(|p| {
+            crate::peers::PeerSender::new(p, shard)
+                .map_err(|e| tracing::warn!(shard, error = %e, "no dispatch gossip socket"))
+                .ok()
+        });
         Self {
+            peer,
             budget: RefCell::new(budget),
             budget_cfg: Cell::new(budget_cfg),
             metrics,

@@ -35,7 +35,9 @@ use super::exchange::Body;
 use super::prompt::{Deferral, Prepared, ShardPrompts};
 use super::token_data::write_shim_body;
 use crate::metrics::phases::PhaseTimes;
+use crate::peers::dispatch_event;
 use crate::signals::Signals;
+use continuum_core::peers::PeerEvent;
 
 /// What a picker factory may use of its shard.
 #[derive(Debug, Clone)]
@@ -477,29 +479,40 @@ impl Dispatcher {
         } else {
             DispatchRole::Aggregated
         };
-        let d = ledger.dispatch(
-            &view,
-            LoadKey {
-                worker_id: pick.decode.instance_id,
-                dp_rank: pick.decode.dp_rank,
-            },
-            DispatchLoad::for_role(decode_role, tokens, decode.block_size),
-            now,
-        );
-        let p = pick.prefill.and_then(|p| {
+        let decode_key = LoadKey {
+            worker_id: pick.decode.instance_id,
+            dp_rank: pick.decode.dp_rank,
+        };
+        let decode_load = DispatchLoad::for_role(decode_role, tokens, decode.block_size);
+        let d = ledger.dispatch(&view, decode_key, decode_load, now);
+        let prefill = pick.prefill.map(|p| {
             let block = fleet
                 .worker(namespace, p.instance_id)
                 .and_then(|w| w.block_size);
-            ledger.dispatch(
-                &view,
-                LoadKey {
-                    worker_id: p.instance_id,
-                    dp_rank: p.dp_rank,
-                },
+            let key = LoadKey {
+                worker_id: p.instance_id,
+                dp_rank: p.dp_rank,
+            };
+            (
+                key,
                 DispatchLoad::for_role(DispatchRole::PairPrefill, tokens, block),
-                now,
             )
         });
+        let p = prefill.and_then(|(key, load)| ledger.dispatch(&view, key, load, now));
+        if let (Some(peer), Some(shared)) = (&self.peer, &self.signals.peers) {
+            // Tell the other replicas (dynamo.peers, issue 38).
+            let events = [
+                d.map(|id| dispatch_event(id, decode_key, decode_load)),
+                p.zip(prefill)
+                    .map(|(id, (key, load))| dispatch_event(id, key, load)),
+            ];
+            let n = events.iter().flatten().count();
+            let mut batch = [PeerEvent::Finish { seq: 0 }; 2];
+            for (slot, e) in batch.iter_mut().zip(events.into_iter().flatten()) {
+                *slot = e;
+            }
+            peer.send(shared, batch.get(..n).unwrap_or(&[]));
+        }
         // KV-PICK-10: the ids the router rendered for this very body, on the shim body only.
         let token_data = match &prepared {
             Prepared::Blocks {
@@ -556,6 +569,15 @@ impl Dispatcher {
         let mut st = self.picking.borrow_mut();
         for id in dispatched.into_iter().flatten() {
             st.ledger.finish(&view, id, now);
+        }
+        if let (Some(peer), Some(shared)) = (&self.peer, &self.signals.peers) {
+            let mut batch = [PeerEvent::Finish { seq: 0 }; 2];
+            let mut n = 0;
+            for (slot, id) in batch.iter_mut().zip(dispatched.into_iter().flatten()) {
+                *slot = PeerEvent::Finish { seq: id.seq() };
+                n += 1;
+            }
+            peer.send(shared, batch.get(..n).unwrap_or(&[]));
         }
     }
 }

@@ -41,6 +41,8 @@ pub struct ShardSpec {
     /// default here, without changes to the data plane); [`ShardSet::set_picker`] replaces it
     /// at run time (API-06).
     pub picker: PickerFactory,
+    /// The dispatch gossip with the other router replicas (`dynamo.peers`; read at start).
+    pub peers: continuum_core::config::peers::PeersConfig,
 }
 
 /// Why the shards could not start.
@@ -72,6 +74,9 @@ pub enum ShardSetError {
         /// OS error.
         source: std::io::Error,
     },
+    /// The dispatch gossip's receiver could not start (`dynamo.peers.listen`).
+    #[error("cannot receive the other replicas' dispatches: {0}")]
+    Peers(std::io::Error),
     /// The listener could not be bound.
     #[error("shard-{shard} cannot bind {addr}: {source}")]
     Bind {
@@ -182,7 +187,11 @@ pub fn spawn_shards(
 ) -> Result<ShardSet, ShardSetError> {
     let count = spec.cpus.len().max(1);
     let ledgers: Vec<DispatchLedger> = (0..count).map(|_| DispatchLedger::new()).collect();
-    let signals = Arc::new(Signals::new(store, &ledgers));
+    let remote = DispatchLedger::new();
+    let signals = Arc::new(Signals::new(store, &ledgers).with_peers(&spec.peers, &remote));
+    if signals.peers.is_some() {
+        crate::peers::spawn_receiver(signals.clone(), remote).map_err(ShardSetError::Peers)?;
+    }
     let mut ledgers = ledgers.into_iter();
     let metrics: Arc<[Arc<ShardMetrics>]> =
         (0..count).map(|i| Arc::new(ShardMetrics::new(i))).collect();

@@ -50,6 +50,9 @@ pub struct Signals {
     /// Workers whose `kv_metrics` connection dropped (issue 38): left out of picks while
     /// another worker can serve.
     pub suspects: suspects::Suspects,
+    /// The dispatch gossip with the other router replicas (`dynamo.peers`), when on; its
+    /// receiver's table is the last entry of `inflight`.
+    pub peers: Option<crate::peers::PeersShared>,
 }
 
 impl Signals {
@@ -67,7 +70,24 @@ impl Signals {
             kv: KvSignals::new(shards),
             broker: broker::BrokerSignals::default(),
             suspects: suspects::Suspects::default(),
+            peers: None,
         }
+    }
+
+    /// The same signals sharing dispatches with the other replicas of `config` (when it is on):
+    /// `remote`'s table joins the tables every picker sums (`crate::peers`).
+    pub fn with_peers(
+        mut self,
+        config: &continuum_core::config::peers::PeersConfig,
+        remote: &DispatchLedger,
+    ) -> Self {
+        self.peers = crate::peers::PeersShared::new(config);
+        if self.peers.is_some() {
+            let mut tables = std::mem::take(&mut self.inflight).into_vec();
+            tables.push(remote.table());
+            self.inflight = tables.into_boxed_slice();
+        }
+        self
     }
 
     /// How many shards write here.
@@ -123,6 +143,9 @@ impl Signals {
              continuum_dynamo_suspect_workers {}",
             self.suspects.len()
         );
+        if let Some(p) = &self.peers {
+            p.counters.render(out);
+        }
         self.store.render_gauges(out, crate::clock::now());
         self.kv.render_metrics(out);
     }
