@@ -439,6 +439,10 @@ fn parse_kv_route(
             opts.rows = crate::kv_route::Rows::WithBroker;
             continue;
         }
+        if flag == "--peers" {
+            opts.gossip = crate::kv_route::Gossip::On;
+            continue;
+        }
         if opts.fleet.flag(
             &flag,
             || value(&flag, &mut args),
@@ -876,6 +880,11 @@ mod tests {
             panic!("expected kv-route");
         };
         assert_eq!((o.replicas, o.turns), (2, 2));
+        assert_eq!(o.gossip, crate::kv_route::Gossip::Off);
+        let Ok(Command::KvRoute(o)) = parse(args("kv-route --replicas 2 --peers")) else {
+            panic!("--peers")
+        };
+        assert_eq!(o.gossip, crate::kv_route::Gossip::On);
         for bad in [
             "kv-route --replicas 0",
             "kv-route --replicas 3",

@@ -128,6 +128,7 @@ kv-route options (every row on a fresh fleet):
   --replicas 2         also run the `router x2` row: 2 router kv replicas (each its own port and CPU)
                        behind nginx round robin, the clients hitting nginx (default 1 = no such row; max 2)
   --nginx-bin PATH     nginx binary of that row (default: nginx on PATH)
+  --peers              that row's replicas share their dispatches (dynamo.peers over loopback UDP)
 
 faults options (every row on a fresh fleet):
   --scenario LIST      worker-kill, worker-stop, shim-kill, etcd-restart, etcd-compact, publisher-flap,

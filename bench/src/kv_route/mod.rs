@@ -105,6 +105,34 @@ pub(crate) struct KvRouteOptions {
     pub(crate) replicas: u32,
     /// nginx, the front of the `router x2` row.
     pub(crate) nginx_bin: PathBuf,
+    /// Whether the `router x2` replicas share their dispatches (`dynamo.peers`, `--peers`).
+    pub(crate) gossip: Gossip,
+}
+
+/// Whether router replicas tell each other their dispatches (`dynamo.peers`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Gossip {
+    /// Each replica counts only its own in-flight requests.
+    Off,
+    /// Each replica also counts the others' (`dynamo.peers` over loopback UDP).
+    On,
+}
+
+/// The `dynamo.peers` lines of replica `me` among replicas listening on `ports` (a fixed bench
+/// key: loopback only).
+fn peers_yaml(ports: &[u16], me: usize) -> String {
+    let others: Vec<String> = ports
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != me)
+        .map(|(_, p)| format!("\"127.0.0.1:{p}\""))
+        .collect();
+    format!(
+        "  peers:\n    listen: \"127.0.0.1:{}\"\n    replicas: [{}]\n    key: \"{}\"\n",
+        ports.get(me).copied().unwrap_or(0),
+        others.join(", "),
+        "6b762d726f7574652d72657069636173"
+    )
 }
 
 /// Which rows `kv-route` runs.
@@ -131,6 +159,7 @@ impl Default for KvRouteOptions {
             row_timeout_secs: 600,
             rows: Rows::Standard,
             replicas: 1,
+            gossip: Gossip::Off,
             nginx_bin: PathBuf::from("nginx"),
         }
     }
@@ -288,16 +317,29 @@ fn run_row(setup: &Setup<'_>, kind: Kind, round: u32) -> Result<RowRun, BenchErr
             if kind == Kind::RouterX2 {
                 // The same router config per replica, each on its own port and CPU.
                 let cpus = child::available_cpus().max(1);
+                let gossip_ports = (0..opts.replicas)
+                    .map(|_| crate::probe::free_port())
+                    .collect::<Result<Vec<u16>, _>>()?;
                 for i in 0..opts.replicas as usize {
                     let name = format!("{name}-r{}", i + 1);
+                    let extra = match opts.gossip {
+                        Gossip::Off => dynamo_extra.to_owned(),
+                        Gossip::On => format!("{dynamo_extra}{}", peers_yaml(&gossip_ports, i)),
+                    };
                     routed.push(router::start(
                         Launch {
                             cpu: i % cpus,
                             name: &name,
+                            dynamo_extra: &extra,
                             ..launch
                         },
                         pinned,
                     )?);
+                }
+                if opts.gossip == Gossip::On {
+                    notes.push(format!(
+                        "the replicas share their dispatches (dynamo.peers, UDP ports {gossip_ports:?})"
+                    ));
                 }
                 let ports: Vec<u16> = routed.iter().map(|(_, p)| *p).collect();
                 eprintln!(
