@@ -21,7 +21,7 @@ use super::scalar::Scalar;
 use super::user_dynamo::{
     UserBackoff, UserDiscovery, UserDynamo, UserEtcd, UserEtcdAuth, UserKubernetes,
 };
-use super::values::{Ctx, MISSING, fmt_duration, index, join};
+use super::values::{Ctx, MISSING, fmt_duration, index, interpolate, join};
 
 /// Most etcd endpoints (CFG-05).
 const MAX_ENDPOINTS: usize = 16;
@@ -39,7 +39,7 @@ pub(crate) fn dynamo(ctx: &mut Ctx<'_>, u: Option<&UserDynamo>) -> DynamoConfig 
     let shim = super::convert_dynamo_rest::shim(ctx, u.shim.as_ref());
     let kv = super::convert_dynamo_rest::kv(ctx, u.kv.as_ref());
     let event_bus = super::convert_dynamo_rest::event_bus(ctx, u.event_bus.as_ref());
-    let peers = super::peers::peers(ctx, u.peers.as_ref());
+    let peers = super::convert_dynamo_rest::peers(ctx, u.peers.as_ref());
     DynamoConfig {
         enabled,
         discovery,
@@ -292,40 +292,6 @@ fn auth(ctx: &mut Ctx<'_>, a: &UserEtcdAuth) -> Option<EtcdAuth> {
         username: username?,
         password: Secret::new(password?),
     })
-}
-
-/// `${NAME}` (the whole value) → the variable through the injected lookup; anything else is
-/// taken literally. An empty result is an error.
-pub(crate) fn interpolate(ctx: &mut Ctx<'_>, field: &str, s: &str) -> Option<String> {
-    let value = match s.strip_prefix("${").and_then(|r| r.strip_suffix('}')) {
-        Some(name) => {
-            let valid = name
-                .bytes()
-                .next()
-                .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
-                && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
-            if !valid {
-                ctx.error_masked(
-                    field,
-                    format!("\"{name}\" is not a valid environment variable name"),
-                );
-                return None;
-            }
-            match ctx.env.var(name) {
-                Some(v) => v,
-                None => {
-                    ctx.error_masked(field, format!("environment variable {name} is not set"));
-                    return None;
-                }
-            }
-        }
-        None => s.to_owned(),
-    };
-    if value.is_empty() {
-        ctx.error_masked(field, "must not be empty");
-        return None;
-    }
-    Some(value)
 }
 
 /// CFG-26: a DNS-1123 label (`[a-z0-9]([-a-z0-9]*[a-z0-9])?`, at most 63).

@@ -7,20 +7,23 @@
 //! [`super::validate`].
 
 use std::collections::{BTreeMap, HashSet};
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use ipnet::IpNet;
 
 use super::BackendName;
+use super::addr::parse_socket_addr;
 use super::convert_namespace::check_namespace;
 use super::dynamo::{
     Blake3Digest, BrokerConfig, BrokerRole, ConditionalDisaggregation, EventBusConfig, EventBusTls,
     KvConfig, LoadConfig, LoadTransport, MAX_DYNAMO_NAMESPACES, Secret, ShimAnswers, ShimConfig,
     ShimPool,
 };
+use super::peers::{MAX_PEERS, PeersConfig, parse_key};
 use super::scalar::Scalar;
-use super::user_dynamo::{UserBroker, UserEventBus, UserKv, UserLoad, UserShim};
-use super::values::{Ctx, MISSING, index, join, parse_hex_digest};
+use super::user_dynamo::{UserBroker, UserEventBus, UserKv, UserLoad, UserPeers, UserShim};
+use super::values::{Ctx, MISSING, index, interpolate, join, parse_hex_digest};
 
 /// Most `direct_allow_cidrs` entries (CFG-19).
 const MAX_CIDRS: usize = 64;
@@ -557,4 +560,87 @@ fn brokers(ctx: &mut Ctx<'_>, list: &[UserBroker], has_client_ca: bool) -> Vec<B
         }
     }
     out
+}
+
+/// `dynamo.peers`.
+pub(crate) fn peers(ctx: &mut Ctx<'_>, u: Option<&UserPeers>) -> PeersConfig {
+    const BASE: &str = "dynamo.peers";
+    let Some(u) = u else {
+        return PeersConfig::default();
+    };
+    let f = |k: &str| join(BASE, k);
+    let addr = |ctx: &mut Ctx<'_>, field: &str, v: &Scalar| -> Option<SocketAddr> {
+        let text = ctx.string(field, Some(v))?;
+        match parse_socket_addr(&text) {
+            Ok(a) if a.port() == 0 => {
+                ctx.error(field, &text, "needs an explicit non-zero port");
+                None
+            }
+            Ok(a) => Some(a),
+            Err(reason) => {
+                ctx.error(field, &text, reason);
+                None
+            }
+        }
+    };
+    let listen = u.listen.as_ref().and_then(|v| addr(ctx, &f("listen"), v));
+    let mut replicas: Vec<SocketAddr> = Vec::new();
+    let given = u.replicas.as_deref().unwrap_or(&[]);
+    if given.len() > MAX_PEERS {
+        ctx.error(
+            &f("replicas"),
+            given.len(),
+            format!("at most {MAX_PEERS} replicas"),
+        );
+    }
+    for (i, v) in given.iter().enumerate().take(MAX_PEERS) {
+        let field = format!("{}[{i}]", f("replicas"));
+        let Some(a) = addr(ctx, &field, v) else {
+            continue;
+        };
+        if replicas.contains(&a) {
+            ctx.error(&field, a, "is listed twice");
+        } else if Some(a) == listen {
+            ctx.error(&field, a, "is this replica's own listen address");
+        } else {
+            replicas.push(a);
+        }
+    }
+    let key = match &u.key {
+        Some(Scalar::Str(s)) => interpolate(ctx, &f("key"), s).and_then(|text| {
+            parse_key(&text)
+                .map_err(|reason| ctx.error_masked(&f("key"), reason))
+                .ok()
+        }),
+        Some(_) => {
+            ctx.error_masked(&f("key"), "must be a string of 32 hex digits");
+            None
+        }
+        None => None,
+    };
+    let on = u.listen.is_some() || !given.is_empty();
+    if on {
+        if u.listen.is_none() {
+            ctx.error(
+                &f("listen"),
+                MISSING,
+                "is required with dynamo.peers.replicas",
+            );
+        }
+        if given.is_empty() {
+            ctx.error(&f("replicas"), MISSING, "needs at least one other replica");
+        }
+        if u.key.is_none() {
+            ctx.error(
+                &f("key"),
+                MISSING,
+                "is required: every datagram is authenticated",
+            );
+        }
+    }
+    PeersConfig {
+        listen,
+        replicas,
+        key,
+    }
 }

@@ -1,34 +1,17 @@
 //! `dynamo.peers` (issue 38): the other replicas of this router that it tells about its
 //! dispatches, so that each replica's picks count the others' in-flight requests.
 //!
-//! Role: the user struct and its conversion into [`PeersConfig`] with every rule (field, value,
-//! reason). Off unless `listen` and `replicas` are given; then `key` is required.
+//! Role: the validated section ([`PeersConfig`]) and the key's syntax ([`parse_key`]); the user
+//! struct is `super::user_dynamo::UserPeers` and the rules are in `convert_dynamo_rest` (field,
+//! value, reason). Off unless `listen` and `replicas` are given; then `key` is required.
 //!
 //! Invariants: addresses are IP literals with explicit ports (no resolution here); at most
 //! [`MAX_PEERS`] distinct replicas, none equal to `listen`; the key is 128 bits, never printed.
 
 use std::net::SocketAddr;
 
-use serde::Deserialize;
-
-use super::addr::parse_socket_addr;
-use super::convert_dynamo::interpolate;
-use super::scalar::Scalar;
-use super::values::{Ctx, MISSING, join};
-
 /// The most replicas one router tells about its dispatches.
 pub const MAX_PEERS: usize = 16;
-
-/// `dynamo.peers` as written.
-#[derive(Debug, Default, Deserialize)]
-pub struct UserPeers {
-    /// `listen`: the UDP address this replica receives its peers' dispatches on.
-    pub listen: Option<Scalar>,
-    /// `replicas`: the other replicas' `listen` addresses.
-    pub replicas: Option<Vec<Scalar>>,
-    /// `key`: 32 hex digits shared by every replica (`${VAR}` reads it from the environment).
-    pub key: Option<Scalar>,
-}
 
 /// The shared key authenticating every datagram (SipHash-2-4, 128 bits).
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -70,89 +53,6 @@ pub fn parse_key(s: &str) -> Result<PeerKey, &'static str> {
             .ok_or("must be 32 hex digits (128 bits)")
     };
     Ok(PeerKey([half(0..16)?, half(16..32)?]))
-}
-
-/// `dynamo.peers`.
-pub(crate) fn peers(ctx: &mut Ctx<'_>, u: Option<&UserPeers>) -> PeersConfig {
-    const BASE: &str = "dynamo.peers";
-    let Some(u) = u else {
-        return PeersConfig::default();
-    };
-    let f = |k: &str| join(BASE, k);
-    let addr = |ctx: &mut Ctx<'_>, field: &str, v: &Scalar| -> Option<SocketAddr> {
-        let text = ctx.string(field, Some(v))?;
-        match parse_socket_addr(&text) {
-            Ok(a) if a.port() == 0 => {
-                ctx.error(field, &text, "needs an explicit non-zero port");
-                None
-            }
-            Ok(a) => Some(a),
-            Err(reason) => {
-                ctx.error(field, &text, reason);
-                None
-            }
-        }
-    };
-    let listen = u.listen.as_ref().and_then(|v| addr(ctx, &f("listen"), v));
-    let mut replicas: Vec<SocketAddr> = Vec::new();
-    let given = u.replicas.as_deref().unwrap_or(&[]);
-    if given.len() > MAX_PEERS {
-        ctx.error(
-            &f("replicas"),
-            given.len(),
-            format!("at most {MAX_PEERS} replicas"),
-        );
-    }
-    for (i, v) in given.iter().enumerate().take(MAX_PEERS) {
-        let field = format!("{}[{i}]", f("replicas"));
-        let Some(a) = addr(ctx, &field, v) else {
-            continue;
-        };
-        if replicas.contains(&a) {
-            ctx.error(&field, a, "is listed twice");
-        } else if Some(a) == listen {
-            ctx.error(&field, a, "is this replica's own listen address");
-        } else {
-            replicas.push(a);
-        }
-    }
-    let key = match &u.key {
-        Some(Scalar::Str(s)) => interpolate(ctx, &f("key"), s).and_then(|text| {
-            parse_key(&text)
-                .map_err(|reason| ctx.error_masked(&f("key"), reason))
-                .ok()
-        }),
-        Some(_) => {
-            ctx.error_masked(&f("key"), "must be a string of 32 hex digits");
-            None
-        }
-        None => None,
-    };
-    let on = u.listen.is_some() || !given.is_empty();
-    if on {
-        if u.listen.is_none() {
-            ctx.error(
-                &f("listen"),
-                MISSING,
-                "is required with dynamo.peers.replicas",
-            );
-        }
-        if given.is_empty() {
-            ctx.error(&f("replicas"), MISSING, "needs at least one other replica");
-        }
-        if u.key.is_none() {
-            ctx.error(
-                &f("key"),
-                MISSING,
-                "is required: every datagram is authenticated",
-            );
-        }
-    }
-    PeersConfig {
-        listen,
-        replicas,
-        key,
-    }
 }
 
 #[cfg(test)]

@@ -26,7 +26,7 @@ pub struct UserDynamo {
     /// `event_bus`.
     pub event_bus: Option<UserEventBus>,
     /// `peers` (issue 38).
-    pub peers: Option<super::peers::UserPeers>,
+    pub peers: Option<UserPeers>,
 }
 
 /// `dynamo.discovery`.
@@ -247,4 +247,15 @@ pub struct UserBroker {
     pub namespaces: Option<Vec<Scalar>>,
     /// `backends`.
     pub backends: Option<Vec<Scalar>>,
+}
+
+/// `dynamo.peers` as written.
+#[derive(Debug, Default, Deserialize)]
+pub struct UserPeers {
+    /// `listen`: the UDP address this replica receives its peers' dispatches on.
+    pub listen: Option<Scalar>,
+    /// `replicas`: the other replicas' `listen` addresses.
+    pub replicas: Option<Vec<Scalar>>,
+    /// `key`: 32 hex digits shared by every replica (`${VAR}` reads it from the environment).
+    pub key: Option<Scalar>,
 }

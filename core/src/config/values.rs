@@ -381,3 +381,37 @@ pub(crate) fn join(base: &str, key: &str) -> String {
 pub(crate) fn index(base: &str, i: usize) -> String {
     format!("{base}[{i}]")
 }
+
+/// `${NAME}` (the whole value) → the variable through the injected lookup; anything else is
+/// taken literally. An empty result is an error.
+pub(crate) fn interpolate(ctx: &mut Ctx<'_>, field: &str, s: &str) -> Option<String> {
+    let value = match s.strip_prefix("${").and_then(|r| r.strip_suffix('}')) {
+        Some(name) => {
+            let valid = name
+                .bytes()
+                .next()
+                .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
+                && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+            if !valid {
+                ctx.error_masked(
+                    field,
+                    format!("\"{name}\" is not a valid environment variable name"),
+                );
+                return None;
+            }
+            match ctx.env.var(name) {
+                Some(v) => v,
+                None => {
+                    ctx.error_masked(field, format!("environment variable {name} is not set"));
+                    return None;
+                }
+            }
+        }
+        None => s.to_owned(),
+    };
+    if value.is_empty() {
+        ctx.error_masked(field, "must not be empty");
+        return None;
+    }
+    Some(value)
+}

@@ -19,6 +19,7 @@
 pub mod broker;
 pub mod kv;
 pub mod parity;
+pub mod peers;
 pub mod subs;
 pub mod suspects;
 
@@ -52,7 +53,7 @@ pub struct Signals {
     pub suspects: suspects::Suspects,
     /// The dispatch gossip with the other router replicas (`dynamo.peers`), when on; its
     /// receiver's table is the last entry of `inflight`.
-    pub peers: Option<crate::peers::PeersShared>,
+    pub peers: Option<peers::PeersShared>,
 }
 
 impl Signals {
@@ -81,7 +82,7 @@ impl Signals {
         config: &continuum_core::config::peers::PeersConfig,
         remote: &DispatchLedger,
     ) -> Self {
-        self.peers = crate::peers::PeersShared::new(config);
+        self.peers = peers::PeersShared::new(config);
         if self.peers.is_some() {
             let mut tables = std::mem::take(&mut self.inflight).into_vec();
             tables.push(remote.table());
