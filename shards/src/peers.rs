@@ -26,10 +26,10 @@ use std::time::Duration;
 
 use continuum_core::clock::Instant;
 use continuum_core::load::{DispatchId, DispatchLedger, DispatchLoad, LoadKey};
-use continuum_core::peers::{MAX_DATAGRAM, PeerEvent, decode, encode};
+use continuum_core::peers::{MAX_DATAGRAM, PeerEvent, WireError, decode, encode};
 
 use crate::signals::Signals;
-use crate::signals::peers::{PeersShared, Received};
+use crate::signals::gossip::{PeersShared, Received};
 
 /// The most remote dispatches the receiver tracks at once.
 pub const MAX_REMOTE: usize = 65_536;
@@ -75,7 +75,7 @@ impl PeerSender {
             return;
         };
         encode(shared.key, self.sender, events, &mut buf);
-        for to in &shared.replicas {
+        for to in &shared.config.replicas {
             match self.socket.send_to(&buf, to) {
                 Ok(_) => shared.counters.sent.fetch_add(1, Relaxed),
                 Err(_) => shared.counters.send_failed.fetch_add(1, Relaxed),
@@ -108,6 +108,8 @@ struct Receiver {
     /// `(sender, seq)` → the local record and when it was received.
     remote: HashMap<(u64, u64), (DispatchId, Instant)>,
     sources: Vec<IpAddr>,
+    /// The most remote dispatches held ([`MAX_REMOTE`]).
+    cap: usize,
 }
 
 impl Receiver {
@@ -121,14 +123,14 @@ impl Receiver {
         }
         let d = match decode(shared.key, bytes) {
             Ok(d) => d,
-            Err(e) if e.label() == "bad_mac" => return Received::BadMac,
+            Err(WireError::Mac) => return Received::BadMac,
             Err(_) => return Received::Malformed,
         };
         let view = self.signals.store.view();
         for e in d.events() {
             match e {
                 PeerEvent::Dispatch { seq, key, load } => {
-                    if self.remote.len() >= MAX_REMOTE {
+                    if self.remote.len() >= self.cap {
                         shared.counters.over_capacity.fetch_add(1, Relaxed);
                         continue;
                     }
@@ -176,14 +178,15 @@ pub fn spawn_receiver(
         .ok_or_else(|| std::io::Error::other("dynamo.peers.listen is not set"))?;
     let socket = UdpSocket::bind(listen)?;
     socket.set_read_timeout(Some(TICK))?;
-    let sources = shared.replicas.iter().map(SocketAddr::ip).collect();
+    let sources = shared.config.replicas.iter().map(SocketAddr::ip).collect();
     let mut rx = Receiver {
         signals: signals.clone(),
         ledger,
         remote: HashMap::new(),
         sources,
+        cap: MAX_REMOTE,
     };
-    tracing::info!(%listen, replicas = shared.replicas.len(), "dispatch gossip with the other replicas");
+    tracing::info!(%listen, replicas = shared.config.replicas.len(), "dispatch gossip with the other replicas");
     std::thread::Builder::new()
         .name("peers-rx".into())
         .spawn(move || {
@@ -204,4 +207,89 @@ pub fn spawn_receiver(
                 }
             }
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use continuum_core::config::peers::{PeerKey, PeersConfig};
+    use continuum_core::discovery::InstanceId;
+    use continuum_core::load::{LiveSet, LiveWorker, LoadStore};
+
+    use super::*;
+
+    const KEY: PeerKey = PeerKey([3, 4]);
+
+    /// A receiver over a store where worker 7 (rank 0) is live, sharing with 127.0.0.1:9.
+    fn receiver(cap: usize) -> Receiver {
+        let store = Arc::new(LoadStore::new());
+        store.set_live_and_retain(&LiveSet::new([LiveWorker::new(
+            InstanceId::new(7),
+            "ns",
+            0,
+            1,
+        )]));
+        let config = PeersConfig {
+            listen: Some("127.0.0.1:8".parse().unwrap()),
+            replicas: vec!["127.0.0.1:9".parse().unwrap()],
+            key: Some(KEY),
+        };
+        let remote = DispatchLedger::new();
+        let signals =
+            Arc::new(Signals::new(store, &[DispatchLedger::new()]).with_peers(&config, &remote));
+        Receiver {
+            signals,
+            ledger: remote,
+            remote: HashMap::new(),
+            sources: vec!["127.0.0.1".parse().unwrap()],
+            cap,
+        }
+    }
+
+    fn dispatch(seq: u64) -> PeerEvent {
+        PeerEvent::Dispatch {
+            seq,
+            key: LoadKey::new(InstanceId::new(7), 0),
+            load: DispatchLoad {
+                prefill_tokens: 10,
+                decode_blocks: 1,
+                stall_eligible: false,
+            },
+        }
+    }
+
+    #[test]
+    fn remote_dispatches_stop_at_the_cap_and_finishes_free_room() {
+        let mut rx = receiver(3);
+        let from = "127.0.0.1:5000".parse().unwrap();
+        let now = crate::clock::now();
+        let mut buf = Vec::new();
+        encode(KEY, 1, &(0..5).map(dispatch).collect::<Vec<_>>(), &mut buf);
+        assert_eq!(rx.apply(from, &buf, now), Received::Applied);
+        assert_eq!(rx.remote.len(), 3, "held up to the cap");
+        let shared = rx.signals.peers.as_ref().unwrap();
+        assert_eq!(shared.counters.over_capacity.load(Relaxed), 2);
+        encode(
+            KEY,
+            1,
+            &[PeerEvent::Finish { seq: 0 }, dispatch(9)],
+            &mut buf,
+        );
+        assert_eq!(rx.apply(from, &buf, now), Received::Applied);
+        assert_eq!(rx.remote.len(), 3, "a finish frees room for the next");
+        assert!(rx.remote.contains_key(&(1, 9)));
+        // Another source, another key, or garbage: refused, nothing held changes.
+        assert_eq!(
+            rx.apply("127.0.0.2:1".parse().unwrap(), &buf, now),
+            Received::UnknownSource
+        );
+        encode(PeerKey([5, 6]), 1, &[dispatch(20)], &mut buf);
+        assert_eq!(rx.apply(from, &buf, now), Received::BadMac);
+        assert_eq!(rx.apply(from, b"junk", now), Received::Malformed);
+        assert_eq!(rx.remote.len(), 3);
+        // Remembered no longer than the ledger's expiry.
+        rx.tick(now.saturating_add(REMOTE_TTL));
+        assert!(rx.remote.is_empty());
+    }
 }

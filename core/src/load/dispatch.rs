@@ -149,7 +149,7 @@ pub struct DispatchId {
 
 impl DispatchId {
     /// This dispatch's number, unique within its ledger (the replicas' gossip names a dispatch
-    /// by it, `crate::peers`).
+    /// by it).
     pub fn seq(&self) -> u64 {
         self.seq
     }

@@ -122,8 +122,7 @@ impl Dispatcher {
     ) -> PinnedEnd {
         let mode = req.mode;
         let (attempt, path) = pinned_attempt(pinned);
-        let fallback =
-            UnifiedFallback::from_config(snap.config.disaggregated_serving.fallback_to_unified);
+        let fallback = unified_fallback(snap);
         let budget = (1 + snap.config.server.connect_retries as usize).min(pinned.replicas.len());
         let start = self.next_shim_cursor();
         let mut tried = Tried::default();
@@ -205,8 +204,7 @@ impl Dispatcher {
         held: Held,
     ) -> Outcome {
         let (attempt, path) = pinned_attempt(pinned);
-        let fallback =
-            UnifiedFallback::from_config(snap.config.disaggregated_serving.fallback_to_unified);
+        let fallback = unified_fallback(snap);
         let outcome = ShimOutcome::Answered {
             status: held.status,
             body: &ex.bufs.held,
@@ -263,6 +261,11 @@ impl Dispatcher {
             }
         }
     }
+}
+
+/// `disaggregated_serving.fallback_to_unified` of `snap`.
+fn unified_fallback(snap: &RouterSnapshot) -> UnifiedFallback {
+    UnifiedFallback::from_config(snap.config.disaggregated_serving.fallback_to_unified)
 }
 
 /// Relay the held answer of the attempt on backend `idx` as it is.

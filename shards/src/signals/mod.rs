@@ -17,9 +17,9 @@
 //!   command API.
 
 pub mod broker;
+pub mod gossip;
 pub mod kv;
 pub mod parity;
-pub mod peers;
 pub mod subs;
 pub mod suspects;
 
@@ -53,7 +53,7 @@ pub struct Signals {
     pub suspects: suspects::Suspects,
     /// The dispatch gossip with the other router replicas (`dynamo.peers`), when on; its
     /// receiver's table is the last entry of `inflight`.
-    pub peers: Option<peers::PeersShared>,
+    pub peers: Option<gossip::PeersShared>,
 }
 
 impl Signals {
@@ -76,13 +76,13 @@ impl Signals {
     }
 
     /// The same signals sharing dispatches with the other replicas of `config` (when it is on):
-    /// `remote`'s table joins the tables every picker sums (`crate::peers`).
+    /// `remote`'s table joins the tables every picker sums (the receiver thread writes it).
     pub fn with_peers(
         mut self,
         config: &continuum_core::config::peers::PeersConfig,
         remote: &DispatchLedger,
     ) -> Self {
-        self.peers = peers::PeersShared::new(config);
+        self.peers = gossip::PeersShared::new(config);
         if self.peers.is_some() {
             let mut tables = std::mem::take(&mut self.inflight).into_vec();
             tables.push(remote.table());

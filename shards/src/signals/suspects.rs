@@ -2,7 +2,7 @@
 //! their process is most likely gone although their lease has not expired yet (issue 38).
 //!
 //! Role: the one cross-shard list the pickers consult to leave such workers out while another
-//! worker can serve (`crate::dispatch`'s fleet filter), and the re-pick after a dead pinned
+//! worker can serve (the shards' fleet filter), and the re-pick after a dead pinned
 //! worker reads to tell which pin was the dead one. Written by the shard owning the worker's
 //! `kv_metrics` subscription (marked when its session ends with the connection closed or reset,
 //! cleared when it completes a handshake again or applies a sample); a worker that leaves the

@@ -1,9 +1,8 @@
 //! The dispatch gossip's shared state (issue 38, `dynamo.peers`): its config, key and counters,
-//! read by every shard's sender and the receiver thread (`crate::peers`), rendered at scrape.
+//! read by every shard's sender and by the receiver thread, rendered at scrape.
 //!
 //! Invariants: counters only (relaxed atomics); nothing here does I/O.
 
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use continuum_core::config::peers::{PeerKey, PeersConfig};
@@ -45,7 +44,7 @@ pub struct PeerCounters {
     pub(crate) sent: AtomicU64,
     pub(crate) send_failed: AtomicU64,
     received: [AtomicU64; 4],
-    /// Remote dispatches refused at `crate::peers::MAX_REMOTE`.
+    /// Remote dispatches refused at the receiver's cap.
     pub(crate) over_capacity: AtomicU64,
     /// Remote dispatches held now.
     pub(crate) held: AtomicU64,
@@ -101,8 +100,6 @@ impl PeerCounters {
 pub struct PeersShared {
     pub(crate) config: PeersConfig,
     pub(crate) key: PeerKey,
-    /// Every replica's address, for the senders.
-    pub(crate) replicas: Vec<SocketAddr>,
     pub(crate) counters: PeerCounters,
 }
 
@@ -113,7 +110,6 @@ impl PeersShared {
         Some(Self {
             config: config.clone(),
             key,
-            replicas: config.replicas.clone(),
             counters: PeerCounters::default(),
         })
     }
